@@ -1,0 +1,39 @@
+# p2plearn: every target builds .venv on first use (torch pinned to the CPU build, then the project).
+PY      ?= python3
+VENV    := .venv
+VPY     := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+TORCH   := torch==2.13.0
+export OMP_NUM_THREADS ?= 1
+
+.PHONY: demo test bench asan lint clean
+
+$(VPY):
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install -q --upgrade pip
+
+# torch first and pinned: a bare `torch` requirement may otherwise pull a multi-GB CUDA build.
+$(STAMP): $(VPY) pyproject.toml setup.py native/*.c native/*.h native/build_p2pcast.py
+	$(VPY) -m pip install -q $(TORCH)
+	$(VPY) -m pip install -q -e '.[train,test,experiments]'
+	touch $@
+
+demo: $(STAMP)
+	$(VPY) -m p2plearn.examples.transfer_demo
+
+test: $(STAMP)
+	$(VPY) -m pytest -q -ra tests
+
+bench: $(STAMP)
+	$(VPY) -m p2plearn.bench transport
+
+# The engine built with AddressSanitizer + UndefinedBehaviorSanitizer, running the engine tests.
+asan: $(STAMP)
+	P2PCAST_SANITIZE=1 $(VPY) -m pip install -q --no-build-isolation --no-deps -e .
+	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
+	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+	  $(VPY) -m pytest -q -x tests/transport; rc=$$?; \
+	$(VPY) -m pip install -q --no-build-isolation --no-deps -e .; exit $$rc
+
+clean:
+	rm -rf $(VENV) build *.egg-info p2plearn/_p2pcast*.so p2plearn/_p2pcast.c

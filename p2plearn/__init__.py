@@ -1,0 +1,16 @@
+"""p2plearn: peer-to-peer decentralized training for PyTorch over lossy, heterogeneous networks.
+
+The layers, top to bottom (nothing imports upward):
+
+- ``p2plearn.train``      torch integration (the user-facing API), data sets
+- ``p2plearn.sync``       BSP and SSP synchronizers, mask-aware merging
+- ``p2plearn.selection``  receiver selection (SELMCAST, random-p, all, ring, exponential)
+- ``p2plearn.tolerance``  loss-tolerance policies (per-layer bounds and deadlines)
+- ``p2plearn.filter``     value-bounded update filter
+- ``p2plearn.control``    pyzmq control plane (rendezvous, membership, heartbeats, global view)
+- ``p2plearn.transport``  the native engine's Python face (Channel) and a TCP baseline
+- ``p2plearn.launch``     the ``p2plearn-run`` launcher
+- ``p2plearn.topology`` / ``p2plearn.testbed`` / ``p2plearn.sim``  networks: described, built, simulated
+"""
+
+__version__ = "0.1.0"
