@@ -1,0 +1,531 @@
+/* The public API: engine lifetime, send submission, receive queue, bubble filling. */
+#define _GNU_SOURCE
+#include <arpa/inet.h>
+#include <errno.h>
+#include <math.h>
+#include <netinet/udp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine.h"
+
+#ifndef UDP_GRO
+#define UDP_GRO 104
+#endif
+
+#define META_FIXED 24
+#define MAX_CHUNK 65472u   /* largest multiple of 8 that fits a 65507-byte datagram with its header */
+#define MIN_CHUNK 64u
+
+static __thread char last_error[256];
+
+const char *p2p_last_error(void) { return last_error; }
+
+int set_error(int err, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return err < 0 ? err : -err;
+}
+
+uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static int parse_ipv4(const char *host, uint16_t port, struct sockaddr_in *out) {
+    memset(out, 0, sizeof *out);
+    out->sin_family = AF_INET;
+    out->sin_port = htons(port);
+    if (!host || inet_pton(AF_INET, host, &out->sin_addr) != 1)
+        return set_error(EINVAL, "not an IPv4 address: '%s'", host ? host : "(null)");
+    return 0;
+}
+
+void p2p_config_default(p2p_config *cfg) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->host = "127.0.0.1";
+    cfg->gso = 1;
+}
+
+static void set_buffers(int fd, int bytes) {
+    /* FORCE variants pass rmem_max/wmem_max when root; otherwise the kernel caps the plain ones. */
+    if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &bytes, sizeof bytes) < 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
+    if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &bytes, sizeof bytes) < 0)
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
+}
+
+int p2p_engine_open(const p2p_config *cfg_in, p2p_engine **out) {
+    p2p_config cfg = *cfg_in;
+    if (cfg.drop_prob < 0 || cfg.drop_prob >= 1 || isnan(cfg.drop_prob))
+        return set_error(EINVAL, "drop_prob must be in [0, 1), got %g", cfg.drop_prob);
+    if (cfg.uplink_rate < 0 || isnan(cfg.uplink_rate))
+        return set_error(EINVAL, "uplink_rate must be >= 0, got %g", cfg.uplink_rate);
+    if (cfg.max_datagram && (cfg.max_datagram < WIRE_HDR + MIN_CHUNK || cfg.max_datagram > WIRE_MAX_DATAGRAM))
+        return set_error(EINVAL, "max_datagram must be in [%u, %u], got %u", WIRE_HDR + MIN_CHUNK,
+                         WIRE_MAX_DATAGRAM, cfg.max_datagram);
+    if (!cfg.window_bytes) cfg.window_bytes = 8u << 20;
+    if (!cfg.rx_idle_ms) cfg.rx_idle_ms = 5000;
+    if (!cfg.max_message_bytes) cfg.max_message_bytes = 4ull << 30;
+    if (!cfg.socket_buffer) cfg.socket_buffer = 32u << 20;
+
+    p2p_engine *eng = calloc(1, sizeof *eng);
+    if (!eng) return set_error(ENOMEM, "out of memory");
+    eng->cfg = cfg;
+    eng->cfg.host = NULL; /* the caller's string is not kept */
+    eng->fd = eng->evfd = eng->epfd = -1;
+    eng->refs = 1;
+    eng->rng = cfg.seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
+    wire_key_init(&eng->key, cfg.key, cfg.job_id);
+    int rc = parse_ipv4(cfg.host, cfg.port, &eng->local);
+    if (rc) goto fail;
+
+    eng->fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (eng->fd < 0) { rc = set_error(errno, "socket: %s", strerror(errno)); goto fail; }
+    if (bind(eng->fd, (struct sockaddr *)&eng->local, sizeof eng->local) < 0) {
+        rc = set_error(errno, "bind %s:%u: %s", cfg.host, cfg.port, strerror(errno));
+        goto fail;
+    }
+    socklen_t sl = sizeof eng->local;
+    getsockname(eng->fd, (struct sockaddr *)&eng->local, &sl);
+    set_buffers(eng->fd, (int)cfg.socket_buffer);
+    int one = 1;
+    eng->gso = cfg.gso;
+    eng->gro = cfg.gso && setsockopt(eng->fd, SOL_UDP, UDP_GRO, &one, sizeof one) == 0;
+
+    eng->rbuf = malloc((size_t)32 * 65536);
+    eng->sbuf = malloc((size_t)64 * 65536);
+    if (!eng->rbuf || !eng->sbuf || io_init(eng)) { rc = set_error(ENOMEM, "out of memory"); goto fail; }
+    eng->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    eng->epfd = epoll_create1(EPOLL_CLOEXEC);
+    if (eng->evfd < 0 || eng->epfd < 0) { rc = set_error(errno, "eventfd/epoll: %s", strerror(errno)); goto fail; }
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = eng->fd};
+    epoll_ctl(eng->epfd, EPOLL_CTL_ADD, eng->fd, &ev);
+    ev.data.fd = eng->evfd;
+    epoll_ctl(eng->epfd, EPOLL_CTL_ADD, eng->evfd, &ev);
+
+    pthread_mutex_init(&eng->mu, NULL);
+    pthread_cond_init(&eng->cv, NULL);
+    if ((rc = pthread_create(&eng->thread, NULL, io_main, eng)) != 0) {
+        rc = set_error(rc, "pthread_create: %s", strerror(rc));
+        pthread_mutex_destroy(&eng->mu);
+        pthread_cond_destroy(&eng->cv);
+        goto fail;
+    }
+    *out = eng;
+    return 0;
+fail:
+    if (eng->fd >= 0) close(eng->fd);
+    if (eng->evfd >= 0) close(eng->evfd);
+    if (eng->epfd >= 0) close(eng->epfd);
+    free(eng->rbuf);
+    free(eng->sbuf);
+    free(eng->batch);
+    free(eng);
+    return rc;
+}
+
+static void wake(p2p_engine *eng) {
+    uint64_t one = 1;
+    ssize_t n = write(eng->evfd, &one, sizeof one);
+    (void)n; /* EAGAIN means a wake-up is already pending */
+}
+
+void engine_unref(p2p_engine *eng) {
+    pthread_mutex_lock(&eng->mu);
+    int last = --eng->refs == 0;
+    pthread_mutex_unlock(&eng->mu);
+    if (!last) return;
+    pthread_mutex_destroy(&eng->mu);
+    pthread_cond_destroy(&eng->cv);
+    free(eng);
+}
+
+void p2p_engine_close(p2p_engine *eng) {
+    if (!eng) return;
+    pthread_mutex_lock(&eng->mu);
+    eng->closing = 1;
+    pthread_cond_broadcast(&eng->cv);
+    pthread_mutex_unlock(&eng->mu);
+    wake(eng);
+    pthread_join(eng->thread, NULL);
+    io_finish_all(eng);
+    close(eng->fd);
+    close(eng->evfd);
+    close(eng->epfd);
+    free(eng->rbuf);
+    free(eng->sbuf);
+    free(eng->batch);
+    engine_unref(eng);
+}
+
+int p2p_engine_address(p2p_engine *eng, char *host_out, uint16_t *port_out) {
+    inet_ntop(AF_INET, &eng->local.sin_addr, host_out, 16);
+    *port_out = ntohs(eng->local.sin_port);
+    return 0;
+}
+
+void p2p_engine_counters(p2p_engine *eng, p2p_counters *out) {
+    const uint64_t *src = (const uint64_t *)&eng->counters;
+    uint64_t *dst = (uint64_t *)out;
+    for (size_t i = 0; i < sizeof *out / sizeof(uint64_t); i++) dst[i] = __atomic_load_n(&src[i], __ATOMIC_RELAXED);
+}
+
+int p2p_path_chunk_size(p2p_engine *eng, const char *host, uint32_t *out) {
+    struct sockaddr_in to;
+    int rc = parse_ipv4(host, 9, &to);
+    if (rc) return rc;
+    uint32_t dgram = eng->cfg.max_datagram;
+    if (!dgram) {
+        /* The route's MTU: a connected UDP socket reports it without sending anything. */
+        int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+        int mtu = 1500;
+        socklen_t ml = sizeof mtu;
+        if (s >= 0 && connect(s, (struct sockaddr *)&to, sizeof to) == 0)
+            getsockopt(s, IPPROTO_IP, IP_MTU, &mtu, &ml);
+        if (s >= 0) close(s);
+        dgram = mtu > 65535 ? WIRE_MAX_DATAGRAM : (uint32_t)mtu - 28;
+        if (dgram > WIRE_MAX_DATAGRAM) dgram = WIRE_MAX_DATAGRAM;
+    }
+    uint32_t c = (dgram - WIRE_HDR) & ~7u;
+    *out = c > MAX_CHUNK ? MAX_CHUNK : c;
+    return 0;
+}
+
+static uint64_t align8(uint64_t x) { return (x + 7) & ~7ull; }
+
+/* Lays out [meta][segments] and fills the meta: the segment table and the application blob. */
+static int build_layout(struct p2p_send *s, const p2p_segment *segs, const p2p_send_options *opt) {
+    uint32_t app_len = opt ? opt->app_len : 0;
+    uint64_t meta = align8(META_FIXED + 16ull * s->nseg + app_len);
+    if (meta > 0xFFFFull * 8) return set_error(EINVAL, "too many segments or too large an app descriptor");
+    s->meta_len = (uint32_t)meta;
+    uint64_t off = meta;
+    for (uint32_t i = 0; i < s->nseg; i++) {
+        double b = segs[i].loss_bound;
+        if (!(b >= 0 && b < 1)) return set_error(EINVAL, "segment %u: loss bound must be in [0, 1), got %g", i, b);
+        if (segs[i].len && !segs[i].ptr) return set_error(EINVAL, "segment %u: NULL pointer", i);
+        off = align8(off);
+        s->seg_ptr[i] = segs[i].ptr;
+        s->seg_flat[i] = off;
+        s->seg_len[i] = segs[i].len;
+        uint64_t need = (uint64_t)ceil((1.0 - b) * (double)segs[i].len);
+        s->seg_need[i] = need > segs[i].len ? segs[i].len : need;
+        off += segs[i].len;
+    }
+    s->total = off;
+    uint8_t *m = s->meta = calloc(1, meta);
+    if (!m) return set_error(ENOMEM, "out of memory");
+    put32(m, s->meta_len);
+    put32(m + 4, s->nseg);
+    put64(m + 8, s->total - meta);
+    put32(m + 16, app_len);
+    for (uint32_t i = 0; i < s->nseg; i++) {
+        put64(m + META_FIXED + 16 * i, s->seg_flat[i] - meta);
+        put64(m + META_FIXED + 16 * i + 8, s->seg_len[i]);
+    }
+    if (app_len) memcpy(m + META_FIXED + 16 * s->nseg, opt->app, app_len);
+    return 0;
+}
+
+static int build_chunks(struct p2p_send *s, uint32_t chunk) {
+    uint64_t n = (s->total + chunk - 1) / chunk;
+    if (n > 0xFFFFFFF0ull) return set_error(EINVAL, "message too large for chunk size %u", chunk);
+    s->chunk = chunk;
+    s->nchunks = (uint32_t)n;
+    s->meta_chunks = (s->meta_len + chunk - 1) / chunk;
+    s->chunk_seg = malloc(sizeof(uint32_t) * n);
+    if (!s->chunk_seg) return set_error(ENOMEM, "out of memory");
+    uint32_t seg = 0;
+    for (uint32_t k = 0; k < s->nchunks; k++) {
+        uint64_t start = (uint64_t)k * chunk;
+        while (seg < s->nseg && s->seg_flat[seg] + s->seg_len[seg] <= start) seg++;
+        s->chunk_seg[k] = seg;
+    }
+    return 0;
+}
+
+static int init_receiver(struct p2p_send *s, struct txr *r, const p2p_receiver *in, uint64_t now) {
+    int rc = parse_ipv4(in->host, in->port, &r->addr);
+    if (rc) return rc;
+    if (!(in->rate >= 0)) return set_error(EINVAL, "receiver %s: rate must be >= 0", in->host);
+    if (!in->port) return set_error(EINVAL, "receiver %s: port 0", in->host);
+    r->rate = in->rate;
+    r->refill_ns = now;
+    r->acked = calloc(1, (s->nchunks + 7) / 8 + 1);
+    r->seg_acked = calloc(s->nseg + 1, sizeof(uint64_t));
+    r->seg_ok = calloc(s->nseg + 1, 1);
+    if (!r->acked || !r->seg_acked || !r->seg_ok) return set_error(ENOMEM, "out of memory");
+    for (uint32_t i = 0; i < s->nseg; i++)
+        if (s->seg_need[i] == 0) { r->seg_ok[i] = 1; r->nseg_ok++; }
+    r->plen = s->nchunks;
+    r->passes = 1;
+    r->last_ack_ns = r->last_heard_ns = now;
+    r->rto_ns = 50000000ull;
+    return 0;
+}
+
+void send_unref(struct p2p_send *s) {
+    p2p_engine *eng = s->eng;
+    pthread_mutex_lock(&eng->mu);
+    int last = --s->refs == 0;
+    pthread_mutex_unlock(&eng->mu);
+    if (!last) return;
+    for (uint32_t i = 0; s->r && i < s->nrcv; i++) {
+        free(s->r[i].acked);
+        free(s->r[i].seg_acked);
+        free(s->r[i].seg_ok);
+        free(s->r[i].plist);
+    }
+    free(s->r);
+    free(s->seg_ptr);
+    free(s->seg_flat);
+    free(s->seg_len);
+    free(s->seg_need);
+    free(s->meta);
+    free(s->chunk_seg);
+    free(s);
+    engine_unref(eng);
+}
+
+int p2p_send_start(p2p_engine *eng, uint32_t msg_id, const p2p_segment *segs, uint32_t nseg,
+                   const p2p_receiver *rcv, uint32_t nrcv, const p2p_send_options *opt, p2p_send **out) {
+    struct p2p_send *s = calloc(1, sizeof *s);
+    if (!s) return set_error(ENOMEM, "out of memory");
+    s->eng = eng;
+    s->refs = 1;
+    s->msg = msg_id;
+    s->nseg = nseg;
+    s->nrcv = nrcv;
+    pthread_mutex_lock(&eng->mu);
+    eng->refs++;
+    pthread_mutex_unlock(&eng->mu);
+    int rc;
+    s->seg_ptr = calloc(nseg + 1, sizeof *s->seg_ptr);
+    s->seg_flat = calloc(nseg + 1, sizeof(uint64_t));
+    s->seg_len = calloc(nseg + 1, sizeof(uint64_t));
+    s->seg_need = calloc(nseg + 1, sizeof(uint64_t));
+    s->r = calloc(nrcv + 1, sizeof(struct txr));
+    if (!s->seg_ptr || !s->seg_flat || !s->seg_len || !s->seg_need || !s->r) {
+        rc = set_error(ENOMEM, "out of memory");
+        goto fail;
+    }
+    if ((rc = build_layout(s, segs, opt))) goto fail;
+    uint32_t chunk = opt && opt->chunk_size ? opt->chunk_size : MAX_CHUNK;
+    if (opt && opt->chunk_size && (chunk < MIN_CHUNK || chunk > MAX_CHUNK || chunk % 8)) {
+        rc = set_error(EINVAL, "chunk_size must be a multiple of 8 in [%u, %u], got %u", MIN_CHUNK, MAX_CHUNK, chunk);
+        goto fail;
+    }
+    for (uint32_t i = 0; i < nrcv && !(opt && opt->chunk_size); i++) {
+        uint32_t c;
+        if ((rc = p2p_path_chunk_size(eng, rcv[i].host, &c))) goto fail;
+        if (c < chunk) chunk = c;
+    }
+    if ((rc = build_chunks(s, chunk))) goto fail;
+    uint64_t now = now_ns();
+    s->start_ns = now;
+    s->deadline_ns = opt && opt->deadline_ms ? now + (uint64_t)opt->deadline_ms * 1000000ull : 0;
+    for (uint32_t i = 0; i < nrcv; i++)
+        if ((rc = init_receiver(s, &s->r[i], &rcv[i], now))) goto fail;
+    s->nactive = nrcv;
+    s->refs = 2; /* the caller's and the I/O thread's */
+    pthread_mutex_lock(&eng->mu);
+    if (eng->closing) {
+        pthread_mutex_unlock(&eng->mu);
+        rc = set_error(ESHUTDOWN, "engine is closed");
+        s->refs = 1;
+        goto fail;
+    }
+    if (eng->cmd_tail) eng->cmd_tail->next = s; else eng->cmd_head = s;
+    eng->cmd_tail = s;
+    pthread_mutex_unlock(&eng->mu);
+    wake(eng);
+    __atomic_fetch_add(&eng->counters.messages_sent, 1, __ATOMIC_RELAXED);
+    *out = s;
+    return 0;
+fail:
+    send_unref(s);
+    return rc;
+}
+
+int p2p_send_wait(p2p_send *s, int timeout_ms) {
+    p2p_engine *eng = s->eng;
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    if (timeout_ms > 0) {
+        until.tv_sec += timeout_ms / 1000;
+        until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) { until.tv_sec++; until.tv_nsec -= 1000000000L; }
+    }
+    pthread_mutex_lock(&eng->mu);
+    int rc = 0;
+    while (!s->done && rc == 0) {
+        if (timeout_ms == 0) rc = ETIMEDOUT;
+        else if (timeout_ms < 0) pthread_cond_wait(&eng->cv, &eng->mu);
+        else rc = pthread_cond_timedwait(&eng->cv, &eng->mu, &until);
+    }
+    int done = s->done;
+    pthread_mutex_unlock(&eng->mu);
+    return done ? 0 : 1;
+}
+
+/* Bytes of each segment covered by the chunks set in bitmap: one walk over chunks and segments. */
+static void segment_coverage(const uint8_t *bitmap, uint32_t nchunks, uint32_t chunk, uint64_t meta_len,
+                             const uint64_t *seg_off, const uint64_t *seg_len, uint32_t nseg, uint64_t *out) {
+    uint32_t seg = 0;
+    memset(out, 0, sizeof(uint64_t) * nseg);
+    for (uint32_t k = 0; k < nchunks; k++) {
+        if (!BIT_GET(bitmap, k)) continue;
+        uint64_t a = (uint64_t)k * chunk, b = a + chunk;
+        a = a > meta_len ? a - meta_len : 0;
+        b = b > meta_len ? b - meta_len : 0;
+        while (seg < nseg && seg_off[seg] + seg_len[seg] <= a) seg++;
+        for (uint32_t i = seg; i < nseg && seg_off[i] < b; i++) {
+            uint64_t lo = a > seg_off[i] ? a : seg_off[i];
+            uint64_t hi = b < seg_off[i] + seg_len[i] ? b : seg_off[i] + seg_len[i];
+            if (hi > lo) out[i] += hi - lo;
+        }
+    }
+}
+
+int p2p_send_receiver_stats(p2p_send *s, uint32_t i, p2p_receiver_stats *out, double *fractions, uint32_t nseg) {
+    if (i >= s->nrcv) return set_error(EINVAL, "receiver index %u out of range (%u receivers)", i, s->nrcv);
+    if (fractions && nseg != s->nseg) return set_error(EINVAL, "expected %u segment slots, got %u", s->nseg, nseg);
+    p2p_engine *eng = s->eng;
+    pthread_mutex_lock(&eng->mu);
+    int done = s->done;
+    pthread_mutex_unlock(&eng->mu);
+    if (!done) return set_error(EBUSY, "send still in flight; wait for it first");
+    const struct txr *r = &s->r[i];
+    memset(out, 0, sizeof *out);
+    out->result = r->result;
+    out->datagrams_sent = r->sent;
+    out->datagrams_retransmitted = r->retrans;
+    out->datagrams_received = r->peer_total;
+    out->passes = r->passes;
+    out->delivered = s->nchunks ? (double)r->nacked / s->nchunks : 1.0;
+    uint64_t end = r->done_ns ? r->done_ns : now_ns();
+    out->elapsed_s = (double)(end - s->start_ns) / 1e9;
+    double acked_bytes = (double)r->nacked * s->chunk;
+    if (acked_bytes > (double)s->total) acked_bytes = (double)s->total;
+    out->delivery_rate = out->elapsed_s > 0 ? acked_bytes / out->elapsed_s : 0;
+    out->loss_rate = r->sent ? 1.0 - (double)r->peer_total / (double)r->sent : 0;
+    if (out->loss_rate < 0) out->loss_rate = 0;
+    out->rtt_s = (double)r->srtt_ns / 1e9;
+    if (fractions && nseg) {
+        uint64_t *cov = malloc(sizeof(uint64_t) * nseg), *off = malloc(sizeof(uint64_t) * nseg);
+        if (!cov || !off) { free(cov); free(off); return set_error(ENOMEM, "out of memory"); }
+        for (uint32_t j = 0; j < nseg; j++) off[j] = s->seg_flat[j] - s->meta_len;
+        segment_coverage(r->acked, s->nchunks, s->chunk, s->meta_len, off, s->seg_len, nseg, cov);
+        for (uint32_t j = 0; j < nseg; j++) fractions[j] = s->seg_len[j] ? (double)cov[j] / (double)s->seg_len[j] : 1.0;
+        free(cov);
+        free(off);
+    }
+    return 0;
+}
+
+void p2p_send_release(p2p_send *s) {
+    if (s) send_unref(s);
+}
+
+int p2p_recv(p2p_engine *eng, int timeout_ms, p2p_delivery **out) {
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    if (timeout_ms > 0) {
+        until.tv_sec += timeout_ms / 1000;
+        until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+        if (until.tv_nsec >= 1000000000L) { until.tv_sec++; until.tv_nsec -= 1000000000L; }
+    }
+    pthread_mutex_lock(&eng->mu);
+    int rc = 0;
+    while (!eng->dq_head && !eng->closing && rc == 0) {
+        if (timeout_ms == 0) rc = ETIMEDOUT;
+        else if (timeout_ms < 0) pthread_cond_wait(&eng->cv, &eng->mu);
+        else rc = pthread_cond_timedwait(&eng->cv, &eng->mu, &until);
+    }
+    struct delivery_priv *d = eng->dq_head;
+    if (d) {
+        eng->dq_head = d->next;
+        if (!eng->dq_head) eng->dq_tail = NULL;
+    }
+    int closing = eng->closing;
+    pthread_mutex_unlock(&eng->mu);
+    if (d) { *out = &d->pub; return 0; }
+    if (closing) return set_error(ESHUTDOWN, "engine is closed");
+    return 1;
+}
+
+void p2p_delivery_free(p2p_delivery *pub) {
+    if (!pub) return;
+    struct delivery_priv *d = (struct delivery_priv *)pub;
+    free(d->base);
+    free(d->bitmap);
+    free(d->segs);
+    free(d);
+}
+
+/* Calls fn for each [lo, hi) piece of segment i, in data-region offsets, that a missing chunk covers. */
+typedef void (*hole_fn)(p2p_delivery *d, uint32_t seg, uint64_t lo, uint64_t hi, const p2p_segment *src);
+
+static void for_each_hole(p2p_delivery *d, hole_fn fn, const p2p_segment *src) {
+    uint32_t seg = 0;
+    for (uint32_t k = 0; k < d->nchunks; k++) {
+        if (BIT_GET(d->chunk_mask, k)) continue;
+        uint64_t a = (uint64_t)k * d->chunk_size, b = a + d->chunk_size;
+        a = a > d->meta_len ? a - d->meta_len : 0;
+        b = b > d->meta_len ? b - d->meta_len : 0;
+        while (seg < d->nseg && d->seg_off[seg] + d->seg_len[seg] <= a) seg++;
+        for (uint32_t i = seg; i < d->nseg && d->seg_off[i] < b; i++) {
+            uint64_t lo = a > d->seg_off[i] ? a : d->seg_off[i];
+            uint64_t hi = b < d->seg_off[i] + d->seg_len[i] ? b : d->seg_off[i] + d->seg_len[i];
+            if (hi > lo) fn(d, i, lo, hi, src);
+        }
+    }
+}
+
+static void fill_zero(p2p_delivery *d, uint32_t seg, uint64_t lo, uint64_t hi, const p2p_segment *src) {
+    (void)seg;
+    (void)src;
+    memset(d->data + lo, 0, hi - lo);
+}
+
+static void fill_copy(p2p_delivery *d, uint32_t seg, uint64_t lo, uint64_t hi, const p2p_segment *src) {
+    memcpy(d->data + lo, (const uint8_t *)src[seg].ptr + (lo - d->seg_off[seg]), hi - lo);
+}
+
+int p2p_fill(p2p_delivery *d, int mode, const p2p_segment *src, uint32_t nsrc) {
+    if (!d->layout_known) return set_error(EINVAL, "the message's layout never arrived; nothing to fill");
+    if (mode == P2P_FILL_ZERO) {
+        for_each_hole(d, fill_zero, NULL);
+        return 0;
+    }
+    if (mode != P2P_FILL_COPY) return set_error(EINVAL, "unknown fill mode %d", mode);
+    if (nsrc != d->nseg) return set_error(EINVAL, "fill source has %u segments, the message %u", nsrc, d->nseg);
+    for (uint32_t i = 0; i < nsrc; i++)
+        if (src[i].len != d->seg_len[i] || (src[i].len && !src[i].ptr))
+            return set_error(EINVAL, "fill source segment %u: %llu bytes, the message's has %llu", i,
+                             (unsigned long long)src[i].len, (unsigned long long)d->seg_len[i]);
+    for_each_hole(d, fill_copy, src);
+    return 0;
+}
+
+int p2p_delivery_fractions(const p2p_delivery *d, double *out, uint32_t nseg) {
+    if (nseg != d->nseg) return set_error(EINVAL, "expected %u segment slots, got %u", d->nseg, nseg);
+    if (!nseg) return 0;
+    uint64_t *cov = malloc(sizeof(uint64_t) * nseg);
+    if (!cov) return set_error(ENOMEM, "out of memory");
+    segment_coverage(d->chunk_mask, d->nchunks, d->chunk_size, d->meta_len, d->seg_off, d->seg_len, nseg, cov);
+    for (uint32_t i = 0; i < nseg; i++) out[i] = d->seg_len[i] ? (double)cov[i] / (double)d->seg_len[i] : 1.0;
+    free(cov);
+    return 0;
+}

@@ -1,0 +1,118 @@
+/* Engine internals shared by the engine's source files (not part of the public API). */
+#ifndef P2P_ENGINE_H
+#define P2P_ENGINE_H
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdint.h>
+
+#include "p2pcast.h"
+#include "wire.h"
+
+#define BIT_GET(bm, i) (((bm)[(i) >> 3] >> ((i) & 7)) & 1u)
+#define BIT_SET(bm, i) ((bm)[(i) >> 3] |= (uint8_t)(1u << ((i) & 7)))
+#define CNT(eng, field, n) __atomic_fetch_add(&(eng)->counters.field, (uint64_t)(n), __ATOMIC_RELAXED)
+
+enum tx_state { S_SEND, S_PROBE, S_CLOSE, S_DONE };
+
+/* The send of one message to one receiver. */
+struct txr {
+    struct sockaddr_in addr;
+    double rate, tokens;          /* pacing: token bucket in wire bytes */
+    uint64_t refill_ns;
+    int state, result;
+    uint8_t *acked;               /* chunk bitmap from the receiver's ACKs */
+    uint32_t nacked, meta_acked;
+    uint64_t *seg_acked;          /* acknowledged bytes per segment */
+    uint8_t *seg_ok;              /* segment within its loss bound */
+    uint32_t nseg_ok;
+    uint16_t pass;                /* transmission pass: 0 sends all, later ones what is missing */
+    uint32_t *plist, plen, ppos;  /* chunks of this pass (NULL in pass 0: every chunk in order) */
+    uint32_t peer_high, peer_count; /* receiver's view of this pass, from ACKs */
+    int first_pass_done;
+    uint64_t last_ack_ns, last_heard_ns, probe_ns, srtt_ns, rto_ns, done_ns;
+    uint32_t tries, passes;
+    uint64_t sent, retrans, peer_total;
+};
+
+struct p2p_send {
+    struct p2p_send *next;        /* command queue, then the I/O thread's active list */
+    p2p_engine *eng;
+    int refs, done;               /* under eng->mu */
+    uint32_t msg, nseg;
+    const uint8_t **seg_ptr;
+    uint64_t *seg_flat, *seg_len, *seg_need; /* need: bytes that must arrive */
+    uint8_t *meta;
+    uint32_t meta_len, meta_chunks;
+    uint64_t total;               /* flat bytes: meta + segments + alignment */
+    uint32_t chunk, nchunks;
+    uint32_t *chunk_seg;          /* first segment that chunk k overlaps */
+    uint64_t start_ns, deadline_ns;
+    uint32_t nrcv, nactive;
+    struct txr *r;
+};
+
+/* A message being received. */
+struct rx {
+    struct rx *next;
+    uint16_t sender, pass;
+    uint32_t msg;
+    struct sockaddr_in src;
+    uint32_t nchunks, chunk, meta_len, meta_chunks, meta_received, received;
+    uint64_t cap, total;          /* cap = nchunks * chunk; total known once the end arrived */
+    uint8_t *base, *flat, *bitmap;
+    uint32_t pass_high, pass_count, dgrams, unacked;
+    uint64_t last_ack_ns, last_seen_ns;
+};
+
+struct tombstone {
+    uint16_t sender;
+    uint32_t msg;
+    struct sockaddr_in src;
+    uint32_t flags, total, chunks;
+    uint64_t at_ns;
+};
+#define TOMBSTONES 4096
+
+struct delivery_priv {
+    p2p_delivery pub;             /* first: the public view */
+    struct delivery_priv *next;
+    uint8_t *base, *bitmap;
+    uint64_t *segs;
+};
+
+struct p2p_engine {
+    int fd, evfd, epfd, want_out, gso, gro;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int closing, refs;            /* under mu */
+    struct p2p_send *cmd_head, *cmd_tail;
+    struct delivery_priv *dq_head, *dq_tail;
+    /* I/O thread only: */
+    struct p2p_send *active;
+    struct rx *rxs;
+    struct tombstone tomb[TOMBSTONES];
+    uint32_t tomb_next;
+    double up_tokens;
+    uint64_t up_refill_ns, last_sweep_ns, rng;
+    uint8_t *rbuf, *sbuf;
+    struct batch *batch;          /* sendmmsg scratch */
+    /* settings */
+    p2p_config cfg;
+    struct siphash_key key;
+    struct sockaddr_in local;
+    p2p_counters counters;
+};
+
+uint64_t now_ns(void);
+int set_error(int err, const char *fmt, ...);
+void engine_unref(p2p_engine *eng);
+
+/* io.c: the I/O thread */
+int io_init(p2p_engine *eng);
+void *io_main(void *arg);
+void io_finish_all(p2p_engine *eng);
+/* send.c */
+void send_unref(struct p2p_send *s);
+
+#endif

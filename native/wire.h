@@ -1,0 +1,70 @@
+/* The p2pcast wire format (internal). Every field is little-endian.
+ *
+ * Header, 32 bytes, in front of every datagram:
+ *   0  u16 magic 0x7032 ('p2')     2  u8 version        3  u8 type
+ *   4  u16 sender id               6  u16 pass (DATA: transmission pass; else 0)
+ *   8  u32 message id             12  u32 chunk index (DATA), else 0
+ *  16  u32 chunk count            20  u16 chunk size / 8  22  u16 meta length / 8
+ *  24  u64 tag: SipHash-2-4(key, job id || header with tag zeroed || body); with an all-zero
+ *      key the tag is the job id itself (no authentication, but jobs stay apart).
+ * Bodies: DATA = the chunk's payload; ACK = struct ack_body + bitmap; PROBE = u16 pass + pad;
+ * CLOSE = empty; DONE = struct done_body.
+ */
+#ifndef P2P_WIRE_H
+#define P2P_WIRE_H
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#define WIRE_MAGIC 0x7032
+#define WIRE_VERSION 1
+#define WIRE_HDR 32
+#define WIRE_MAX_DATAGRAM 65507u
+/* ACKs stay below a 1500-byte MTU whatever the data path allows. */
+#define WIRE_ACK_MAX 1472u
+
+enum wire_type { T_DATA = 1, T_ACK = 2, T_PROBE = 3, T_CLOSE = 4, T_DONE = 5 };
+
+struct wire_hdr {
+    uint8_t type;
+    uint16_t sender, pass;
+    uint32_t msg, chunk, nchunks, chunk_size, meta_len;
+};
+
+#define ACK_FINAL 1u     /* last slice of a probe answer */
+struct ack_body {        /* 24 bytes, then ceil(nbits/8) bitmap bytes */
+    uint16_t pass, flags;
+    uint32_t pass_high;  /* highest chunk index received in this pass + 1 (0 = none) */
+    uint32_t pass_count; /* datagrams received in this pass */
+    uint32_t total;      /* datagrams received for the message in all passes */
+    uint32_t start, nbits;
+};
+#define ACK_BODY 24
+
+#define DONE_COMPLETE 1u
+struct done_body { uint32_t flags, total, chunks; };
+#define DONE_BODY 12
+
+struct siphash_key { uint64_t k0, k1; int on; uint32_t job; };
+
+void wire_key_init(struct siphash_key *k, const uint8_t key[16], uint32_t job);
+void wire_put_hdr(uint8_t *out, const struct wire_hdr *h);
+/* Parses and checks magic/version/type; returns 0 or a negative reason (see engine counters). */
+int wire_get_hdr(const uint8_t *in, size_t len, struct wire_hdr *h);
+/* Writes the tag into hdr (header already filled) over hdr + the body pieces. */
+void wire_sign(const struct siphash_key *k, uint8_t *hdr, const struct iovec *body, int nbody);
+int wire_verify(const struct siphash_key *k, const uint8_t *dgram, size_t len);
+
+void wire_put_ack(uint8_t *out, const struct ack_body *a);
+void wire_get_ack(const uint8_t *in, struct ack_body *a);
+void wire_put_done(uint8_t *out, const struct done_body *d);
+void wire_get_done(const uint8_t *in, struct done_body *d);
+
+static inline void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
+static inline void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static inline void put64(uint8_t *p, uint64_t v) { for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (8 * i)); }
+static inline uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint32_t get32(const uint8_t *p) { return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24); }
+static inline uint64_t get64(const uint8_t *p) { return (uint64_t)get32(p) | ((uint64_t)get32(p + 4) << 32); }
+
+#endif

@@ -1,0 +1,47 @@
+"""Zero-copy views between tensors/arrays and engine memory, and the descriptor that travels with a message.
+
+The descriptor (dtype and shape of each array) rides in the engine's opaque `app` blob so that a
+receiver can rebuild typed arrays without knowing the sender's model in advance.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+import numpy as np
+
+
+def as_numpy(x: Any) -> np.ndarray:
+    """A numpy view of a numpy array or CPU torch tensor, sharing its memory (never a copy)."""
+    if hasattr(x, "detach") and hasattr(x, "is_contiguous"):  # torch.Tensor, without importing torch
+        if x.device.type != "cpu":
+            raise ValueError(f"tensor on {x.device}: only CPU tensors can be sent without a copy")
+        if not x.is_contiguous():
+            raise ValueError("tensor is not contiguous: call .contiguous() first (that copies)")
+        return x.detach().numpy()
+    a = np.asarray(x)
+    if not a.flags.c_contiguous:
+        raise ValueError("array is not C-contiguous: use np.ascontiguousarray first (that copies)")
+    return a
+
+
+def encode_descriptor(arrays: Sequence[np.ndarray]) -> bytes:
+    return json.dumps([[a.dtype.str, list(a.shape)] for a in arrays], separators=(",", ":")).encode()
+
+
+def decode_descriptor(blob: bytes, nseg: int) -> list[tuple[np.dtype, tuple[int, ...]]] | None:
+    """The (dtype, shape) list, or None when the blob is not a descriptor for nseg arrays."""
+    try:
+        items = json.loads(blob.decode())
+        out = [(np.dtype(d), tuple(int(n) for n in shape)) for d, shape in items]
+    except (ValueError, TypeError, UnicodeDecodeError):
+        return None
+    return out if len(out) == nseg else None
+
+
+class EngineMemory:
+    """Exposes engine-owned bytes to numpy while keeping their owner (a C delivery) alive."""
+
+    def __init__(self, owner: Any, address: int, nbytes: int):
+        self._owner = owner
+        self.__array_interface__ = {"data": (address, False), "shape": (nbytes,), "typestr": "|u1", "version": 3}

@@ -1,0 +1,298 @@
+"""`Channel`: the Python face of the p2pcast engine (one per peer).
+
+    with Channel(host="127.0.0.1", sender_id=rank) as ch:
+        h = ch.send(round, [w1, b1, w2], receivers=[("10.0.0.2", 7000, 12.5e6)], loss_bounds=0.05)
+        d = ch.recv(timeout=1.0)          # Delivery(sender, msg_id, arrays, mask, ...)
+        ch.fill(d, "own", own=[w1, b1, w2])
+        h.wait()                          # per-receiver stats
+
+Arrays (numpy, or contiguous CPU torch tensors) are read in place by the engine's I/O thread:
+do not change them until the send's `wait()` returns.
+"""
+from __future__ import annotations
+
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from p2plearn.transport._native import TransportError, check, ffi, lib
+from p2plearn.transport.arrays import EngineMemory, as_numpy, decode_descriptor, encode_descriptor
+from p2plearn.transport.delivery import Delivery, Reason
+
+SEND_RESULTS = {
+    lib.P2P_SEND_EXACT: "exact",
+    lib.P2P_SEND_EARLY_CLOSED: "early_closed",
+    lib.P2P_SEND_DEADLINE: "deadline",
+    lib.P2P_SEND_UNREACHABLE: "unreachable",
+    lib.P2P_SEND_CANCELLED: "cancelled",
+    lib.P2P_SEND_DUPLICATE: "duplicate",
+}
+
+
+@dataclass
+class ReceiverStats:
+    """How the send to one receiver went; `delivery_rate` and `loss_rate` feed bandwidth-aware selection."""
+
+    receiver: tuple[str, int]
+    result: str
+    fractions: list[float]      # per array, fraction acknowledged
+    delivered: float            # fraction of all chunks acknowledged
+    datagrams_sent: int
+    retransmitted: int
+    datagrams_received: int
+    passes: int
+    elapsed_s: float
+    delivery_rate: float        # bytes/s
+    loss_rate: float
+    rtt_s: float
+
+
+def _receiver_tuple(r: Any) -> tuple[str, int, float]:
+    host, port, *rest = r
+    rate = float(rest[0]) if rest else 0.0
+    host = socket.gethostbyname(host)
+    if not isinstance(port, int) or not 0 < port < 65536:
+        raise ValueError(f"receiver {r!r}: port must be in 1..65535")
+    if rate < 0:
+        raise ValueError(f"receiver {r!r}: rate must be >= 0 bytes/s")
+    return host, port, rate
+
+
+class SendHandle:
+    """A send in flight. Keeps the arrays alive until the engine is done with them."""
+
+    def __init__(self, ptr: Any, arrays: list[np.ndarray], receivers: list[tuple[str, int, float]], keep: list[Any]):
+        self._ptr = ffi.gc(ptr, lib.p2p_send_release)
+        self._arrays = arrays
+        self._keep = keep
+        self.receivers = receivers
+        self._stats: list[ReceiverStats] | None = None
+        self._lock = threading.Lock()
+
+    def done(self) -> bool:
+        return lib.p2p_send_wait(self._ptr, 0) == 0
+
+    def wait(self, timeout: float | None = None) -> list[ReceiverStats]:
+        """Block until every receiver finished (closed, exact, deadline or unreachable); per-receiver stats.
+
+        Raises TimeoutError if `timeout` seconds pass first.
+        """
+        with self._lock:
+            if self._stats is None:
+                ms = -1 if timeout is None else max(0, int(timeout * 1000))
+                if lib.p2p_send_wait(self._ptr, ms) != 0:
+                    raise TimeoutError(f"send not finished after {timeout} s")
+                self._stats = [self._receiver_stats(i) for i in range(len(self.receivers))]
+                self._arrays = self._keep = []  # the engine no longer reads them
+            return self._stats
+
+    def _receiver_stats(self, i: int) -> ReceiverStats:
+        st = ffi.new("p2p_receiver_stats *")
+        n = len(self._arrays)
+        fr = ffi.new("double[]", max(n, 1))
+        check(lib.p2p_send_receiver_stats(self._ptr, i, st, fr if n else ffi.NULL, n))
+        host, port, _ = self.receivers[i]
+        return ReceiverStats(
+            receiver=(host, port), result=SEND_RESULTS.get(st.result, str(st.result)),
+            fractions=[fr[j] for j in range(n)], delivered=st.delivered, datagrams_sent=st.datagrams_sent,
+            retransmitted=st.datagrams_retransmitted, datagrams_received=st.datagrams_received,
+            passes=st.passes, elapsed_s=st.elapsed_s, delivery_rate=st.delivery_rate,
+            loss_rate=st.loss_rate, rtt_s=st.rtt_s)
+
+
+class Channel:
+    """One peer's engine: a UDP socket and an I/O thread that send and receive whole messages.
+
+    Args (tuning):
+        host, port: where to bind (IPv4); port 0 picks a free one (see `address`).
+        sender_id: this peer's id (its rank); receivers see it as `Delivery.sender`.
+        job_id, key: datagrams carry a SipHash-2-4 tag keyed with `key` (16 bytes) over the job id;
+            others' datagrams are dropped. key=None turns tags off (a benchmark setting).
+        max_datagram: UDP payload per datagram; None = from each path's MTU (1472 on 1500-byte
+            links, ~64 KiB on loopback). Lower it if a path has a smaller MTU than its interface.
+        window_bytes: unacknowledged bytes in flight per receiver. Raise on long fat paths; lower if
+            receivers overflow their socket buffer (shows as loss without a shaped link).
+        rx_idle: seconds without a datagram after which a partial message is handed over as EXPIRED.
+        max_message_bytes: largest incoming message accepted (memory bound against bad peers).
+        uplink_rate: bytes/s this peer may send in total (its uplink); 0 = unpaced. Per-receiver
+            rates are given with each send.
+        drop_prob, seed: drop incoming data datagrams with this probability (loss injection for
+            tests and emulation without root).
+        socket_buffer: SO_SNDBUF/SO_RCVBUF in bytes (forced beyond the sysctl limit when root).
+        gso: use UDP GSO/GRO segmentation offload when the kernel has it.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, sender_id: int = 0, job_id: int = 0,
+                 key: bytes | None = None, max_datagram: int | None = None, window_bytes: int = 8 << 20,
+                 rx_idle: float = 5.0, max_message_bytes: int = 4 << 30, uplink_rate: float = 0.0,
+                 drop_prob: float = 0.0, seed: int = 0, socket_buffer: int = 32 << 20, gso: bool = True):
+        if not 0 <= sender_id < 65536:
+            raise ValueError(f"sender_id must be in 0..65535, got {sender_id}")
+        if key is not None and len(key) != 16:
+            raise ValueError(f"key must be 16 bytes, got {len(key)}")
+        cfg = ffi.new("p2p_config *")
+        lib.p2p_config_default(cfg)
+        host_c = ffi.new("char[]", socket.gethostbyname(host).encode())
+        cfg.host = host_c
+        cfg.port = port
+        cfg.sender_id = sender_id
+        cfg.job_id = job_id & 0xFFFFFFFF
+        if key:
+            ffi.memmove(cfg.key, key, 16)
+        cfg.max_datagram = max_datagram or 0
+        cfg.window_bytes = window_bytes
+        cfg.rx_idle_ms = max(1, int(rx_idle * 1000))
+        cfg.max_message_bytes = max_message_bytes
+        cfg.uplink_rate = uplink_rate
+        cfg.drop_prob = drop_prob
+        cfg.seed = seed
+        cfg.socket_buffer = socket_buffer
+        cfg.gso = int(gso)
+        out = ffi.new("p2p_engine **")
+        check(lib.p2p_engine_open(cfg, out))
+        self._eng = out[0]
+        self._lock = threading.Lock()
+        self._last: dict[int, Delivery] = {}
+        self.sender_id = sender_id
+        h, p = ffi.new("char[16]"), ffi.new("uint16_t *")
+        lib.p2p_engine_address(self._eng, h, p)
+        self.address: tuple[str, int] = (ffi.string(h).decode(), p[0])
+
+    def _engine(self) -> Any:
+        if self._eng is None:
+            raise TransportError(9, "channel is closed")
+        return self._eng
+
+    def send(self, msg_id: int, arrays: Sequence[Any], receivers: Iterable[Any],
+             loss_bounds: float | Sequence[float] = 0.0, deadline: float | None = None,
+             chunk_size: int | None = None) -> SendHandle:
+        """Start sending `arrays` as message `msg_id` to every receiver; returns at once.
+
+        receivers: (host, port) or (host, port, rate in bytes/s; 0 = unpaced) each.
+        loss_bounds: per array (or one for all), the fraction that may be missing at a receiver
+            when the send to it closes early; 0 = exact delivery.
+        deadline: seconds after which each receiver's send closes with whatever arrived.
+        """
+        eng = self._engine()
+        if not 0 <= msg_id < 2**32:
+            raise ValueError(f"msg_id must fit in 32 bits, got {msg_id}")
+        views = [as_numpy(a) for a in arrays]
+        bounds = [float(loss_bounds)] * len(views) if np.isscalar(loss_bounds) else [float(b) for b in loss_bounds]
+        if len(bounds) != len(views):
+            raise ValueError(f"{len(bounds)} loss bounds for {len(views)} arrays")
+        rcv = [_receiver_tuple(r) for r in receivers]
+        if len({(h, p) for h, p, _ in rcv}) != len(rcv):
+            raise ValueError("a receiver is listed twice")
+        keep: list[Any] = []
+        segs = ffi.new("p2p_segment[]", max(len(views), 1))
+        for i, (v, b) in enumerate(zip(views, bounds)):
+            buf = ffi.from_buffer(v.reshape(-1).view(np.uint8))
+            keep.append(buf)
+            segs[i].ptr = buf
+            segs[i].len = v.nbytes
+            segs[i].loss_bound = b
+        rs = ffi.new("p2p_receiver[]", max(len(rcv), 1))
+        for i, (h, p, rate) in enumerate(rcv):
+            hc = ffi.new("char[]", h.encode())
+            keep.append(hc)
+            rs[i].host, rs[i].port, rs[i].rate = hc, p, rate
+        opt = ffi.new("p2p_send_options *")
+        desc = ffi.new("char[]", encode_descriptor(views))
+        opt.app, opt.app_len = desc, len(ffi.string(desc))
+        opt.deadline_ms = 0 if deadline is None else max(1, int(deadline * 1000))
+        opt.chunk_size = chunk_size or 0
+        out = ffi.new("p2p_send **")
+        check(lib.p2p_send_start(eng, msg_id, segs, len(views), rs, len(rcv), opt, out))
+        keep.append(desc)
+        return SendHandle(out[0], views, rcv, keep)
+
+    def recv(self, timeout: float | None = None) -> Delivery | None:
+        """The next delivered message, or None if none arrives within `timeout` seconds."""
+        eng = self._engine()
+        out = ffi.new("p2p_delivery **")
+        ms = -1 if timeout is None else max(0, int(timeout * 1000))
+        if check(lib.p2p_recv(eng, ms, out)) == 1:
+            return None
+        return self._wrap(ffi.gc(out[0], lib.p2p_delivery_free))
+
+    @staticmethod
+    def _wrap(d: Any) -> Delivery:
+        mask = np.unpackbits(np.frombuffer(ffi.buffer(d.chunk_mask, (d.nchunks + 7) // 8), dtype=np.uint8),
+                             bitorder="little")[:d.nchunks].astype(bool)
+        source = (ffi.string(d.src_host).decode(), d.src_port)
+        arrays, offsets, fractions = None, [], []
+        layout = None
+        if d.layout_known:
+            layout = decode_descriptor(bytes(ffi.buffer(d.app, d.app_len)), d.nseg)
+        if layout is not None:
+            raw = np.asarray(EngineMemory(d, int(ffi.cast("uintptr_t", d.data)), d.data_len))
+            offsets = [d.seg_off[i] for i in range(d.nseg)]
+            arrays = []
+            for i, (dtype, shape) in enumerate(layout):
+                piece = raw[offsets[i]:offsets[i] + d.seg_len[i]]
+                arrays.append(piece.view(dtype).reshape(shape))
+            fr = ffi.new("double[]", max(d.nseg, 1))
+            check(lib.p2p_delivery_fractions(d, fr, d.nseg))
+            fractions = [fr[i] for i in range(d.nseg)]
+        return Delivery(sender=d.sender, msg_id=d.msg_id, arrays=arrays, mask=mask, reason=Reason(d.reason),
+                        source=source, fractions=fractions, datagrams=d.datagrams_received,
+                        chunk_size=d.chunk_size, meta_len=d.meta_len, offsets=offsets, _handle=d)
+
+    def fill(self, delivery: Delivery, mode: str = "own", own: Sequence[Any] | None = None) -> Delivery:
+        """Bubble filling: decide what stands where chunks are missing (done in C, in place).
+
+        mode "own": the bytes of `own` (e.g. the receiver's own parameters, so a lost chunk means
+            "no change"); "zero": zeros; "last": the same sender's previous message (filled
+            before), or `own` if there is none yet.
+        """
+        if delivery.arrays is None:
+            raise ValueError("the message's layout never arrived; nothing to fill")
+        if mode not in ("own", "zero", "last"):
+            raise ValueError(f"fill mode must be own, zero or last, got {mode!r}")
+        source = own
+        if mode == "last":
+            prev = self._last.get(delivery.sender)
+            source = prev.arrays if prev is not None else own
+            self._last[delivery.sender] = delivery
+        if mode == "zero":
+            check(lib.p2p_fill(delivery._handle, lib.P2P_FILL_ZERO, ffi.NULL, 0))
+            return delivery
+        if source is None:
+            raise ValueError(f"fill mode {mode!r} needs `own` arrays")
+        views = [as_numpy(a) for a in source]
+        segs = ffi.new("p2p_segment[]", max(len(views), 1))
+        keep = []
+        for i, v in enumerate(views):
+            buf = ffi.from_buffer(v.reshape(-1).view(np.uint8))
+            keep.append(buf)
+            segs[i].ptr, segs[i].len = buf, v.nbytes
+        check(lib.p2p_fill(delivery._handle, lib.P2P_FILL_COPY, segs, len(views)))
+        return delivery
+
+    def stats(self) -> dict[str, int]:
+        """Engine counters: bytes and datagrams each way, retransmissions, drops by reason."""
+        c = ffi.new("p2p_counters *")
+        lib.p2p_engine_counters(self._engine(), c)
+        return {name: getattr(c, name) for name, _ in ffi.typeof("p2p_counters").fields}
+
+    def close(self) -> None:
+        """Stop the engine; sends in flight end as "cancelled". Received arrays stay valid."""
+        with self._lock:
+            if self._eng is not None:
+                lib.p2p_engine_close(self._eng)
+                self._eng = None
+                self._last.clear()
+
+    def __enter__(self) -> "Channel":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_eng", None) is not None:
+            self.close()
+

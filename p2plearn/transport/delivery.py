@@ -1,0 +1,66 @@
+"""What a receiver gets: one message from one sender, with the mask of what arrived."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+
+class Reason(IntEnum):
+    """Why a message was handed over."""
+
+    COMPLETE = 0  # every chunk arrived
+    CLOSED = 1    # the sender closed it (Early Close or its deadline)
+    EXPIRED = 2   # the sender went silent (it died or left)
+
+
+@dataclass
+class Delivery:
+    """One received message.
+
+    arrays: the message's arrays (views of engine memory, writable, valid as long as this object
+        or any array is alive); None when the message's layout never arrived.
+    mask: per chunk, True where it arrived. `element_mask(i)` gives it per element of array i and
+        `fractions` per array. Missing chunks hold zeros until `Channel.fill` puts something there.
+    """
+
+    sender: int
+    msg_id: int
+    arrays: list[np.ndarray] | None
+    mask: np.ndarray
+    reason: Reason
+    source: tuple[str, int]
+    fractions: list[float]
+    datagrams: int = 0
+    # chunk k covers bytes [k*chunk_size - meta_len, (k+1)*chunk_size - meta_len) of the data region
+    chunk_size: int = 0
+    meta_len: int = 0
+    offsets: list[int] = field(default_factory=list)
+    _handle: object = field(default=None, repr=False)
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.mask.all())
+
+    @property
+    def delivered(self) -> float:
+        """Fraction of the message's chunks that arrived."""
+        return float(self.mask.mean()) if self.mask.size else 1.0
+
+    def element_mask(self, i: int) -> np.ndarray:
+        """Bool array shaped like arrays[i]: True where the element arrived."""
+        if self.arrays is None:
+            raise ValueError("the message's layout never arrived")
+        a = self.arrays[i]
+        if not self.chunk_size or self.complete:
+            return np.ones(a.shape, dtype=bool)
+        start = self.meta_len + self.offsets[i]
+        nbytes = a.nbytes
+        if nbytes == 0:
+            return np.ones(a.shape, dtype=bool)
+        first, last = start // self.chunk_size, (start + nbytes - 1) // self.chunk_size
+        # Chunk boundaries fall on 8-byte boundaries of the segment, so on element boundaries.
+        cuts = np.arange(first + 1, last + 1, dtype=np.int64) * self.chunk_size - start
+        sizes = np.diff(np.concatenate(([0], cuts, [nbytes]))) // a.itemsize
+        return np.repeat(self.mask[first:last + 1], sizes).reshape(a.shape)

@@ -1,0 +1,299 @@
+"""Round trips, loss tolerance, bubble filling and concurrency of the native engine on loopback."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from p2plearn.transport import Reason, TransportError
+
+CHUNK = 1440  # payload per datagram on a 1500-byte path (max_datagram=1472)
+
+
+def recv_one(ch, timeout=10.0):
+    d = ch.recv(timeout=timeout)
+    assert d is not None, "nothing delivered"
+    return d
+
+
+@pytest.mark.parametrize("max_datagram", [1472, None])  # 1500-byte links, and 64 KiB loopback
+@pytest.mark.parametrize("size", [0, 1, CHUNK - 1, CHUNK, CHUNK + 1, 3 * CHUNK + 5, 65472 + 1])
+def test_round_trip_sizes(channels, size, max_datagram):
+    a, b = channels(sender_id=3, max_datagram=max_datagram), channels(sender_id=4)
+    x = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+    h = a.send(11, [x], [b.address])
+    d = recv_one(b)
+    assert (d.sender, d.msg_id, d.reason) == (3, 11, Reason.COMPLETE)
+    assert d.complete and d.fractions == [1.0]
+    np.testing.assert_array_equal(d.arrays[0], x)
+    (st,) = h.wait(10)
+    assert st.result == "exact" and st.delivered == 1.0
+
+
+def test_several_segments_keep_dtype_and_shape(channels):
+    a, b = channels(sender_id=1, max_datagram=1472), channels()
+    arrays = [np.arange(12, dtype=np.float32).reshape(3, 4), np.array([], dtype=np.float64),
+              np.arange(5, dtype=np.int8), np.linspace(0, 1, 10001), np.ones((2, 2, 2), dtype=np.int64)]
+    a.send(1, arrays, [b.address])
+    d = recv_one(b)
+    assert len(d.arrays) == len(arrays)
+    for got, want in zip(d.arrays, arrays):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+        assert got.ctypes.data % got.itemsize == 0
+
+
+def test_torch_tensors_without_copy(channels):
+    torch = pytest.importorskip("torch")
+    a, b = channels(sender_id=1), channels()
+    w = torch.randn(300, 200)
+    a.send(5, [w, torch.zeros(7)], [b.address])
+    d = recv_one(b)
+    assert torch.equal(torch.from_numpy(d.arrays[0]), w)
+    with pytest.raises(ValueError, match="not contiguous"):
+        a.send(6, [w.t()], [b.address])
+
+
+def test_100_megabytes(channels):
+    a, b = channels(sender_id=1), channels()
+    x = np.random.default_rng(0).integers(0, 2**31, 25_000_000, dtype=np.int32)  # 100 MB
+    h = a.send(2, [x, x[:10]], [b.address])
+    d = recv_one(b, timeout=60)
+    assert d.complete
+    np.testing.assert_array_equal(d.arrays[0], x)
+    assert h.wait(30)[0].result == "exact"
+
+
+def test_out_of_order_and_duplicate_datagrams(channels, raw_peer):
+    from tests.transport.craft import DATA, datagram, message_chunks
+
+    b = channels()
+    x = np.arange(5000, dtype=np.float32)
+    chunks, meta_len = message_chunks([x.tobytes()], [["<f4", [5000]]], CHUNK)
+    order = list(range(len(chunks)))[::-1]
+    order = order + order[::3]  # reversed, then a third of them again
+    for k in order:
+        raw_peer.send(datagram(DATA, sender=9, msg=77, chunk=k, nchunks=len(chunks), chunk_size=CHUNK,
+                               meta_len=meta_len, body=chunks[k]), b.address)
+    d = recv_one(b)
+    assert (d.sender, d.msg_id, d.reason) == (9, 77, Reason.COMPLETE)
+    np.testing.assert_array_equal(d.arrays[0], x)
+    st = b.stats()
+    assert st["drop_duplicate"] + st["drop_stale"] == len(order) - len(chunks)
+
+
+@pytest.fixture
+def lossy_pair(channels):
+    a = channels(sender_id=1, max_datagram=1472)
+    b = channels(sender_id=2, drop_prob=0.10, seed=7)
+    return a, b
+
+
+def test_ten_percent_loss_exact_with_bound_zero(lossy_pair):
+    a, b = lossy_pair
+    x = np.random.default_rng(1).random(1_000_000).astype(np.float32)
+    h = a.send(1, [x], [b.address], loss_bounds=0.0)
+    d = recv_one(b)
+    np.testing.assert_array_equal(d.arrays[0], x)
+    (st,) = h.wait(10)
+    assert st.result == "exact" and st.retransmitted > 0 and st.passes >= 2
+    assert 0.05 < st.loss_rate < 0.15
+    assert b.stats()["drop_injected"] > 0
+
+
+def test_loss_bound_closes_early_with_every_segment_within_bound(lossy_pair):
+    a, b = lossy_pair
+    rng = np.random.default_rng(2)
+    arrays = [rng.random(n).astype(np.float32) for n in (400_000, 100_000, 3000, 10)]
+    exact = a.send(1, arrays, [b.address], loss_bounds=0.0)
+    recv_one(b)
+    (ex,) = exact.wait(10)
+    tolerant = a.send(2, arrays, [b.address], loss_bounds=0.05)
+    d = recv_one(b)
+    (st,) = tolerant.wait(10)
+    assert st.result == "early_closed" and d.reason == Reason.CLOSED
+    assert all(f >= 0.95 for f in d.fractions), d.fractions
+    assert all(f >= 0.95 for f in st.fractions), st.fractions
+    # Sooner: the tolerant send needs fewer retransmissions, hence fewer datagrams, than the exact one.
+    assert st.retransmitted < ex.retransmitted and st.datagrams_sent < ex.datagrams_sent
+    for i, want in enumerate(arrays):  # whatever arrived is right
+        m = d.element_mask(i)
+        np.testing.assert_array_equal(d.arrays[i][m], want[m])
+
+
+def test_per_segment_bounds(lossy_pair):
+    a, b = lossy_pair
+    arrays = [np.ones(200_000, np.float32), np.ones(200_000, np.float32)]
+    h = a.send(3, arrays, [b.address], loss_bounds=[0.0, 0.2])
+    d = recv_one(b)
+    h.wait(10)
+    assert d.fractions[0] == 1.0 and d.fractions[1] >= 0.8
+
+
+def test_fill_modes(lossy_pair):
+    a, b = lossy_pair
+    x = np.arange(300_000, dtype=np.float32) + 1
+    own = np.full_like(x, -5.0)
+    a.send(1, [x], [b.address], loss_bounds=0.1).wait(10)
+    d = recv_one(b)
+    m = d.element_mask(0)
+    assert 0.9 <= m.mean() < 1.0
+    assert (d.arrays[0][~m] == 0).all()          # nothing written where nothing arrived
+    b.fill(d, "zero")
+    assert (d.arrays[0][~m] == 0).all()
+    b.fill(d, "own", own=[own])
+    np.testing.assert_array_equal(d.arrays[0][~m], own[~m])
+    np.testing.assert_array_equal(d.arrays[0][m], x[m])
+
+    # "last": the sender's previous message stands where the new one has holes
+    first = d
+    b.fill(first, "last", own=[own])
+    a.send(2, [x * 2], [b.address], loss_bounds=0.1).wait(10)
+    second = recv_one(b)
+    m2 = second.element_mask(0)
+    b.fill(second, "last", own=[own])
+    np.testing.assert_array_equal(second.arrays[0][~m2], first.arrays[0][~m2])
+    np.testing.assert_array_equal(second.arrays[0][m2], 2 * x[m2])
+    with pytest.raises(ValueError, match="segments|bytes"):
+        b.fill(second, "own", own=[own[:10]])
+
+
+def test_eight_senders_into_one_receiver(channels):
+    rx = channels(sender_id=100)
+    senders = [channels(sender_id=i, max_datagram=1472) for i in range(8)]
+    data = [np.full(250_000, i, dtype=np.float32) for i in range(8)]
+    handles = [s.send(42, [x], [rx.address]) for s, x in zip(senders, data)]
+    got = {}
+    for _ in range(8):
+        d = recv_one(rx, timeout=30)
+        got[d.sender] = d
+    assert sorted(got) == list(range(8))
+    for i, d in got.items():
+        np.testing.assert_array_equal(d.arrays[0], data[i])
+    assert all(h.wait(30)[0].result == "exact" for h in handles)
+
+
+def test_two_messages_in_flight_per_pair(channels):
+    a, b = channels(sender_id=1), channels()
+    x, y = np.arange(2_000_000, dtype=np.int32), -np.arange(1_000_000, dtype=np.int32)
+    h1 = a.send(1, [x], [b.address])
+    h2 = a.send(2, [y], [b.address])
+    got = {d.msg_id: d for d in (recv_one(b), recv_one(b))}
+    np.testing.assert_array_equal(got[1].arrays[0], x)
+    np.testing.assert_array_equal(got[2].arrays[0], y)
+    assert h1.wait(10)[0].result == h2.wait(10)[0].result == "exact"
+
+
+def test_same_message_id_twice_to_one_receiver_is_refused(channels):
+    a = channels(sender_id=1, uplink_rate=1e6)
+    b = channels()
+    x = np.zeros(1_000_000, np.uint8)
+    h1 = a.send(5, [x], [b.address])
+    h2 = a.send(5, [x], [b.address])
+    assert h2.wait(10)[0].result == "duplicate"
+    assert h1.wait(10)[0].result == "exact"
+
+
+def test_sender_that_vanishes_is_freed_after_idle_deadline(channels, raw_peer):
+    from tests.transport.craft import DATA, datagram, message_chunks
+
+    b = channels(rx_idle=0.3)
+    x = np.arange(10_000, dtype=np.float64)
+    chunks, meta_len = message_chunks([x.tobytes()], [["<f8", [10_000]]], CHUNK)
+    for k in range(len(chunks) // 2):  # half a message, then silence
+        raw_peer.send(datagram(DATA, sender=5, msg=3, chunk=k, nchunks=len(chunks), chunk_size=CHUNK,
+                               meta_len=meta_len, body=chunks[k]), b.address)
+    assert b.recv(timeout=0.1) is None
+    d = recv_one(b, timeout=5)
+    assert d.reason == Reason.EXPIRED and not d.complete
+    assert b.stats()["messages_expired"] == 1
+    m = d.element_mask(0)
+    np.testing.assert_array_equal(d.arrays[0][m], x[m])
+    # late datagrams of the freed message are stale, not a new message
+    raw_peer.send(datagram(DATA, sender=5, msg=3, chunk=len(chunks) - 1, nchunks=len(chunks), chunk_size=CHUNK,
+                           meta_len=meta_len, body=chunks[-1]), b.address)
+    assert b.recv(timeout=0.3) is None
+    assert b.stats()["drop_stale"] == 1
+
+
+def test_receiver_that_is_gone_ends_unreachable_not_a_hang(channels):
+    a, gone = channels(sender_id=1), channels()
+    addr = gone.address
+    gone.close()
+    h = a.send(1, [np.zeros(1000, np.float32)], [addr])
+    (st,) = h.wait(20)
+    assert st.result == "unreachable"
+
+
+def test_deadline_closes_with_what_arrived(channels):
+    a = channels(sender_id=1, max_datagram=1472)
+    b = channels(drop_prob=0.5, seed=1)
+    h = a.send(1, [np.zeros(2_000_000, np.uint8)], [b.address], loss_bounds=0.0, deadline=0.05)
+    (st,) = h.wait(10)
+    d = recv_one(b)
+    assert st.result in ("deadline", "exact")
+    if st.result == "deadline":
+        assert d.reason == Reason.CLOSED and not d.complete
+
+
+def test_close_with_sends_in_flight(channels):
+    a = channels(sender_id=1, uplink_rate=2e6)  # 2 MB/s: the send below needs seconds
+    b = channels()
+    x = np.zeros(20_000_000, np.uint8)
+    handles = [a.send(i, [x], [b.address]) for i in range(3)]
+    waiter = threading.Thread(target=lambda: [h.wait() for h in handles])
+    waiter.start()
+    a.close()
+    waiter.join(5)
+    assert not waiter.is_alive(), "wait() hung after close"
+    assert {h.wait(1)[0].result for h in handles} == {"cancelled"}
+    with pytest.raises(TransportError, match="closed"):
+        a.send(9, [x], [b.address])
+    b.close()
+    with pytest.raises(TransportError, match="closed"):
+        b.recv(0.1)
+
+
+def test_wrong_key_or_job_is_rejected(channels):
+    k1, k2 = bytes(range(16)), bytes(range(1, 17))
+    a = channels(sender_id=1, key=k1, job_id=5)
+    b = channels(key=k2, job_id=5)
+    c = channels(key=k1, job_id=6)
+    ok = channels(key=k1, job_id=5)
+    x = np.ones(10_000, np.float32)
+    for dst in (b, c):
+        a.send(1, [x], [dst.address], deadline=0.3)
+        assert dst.recv(timeout=0.5) is None
+        assert dst.stats()["drop_bad_tag"] > 0
+    a.send(2, [x], [ok.address])
+    np.testing.assert_array_equal(recv_one(ok).arrays[0], x)
+
+
+def test_python_siphash_agrees_with_the_engine(channels, raw_peer):
+    from tests.transport.craft import DATA, datagram, message_chunks
+
+    key = bytes(range(16))
+    b = channels(key=key, job_id=99)
+    x = np.arange(100, dtype=np.int16)
+    (chunk,), meta_len = message_chunks([x.tobytes()], [["<i2", [100]]], CHUNK)
+    raw_peer.send(datagram(DATA, sender=2, msg=1, chunk=0, nchunks=1, chunk_size=CHUNK, meta_len=meta_len,
+                           body=chunk, job=99, key=key), b.address)
+    np.testing.assert_array_equal(recv_one(b).arrays[0], x)
+
+
+def test_bad_arguments_raise_clear_errors(channels):
+    a = channels()
+    x = np.zeros(10)
+    with pytest.raises(ValueError, match="loss bounds"):
+        a.send(1, [x], [a.address], loss_bounds=[0.1, 0.2])
+    with pytest.raises(TransportError, match="loss bound"):
+        a.send(1, [x], [a.address], loss_bounds=1.5)
+    with pytest.raises(ValueError, match="twice"):
+        a.send(1, [x], [a.address, a.address])
+    with pytest.raises(ValueError, match="C-contiguous"):
+        a.send(1, [np.zeros((4, 4))[:, 1]], [a.address])
+    with pytest.raises(TransportError, match="bind"):
+        channels(port=a.address[1])
+    with pytest.raises(TransportError, match="drop_prob"):
+        channels(drop_prob=1.5)
