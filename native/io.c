@@ -50,7 +50,7 @@ static void send_ctl(p2p_engine *eng, const struct sockaddr_in *to, struct wire_
     uint8_t buf[WIRE_ACK_MAX];
     h->sender = eng->cfg.sender_id;
     wire_put_hdr(buf, h);
-    memcpy(buf + WIRE_HDR, body, blen);
+    if (blen) memcpy(buf + WIRE_HDR, body, blen);
     struct iovec b = {buf + WIRE_HDR, blen};
     wire_sign(&eng->key, buf, &b, 1);
     /* Best effort: every control datagram is re-sent by the protocol if it is lost. */

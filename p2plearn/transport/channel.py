@@ -156,6 +156,8 @@ class Channel:
         self._eng = out[0]
         self._lock = threading.Lock()
         self._last: dict[int, Delivery] = {}
+        # Sends in flight hold the caller's arrays: kept here too, so dropping a handle early is safe.
+        self._inflight: list[SendHandle] = []
         self.sender_id = sender_id
         h, p = ffi.new("char[16]"), ffi.new("uint16_t *")
         lib.p2p_engine_address(self._eng, h, p)
@@ -207,7 +209,9 @@ class Channel:
         out = ffi.new("p2p_send **")
         check(lib.p2p_send_start(eng, msg_id, segs, len(views), rs, len(rcv), opt, out))
         keep.append(desc)
-        return SendHandle(out[0], views, rcv, keep)
+        handle = SendHandle(out[0], views, rcv, keep)
+        self._inflight = [h for h in self._inflight if not h.done()] + [handle]
+        return handle
 
     def recv(self, timeout: float | None = None) -> Delivery | None:
         """The next delivered message, or None if none arrives within `timeout` seconds."""
@@ -285,6 +289,7 @@ class Channel:
                 lib.p2p_engine_close(self._eng)
                 self._eng = None
                 self._last.clear()
+                self._inflight.clear()
 
     def __enter__(self) -> "Channel":
         return self
