@@ -13,4 +13,8 @@ The layers, top to bottom (nothing imports upward):
 - ``p2plearn.topology`` / ``p2plearn.testbed`` / ``p2plearn.sim``  networks: described, built, simulated
 """
 
+from p2plearn.options import Options, add_arguments
+from p2plearn.runtime import Runtime, init
+
 __version__ = "0.1.0"
+__all__ = ["init", "Runtime", "Options", "add_arguments"]

@@ -1,0 +1,45 @@
+"""Member and Event: the records of who is in the job and what happened to it."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass
+class Member:
+    """One live peer: where its data engine listens and how far it has come."""
+
+    rank: int
+    host: str
+    engine: tuple[str, int] | None = None
+    clock: int = 0
+    loss: float | None = None
+    step_time: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Member:
+        engine = d.get("engine")
+        return cls(rank=int(d["rank"]), host=str(d["host"]), engine=tuple(engine) if engine else None,
+                   clock=int(d.get("clock", 0)), loss=d.get("loss"), step_time=d.get("step_time"))
+
+
+@dataclass(frozen=True)
+class Event:
+    """Something a client was told, in ``client.events`` and passed to ``on_event`` callbacks.
+
+    ``kind``:
+    - ``"join"`` / ``"leave"`` / ``"dead"``: ``rank`` joined, left cleanly, or missed its heartbeats;
+    - ``"donate"``: this peer is the donor: send the model state to ``rank`` at ``engine``
+      through the data engine, stamped with ``clock``;
+    - ``"expelled"``: the coordinator no longer knows this peer (it was declared dead);
+    - ``"coordinator_dead"``: the coordinator stopped answering; every later call raises.
+    """
+
+    kind: str
+    rank: int | None = None
+    engine: tuple[str, int] | None = None
+    clock: int | None = None

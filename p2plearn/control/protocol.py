@@ -1,0 +1,109 @@
+"""Wire format of the control plane: signed JSON messages over ZeroMQ.
+
+A message is a list of frames ``[body, tag, *blobs]``:
+
+- ``body``: UTF-8 JSON object with at least ``type`` and ``job`` (the job id);
+- ``tag``: HMAC-SHA256 of ``body`` and every blob under the job key;
+- ``blobs``: optional raw byte frames (the numpy arrays of a GlobalView). Nothing on the
+  control plane carries tensors: blobs are per-peer scalars (rates, load, alive).
+
+A message whose tag or job id does not match is refused. The tag authenticates membership
+in the job; it does not prevent replay of a captured message inside the same job (the
+control plane runs inside a trusted cluster; the key keeps other jobs and strangers out).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from typing import Any
+
+# Requests (client -> coordinator, DEALER -> ROUTER).
+HELLO = "hello"          # -> pub endpoint, heartbeat settings
+REGISTER = "register"    # rank, host, engine, join, session -> membership (+ donor)
+HEARTBEAT = "heartbeat"  # one-way
+REPORT = "report"        # one-way: clock and measurements of one round
+MEMBERS = "members"      # -> membership snapshot
+VIEW = "view"            # -> GlobalView
+LEAVE = "leave"          # -> ok
+# Replies.
+OK = "ok"
+ERROR = "error"
+REFUSED = "refused"      # unsigned: the sender could not be authenticated
+# Events (coordinator -> every client, PUB -> SUB).
+TICK = "tick"            # coordinator alive; carries membership epoch and min clock
+MEMBER = "member"        # join / leave / dead of one rank
+CLOCK = "clock"          # the slowest live peer's clock changed
+DONATE = "donate"        # ask a donor to send its state to a joiner
+
+
+class AuthError(Exception):
+    """A message failed authentication (wrong job key or job id)."""
+
+
+def job_key(key: str | bytes) -> bytes:
+    """The HMAC key from the ``P2PLEARN_JOB_KEY`` string (hex, or any text)."""
+    if isinstance(key, bytes):
+        return key
+    try:
+        return bytes.fromhex(key)
+    except ValueError:
+        return key.encode()
+
+
+def _tag(key: bytes, body: bytes, blobs: list[bytes]) -> bytes:
+    mac = hmac.new(key, body, hashlib.sha256)
+    for blob in blobs:
+        mac.update(blob)
+    return mac.digest()
+
+
+def pack(key: bytes, job: str, body: dict[str, Any], blobs: list[bytes] | None = None) -> list[bytes]:
+    """Frames of a signed message; ``body`` gets the job id added."""
+    blobs = blobs or []
+    raw = json.dumps({**body, "job": job}, separators=(",", ":")).encode()
+    return [raw, _tag(key, raw, blobs), *blobs]
+
+
+def unpack(key: bytes, job: str, frames: list[bytes]) -> tuple[dict[str, Any], list[bytes]]:
+    """Body and blobs of a message; raises AuthError if it is not from this job."""
+    if len(frames) < 2:
+        raise AuthError("malformed message")
+    raw, tag, blobs = frames[0], frames[1], list(frames[2:])
+    if not hmac.compare_digest(tag, _tag(key, raw, blobs)):
+        raise AuthError("bad authentication tag (wrong job key?)")
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise AuthError(f"malformed body: {exc}") from None
+    if not isinstance(body, dict) or body.get("job") != job:
+        raise AuthError("wrong job id")
+    return body, blobs
+
+
+def refusal(reason: str, request_id: Any) -> list[bytes]:
+    """An unsigned refusal: the coordinator cannot sign for a key it does not share."""
+    raw = json.dumps({"type": REFUSED, "reason": reason, "id": request_id}).encode()
+    return [raw, b""]
+
+
+def parse_refusal(frames: list[bytes]) -> dict[str, Any] | None:
+    """The body of an unsigned refusal, or None if ``frames`` is not one."""
+    if len(frames) != 2 or frames[1] != b"":
+        return None
+    try:
+        body = json.loads(frames[0])
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) and body.get("type") == REFUSED else None
+
+
+def endpoint(address: str) -> str:
+    """A ZeroMQ endpoint from ``host:port``, ``tcp://host:port`` or ``ipc:///path``."""
+    if "://" in address:
+        return address
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"coordinator address {address!r} is not host:port, tcp://host:port or ipc:///path")
+    return f"tcp://{host}:{port}"

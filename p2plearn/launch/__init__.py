@@ -1,0 +1,5 @@
+"""The ``p2plearn-run`` launcher (see ``p2plearn.launch.run`` for its manual)."""
+
+from .run import main
+
+__all__ = ["main"]

@@ -1,0 +1,68 @@
+"""What each peer is started with: its environment, and the ssh command line for a remote host.
+
+The job key never appears on a command line (``ps`` shows those to every user): a local peer
+gets it in its environment; a remote peer's shell reads it from ssh's stdin.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+
+from ..options import Options
+from .hosts import Host, HostError, Slot
+
+KEY_VAR = "P2PLEARN_JOB_KEY"
+# BatchMode: fail instead of prompting for a password (there is no one to type it).
+SSH = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-T"]
+
+
+def peer_env(slot: Slot, world_size: int, coordinator: str, job_id: str, options: Options) -> dict[str, str]:
+    """The variables that place one peer in the job (everything but the key)."""
+    return {
+        "RANK": str(slot.rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(slot.local_rank),
+        "LOCAL_WORLD_SIZE": str(slot.local_world_size),
+        "P2PLEARN_COORDINATOR": coordinator,
+        "P2PLEARN_JOB_ID": job_id,
+        "PYTHONUNBUFFERED": "1",  # lines reach the launcher as they are printed
+        **options.to_env(),
+    }
+
+
+def ssh_command(host: str, env: Mapping[str, str], argv: list[str], cwd: str) -> list[str]:
+    """``ssh`` argv that runs ``argv`` on ``host`` in ``cwd`` with ``env``, reading the job key
+    as the first line of stdin. Keep ssh's stdin open while the peer runs: when it closes (the
+    launcher stopped or died) a watchdog on the remote side sends SIGTERM to the peer, so that
+    nothing is left running there."""
+    exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    script = (
+        f"IFS= read -r {KEY_VAR} && export {KEY_VAR} && cd {shlex.quote(cwd)} && export {exports} && "
+        f"{{ {shlex.join(argv)} </dev/null & }} && p=$! && "
+        # A background job's stdin is /dev/null unless redirected explicitly: hand it ssh's stdin.
+        "{ (cat >/dev/null; kill -TERM $p 2>/dev/null) <&3 >/dev/null 2>&1 & } 3<&0 && "
+        "wait $p"
+    )
+    return [*SSH, host, "sh -c " + shlex.quote(script)]
+
+
+def check_reachable(hosts: list[Host], timeout: float = 15.0) -> None:
+    """Raise HostError naming the first remote host that ssh cannot run a command on."""
+
+    def probe(host: Host) -> str | None:
+        try:
+            done = subprocess.run([*SSH, host.name, "true"], stdin=subprocess.DEVNULL, capture_output=True,
+                                  text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return f"no answer in {timeout:g} s"
+        lines = done.stderr.strip().splitlines()
+        return None if done.returncode == 0 else (lines[-1] if lines else f"ssh exit code {done.returncode}")
+
+    remote = [h for h in hosts if not h.local]
+    with ThreadPoolExecutor(max_workers=max(1, min(16, len(remote)))) as pool:
+        for host, why in zip(remote, pool.map(probe, remote)):
+            if why:
+                raise HostError(f"host {host.name!r} ({host.where}) is unreachable over ssh: {why}")

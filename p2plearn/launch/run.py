@@ -1,0 +1,337 @@
+"""p2plearn-run: start a p2plearn job, like mpirun.
+
+    p2plearn-run -np N [options] -- python train.py [script args]
+    p2plearn-run -np N [options] python train.py [script args]     (the command is the first non-option)
+
+It starts the coordinator (in this process) and N peers, each with ``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``P2PLEARN_COORDINATOR``, ``P2PLEARN_JOB_ID``,
+``P2PLEARN_JOB_KEY`` (environment only, never a command line) and the ``P2PLEARN_*`` training
+options, so that ``p2plearn.init()`` finds its place in the job. Under ``mpirun`` or ``srun``
+no launcher is needed: ``init()`` reads their variables and rank 0 hosts the coordinator.
+
+Where peers run:
+  (default)              every peer on this machine
+  -H h1:4,h2:4           4 peers on h1, then 4 on h2 (ssh; localhost entries run locally)
+  --hostfile F           mpirun syntax: "host slots=4" per line, # comments, blank lines
+  --topology T --emulate peers here; each engine paces to its topology rates and injects its loss
+  --topology T --testbed peers inside network namespaces built from T (root); the coordinator
+                         listens on a unix socket, which every namespace can reach; each peer's
+                         P2PLEARN_ENGINE_HOST is its namespace's address, for its data engine
+
+Output: each peer's lines prefixed with its rank ("[3] ..."); one live progress line (rounds,
+rounds/s, loss, slowest peer) on a terminal, a periodic plain line otherwise; --log-dir D keeps
+rank-N.log per rank.
+
+Stopping: Ctrl-C or SIGTERM stops every peer (SIGTERM, then SIGKILL to each peer's process
+group) and the coordinator within 5 s. When a peer exits non-zero, its rank, exit code and last
+stderr lines are printed, the others are stopped and the launcher exits non-zero (--elastic
+keeps the others running). Bad flags, a bad hostfile, an unreachable host or a missing script:
+one line saying what and where, exit code 2, nothing started.
+
+Examples:
+  p2plearn-run -np 4 -- python train.py --epochs 3
+  p2plearn-run -np 8 --sync ssp --staleness 3 --selection selmcast --fanout 2 python train.py
+  p2plearn-run -np 8 -H node1:4,node2:4 --log-dir logs -- python train.py
+  p2plearn-run -np 8 --hostfile hosts.txt --loss-bound 0.05 --tolerance adaptive -- python train.py
+  p2plearn-run -np 4 --topology topology/heterogeneous.json --emulate -- python train.py
+  sudo p2plearn-run -np 4 --topology topology/incast.json --testbed -- python train.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from .. import options as opts
+from ..control import Coordinator
+from ..control.estimator import rates_from_file
+from .env import KEY_VAR, check_reachable, peer_env, ssh_command
+from .hosts import Host, HostError, Slot, parse_host_list, parse_hostfile, place
+
+ENGINE_HOST_VAR = "P2PLEARN_ENGINE_HOST"  # under --testbed: the address the peer's engine binds to
+STOP_GRACE = 2.5  # seconds between SIGTERM and SIGKILL: the 5 s bound covers both and the reaping
+
+
+class UsageError(Exception):
+    """A mistake on the command line; printed as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one clear line instead of usage + message
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    doc = __doc__ or ""
+    parser = _Parser(prog="p2plearn-run", description=doc.split("\n\n")[0],
+                     epilog=doc[doc.index("Examples:"):], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-np", "-n", dest="np", type=int, help="number of peers (default: the hosts' slots)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("-H", "--host", dest="hosts", help="hosts and slots, e.g. node1:4,node2:4")
+    where.add_argument("--hostfile", help="mpirun-style hostfile")
+    parser.add_argument("--oversubscribe", action="store_true", help="allow more peers than slots")
+    parser.add_argument("--testbed", action="store_true", help="run peers in namespaces built from --topology (root)")
+    parser.add_argument("--log-dir", help="keep one log per rank in this directory")
+    parser.add_argument("--elastic", action="store_true", help="keep the job running when a peer fails")
+    parser.add_argument("--advertise", help="address other hosts reach this machine at "
+                                            "(default: its host name; only for -H/--hostfile)")
+    opts.add_arguments(parser)
+    return parser
+
+
+def parse(argv: list[str]) -> tuple[argparse.Namespace, opts.Options, list[str]]:
+    """Flags, options and the peer command; raises UsageError."""
+    if "--" in argv:
+        flags, command = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    else:
+        flags, command = argv, []
+    parser = build_parser()
+    if not command:
+        parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args(flags)
+    command = command or args.command
+    if not command:
+        raise UsageError("no command to run (e.g. p2plearn-run -np 4 -- python train.py)")
+    if args.np is not None and args.np < 1:
+        raise UsageError(f"-np {args.np}: must be >= 1")
+    try:
+        options = opts.Options.from_args(args)
+    except opts.OptionsError as exc:
+        raise UsageError(str(exc)) from None
+    if args.testbed and not options.topology:
+        raise UsageError("--testbed needs --topology")
+    if args.testbed and options.emulate:
+        raise UsageError("--testbed and --emulate exclude each other (a testbed shapes real links)")
+    if options.topology:
+        if not os.path.isfile(options.topology):
+            raise UsageError(f"--topology {options.topology}: no such file")
+        options = options.replace(topology=os.path.abspath(options.topology))
+    return args, options, command
+
+
+def check_command(command: list[str], local: bool) -> None:
+    """A missing program or script is reported before anything starts (local peers only)."""
+    if not local:
+        return
+    if shutil.which(command[0]) is None:
+        raise UsageError(f"command not found: {command[0]!r}")
+    if os.path.basename(command[0]).startswith("python") and len(command) > 1:
+        script = command[1]
+        if not script.startswith("-") and not os.path.isfile(script):
+            raise UsageError(f"script not found: {script!r} (in {os.getcwd()})")
+
+
+@dataclass
+class _Peer:
+    slot: Slot
+    proc: subprocess.Popen
+    readers: list[threading.Thread] = field(default_factory=list)
+    code: int | None = None
+
+
+class Launcher:
+    """One job: the coordinator, the peers and their output. ``run()`` returns the exit code."""
+
+    def __init__(self, args: argparse.Namespace, options: opts.Options, command: list[str],
+                 rates: dict[int, tuple[float, float]] | None = None) -> None:
+        from .output import Output  # rich is imported only when a job runs, not for --help
+
+        self.args = args
+        self.options = options
+        self.command = command
+        self.rates = rates
+        self.job_id = secrets.token_hex(6)
+        self.key = secrets.token_hex(32)
+        self.output = Output(args.log_dir)
+        self.peers: list[_Peer] = []
+        self._signal: int | None = None
+        self._wake = threading.Event()
+
+    def run(self, slots: list[Slot]) -> int:
+        with ExitStack() as stack:
+            previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+            stack.callback(lambda: [signal.signal(s, h) for s, h in previous.items()])
+            stack.callback(self.output.close)
+            coordinator = self._coordinator(slots, stack)
+            stack.callback(coordinator.stop)
+            testbed = self._testbed(stack) if self.args.testbed else None
+            stack.callback(self._stop_all)  # runs first: peers stop before their namespaces go
+            for slot in slots:
+                env = peer_env(slot, len(slots), coordinator.address, self.job_id, self.options)
+                self._start(slot, env, testbed)
+            return self._supervise(coordinator, len(slots))
+
+    def _coordinator(self, slots: list[Slot], stack: ExitStack) -> Coordinator:
+        if self.args.testbed:
+            # Namespaces share the file system, not the loopback: a unix socket reaches them all.
+            bind = "ipc://" + os.path.join(stack.enter_context(tempfile.TemporaryDirectory(prefix="p2plearn-")), "ctl")
+        elif all(s.host.local for s in slots):
+            bind = "tcp://127.0.0.1:0"
+        else:
+            bind = "tcp://0.0.0.0:0"
+        return Coordinator(self.job_id, self.key, world_size=len(slots), bind=bind,
+                           advertise=self.args.advertise or os.uname().nodename, heartbeat=self.options.heartbeat,
+                           dead_after=self.options.dead_after, rates=self.rates).start()
+
+    def _testbed(self, stack: ExitStack) -> Any:
+        from p2plearn.testbed import Testbed
+
+        return stack.enter_context(Testbed(self.options.topology))
+
+    def _start(self, slot: Slot, env: dict[str, str], testbed: Any) -> None:
+        popen: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "start_new_session": True}
+        if slot.host.local:
+            full_env = {**os.environ, **env, KEY_VAR: self.key}
+            if testbed is not None:
+                full_env[ENGINE_HOST_VAR] = testbed.address(slot.rank)
+                proc = testbed.run(slot.rank, self.command, env=full_env, **popen)
+            else:
+                proc = subprocess.Popen(self.command, env=full_env, **popen)
+        else:
+            proc = subprocess.Popen(ssh_command(slot.host.name, env, self.command, os.getcwd()),
+                                    stdin=subprocess.PIPE, **popen)
+            proc.stdin.write((self.key + "\n").encode())
+            proc.stdin.flush()  # stays open: closing it stops the remote peer
+        peer = _Peer(slot, proc)
+        self.output.peer(slot.rank)
+        for stream, err in ((proc.stdout, False), (proc.stderr, True)):
+            t = threading.Thread(target=self._pump, args=(slot.rank, stream, err), daemon=True)
+            t.start()
+            peer.readers.append(t)
+        self.peers.append(peer)
+
+    def _pump(self, rank: int, stream: IO[bytes], err: bool) -> None:
+        for raw in iter(stream.readline, b""):
+            self.output.line(rank, raw.decode(errors="replace").rstrip("\n"), err)
+        stream.close()
+
+    def _supervise(self, coordinator: Coordinator, world_size: int) -> int:
+        """Wait for the peers; returns the job's exit code."""
+        first_failure = 0
+        rate, last = 0.0, (time.monotonic(), 0)
+        while self._signal is None:
+            running = 0
+            for peer in self.peers:
+                if peer.code is None and (code := peer.proc.poll()) is not None:
+                    peer.code = code
+                    for t in peer.readers:
+                        t.join(timeout=1.0)  # its last stderr lines belong in the report
+                    if code != 0:
+                        self._report_failure(peer)
+                        first_failure = first_failure or _exit_code(code)
+                        if not self.args.elastic:
+                            return first_failure
+                running += peer.code is None
+            if not running:
+                self.output.progress(coordinator.progress(), rate, world_size, final=True)
+                succeeded = any(p.code == 0 for p in self.peers)
+                return 0 if (succeeded and self.args.elastic) or not first_failure else first_failure
+            progress = coordinator.progress()
+            now = time.monotonic()
+            if now - last[0] >= 1.0:
+                rate, last = (progress.min_clock - last[1]) / (now - last[0]), (now, progress.min_clock)
+            self.output.progress(progress, rate, world_size)
+            self._wake.wait(0.1)
+        self.output.message(f"stopping on {signal.Signals(self._signal).name}")
+        return 128 + self._signal
+
+    def _report_failure(self, peer: _Peer) -> None:
+        code = peer.code or 0
+        how = f"exit code {code}" if code > 0 else f"signal {signal.Signals(-code).name}"
+        tail = self.output.stderr_tail(peer.slot.rank)
+        self.output.message(f"rank {peer.slot.rank} (on {peer.slot.host.name}) failed with {how}"
+                            + ("; last lines of its stderr:" if tail else "; it wrote nothing to stderr"))
+        for line in tail:
+            self.output.message(f"  [{peer.slot.rank}] {line}")
+        if not self.args.elastic:
+            self.output.message("stopping the other peers")
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._signal = signum
+        self._wake.set()
+
+    def _stop_all(self) -> None:
+        """SIGTERM to every peer's process group, SIGKILL to what is left after the grace period."""
+        for peer in self.peers:
+            if peer.proc.stdin:
+                peer.proc.stdin.close()  # a remote peer's watchdog sees this
+            _signal_group(peer.proc, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_GRACE
+        for peer in self.peers:
+            try:
+                peer.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for peer in self.peers:
+            _signal_group(peer.proc, signal.SIGKILL)  # also children the peer left behind
+            peer.proc.wait()
+            for t in peer.readers:
+                t.join(timeout=0.5)
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # the group is gone already
+
+
+def _exit_code(code: int) -> int:
+    return code if code > 0 else 128 - code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``p2plearn-run``; returns the exit code."""
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        args, options, command = parse(argv)
+        if args.hostfile:
+            hosts = parse_hostfile(args.hostfile)
+        elif args.hosts:
+            hosts = parse_host_list(args.hosts)
+        else:
+            if args.np is None:
+                raise UsageError("-np is required without -H or --hostfile")
+            hosts = [Host("localhost", args.np, "default")]
+        slots = place(hosts, args.np or sum(h.slots for h in hosts), args.oversubscribe)
+        used = list({s.host.name: s.host for s in slots}.values())
+        if args.testbed and not all(h.local for h in used):
+            raise UsageError("--testbed runs every peer on this machine: drop -H/--hostfile")
+        check_command(command, local=any(h.local for h in used))
+        if args.testbed:
+            _check_testbed()
+        rates = _topology_rates(options.topology) if options.topology else None
+        if args.testbed and len(slots) > len(rates or {}):
+            raise UsageError(f"--testbed: -np {len(slots)} but {options.topology} has {len(rates or {})} peers")
+        check_reachable(used)
+    except (UsageError, HostError) as exc:
+        print(f"p2plearn-run: error: {exc}", file=sys.stderr)
+        return 2
+    return Launcher(args, options, command, rates).run(slots)
+
+
+def _topology_rates(path: str) -> dict[int, tuple[float, float]]:
+    try:
+        return rates_from_file(path)
+    except Exception as exc:  # any failure to read it is the user's file or setup: say which
+        raise UsageError(f"--topology {path}: {type(exc).__name__}: {exc}") from None
+
+
+def _check_testbed() -> None:
+    if os.geteuid() != 0:
+        raise UsageError("--testbed needs root (network namespaces); --emulate does not")
+    try:
+        import p2plearn.testbed  # noqa: F401
+    except ImportError as exc:
+        raise UsageError(f"--testbed: p2plearn.testbed is not available ({exc})") from None

@@ -1,0 +1,143 @@
+"""The training-mode options, in one place: flags, environment variables, defaults, validation.
+
+The launcher takes them as flags and passes them to every peer as ``P2PLEARN_*`` variables;
+``p2plearn.init()`` reads them back with ``Options.from_env()``. A training script can take the
+same flags itself::
+
+    parser = argparse.ArgumentParser()
+    p2plearn.options.add_arguments(parser)
+    args = parser.parse_args()
+    options = Options.from_args(args)          # flags over P2PLEARN_* over defaults
+
+Each field's ``help`` says how to tune it; the environment variable is ``P2PLEARN_`` + the
+upper-case field name (``loss_bound`` -> ``P2PLEARN_LOSS_BOUND``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+ENV_PREFIX = "P2PLEARN_"
+
+
+class OptionsError(ValueError):
+    """An option has a value it cannot take; the message names the flag or variable."""
+
+
+def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass(frozen=True)
+class Options:
+    sync: str = _opt("bsp", "bsp: every round waits for its senders (or the deadline); ssp: a peer runs up "
+                            "to --staleness rounds ahead of the slowest", ("bsp", "ssp"))
+    staleness: int = _opt(2, "SSP bound in rounds: larger hides more stragglers, but merges older models")
+    selection: str = _opt("selmcast", "how each peer picks its receivers per round",
+                          ("selmcast", "random", "all", "ring", "exponential"))
+    fanout: int = _opt(2, "receivers per round (p): more spreads updates faster and costs more bandwidth")
+    loss_bound: float = _opt(0.0, "fraction of a message a receiver may miss, in [0, 1): higher closes "
+                                  "rounds sooner on lossy links, at some cost in accuracy")
+    tolerance: str = _opt("fixed", "how the loss bound is set per layer and round",
+                          ("fixed", "adaptive", "layerwise", "phase"))
+    filter: str = _opt("none", "value: send only updates above a decaying threshold (with residuals)",
+                       ("none", "value"))
+    deadline_ms: float | None = _opt(None, "hard limit of a round's transfer in ms (default: none); set it "
+                                           "a few times the expected transfer time")
+    topology: str | None = _opt(None, "topology file (node-link JSON) seeding the coordinator's bandwidth view")
+    emulate: bool = _opt(False, "pace each engine to its topology rates and inject its loss (no root needed)")
+    heartbeat: float = _opt(0.5, "seconds between heartbeats: smaller detects dead peers sooner")
+    dead_after: int = _opt(3, "missed heartbeats before a peer is declared dead: raise on a loaded machine")
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            choices = f.metadata["choices"]
+            if choices and getattr(self, f.name) not in choices:
+                raise OptionsError(f"{_flag(f.name)}: {getattr(self, f.name)!r} is not one of {', '.join(choices)}")
+        checks = [
+            ("staleness", self.staleness >= 0, "must be >= 0"),
+            ("fanout", self.fanout >= 1, "must be >= 1"),
+            ("loss_bound", 0.0 <= self.loss_bound < 1.0, "must be in [0, 1)"),
+            ("deadline_ms", self.deadline_ms is None or self.deadline_ms > 0, "must be > 0"),
+            ("heartbeat", self.heartbeat > 0, "must be > 0"),
+            ("dead_after", self.dead_after >= 1, "must be >= 1"),
+            ("emulate", not self.emulate or self.topology, "needs --topology"),
+        ]
+        for name, ok, why in checks:
+            if not ok:
+                raise OptionsError(f"{_flag(name)}: {why} (got {getattr(self, name)!r})")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Options:
+        """Options from ``P2PLEARN_*`` variables (``os.environ`` by default), then ``overrides``."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = environ.get(_env(f.name))
+            if raw is not None and raw != "":
+                values[f.name] = _parse(f, raw, f"{_env(f.name)}={raw}")
+        for name in overrides:
+            if name not in {f.name for f in fields(cls)}:
+                raise OptionsError(f"unknown option {name!r}")
+        return cls(**{**values, **overrides})
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> Options:
+        """Options from flags added by ``add_arguments``; a flag not given falls back to the environment."""
+        given = {f.name: getattr(args, f.name) for f in fields(cls) if getattr(args, f.name, None) is not None}
+        return cls.from_env(environ, **given)
+
+    def to_env(self) -> dict[str, str]:
+        """The ``P2PLEARN_*`` variables that make ``from_env`` return these options."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                out[_env(f.name)] = ("1" if value else "0") if isinstance(value, bool) else str(value)
+        return out
+
+    def replace(self, **changes: Any) -> Options:
+        return replace(self, **changes)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add ``--sync``, ``--staleness``, ... to ``parser`` (defaults None: not given -> environment)."""
+    group = parser.add_argument_group("training mode (also P2PLEARN_* environment variables)")
+    for f in fields(Options):
+        kwargs: dict[str, Any] = {"dest": f.name, "default": None,
+                                  "help": f"{f.metadata['help']} (default: {f.default})"}
+        if f.type in ("bool",):
+            kwargs["action"] = "store_const"
+            kwargs["const"] = True
+        else:
+            kwargs["type"] = lambda raw, f=f: _parse(f, raw, _flag(f.name), argparse.ArgumentTypeError)
+            kwargs["metavar"] = f.name.upper()
+            if f.metadata["choices"]:
+                kwargs["choices"] = f.metadata["choices"]
+                kwargs["metavar"] = "|".join(f.metadata["choices"])
+        group.add_argument(_flag(f.name), **kwargs)
+    return parser
+
+
+def _parse(f: Any, raw: str, where: str, error: type[Exception] = OptionsError) -> Any:
+    kind = f.type.replace(" | None", "")
+    try:
+        if kind == "bool":
+            if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
+                raise ValueError
+            return raw.lower() in ("1", "true", "yes")
+        return {"int": int, "float": float, "str": str}[kind](raw)
+    except ValueError:
+        raise error(f"{where}: not a valid {kind}") from None
+
+
+def _env(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")

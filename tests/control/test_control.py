@@ -1,0 +1,152 @@
+"""Rendezvous, authentication, membership, failure detection, clocks and the global view."""
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from control_helpers import JOB, wait_event
+from p2plearn.control import Client, ControlError, Coordinator, CoordinatorDead, Refused
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_rendezvous_gives_everyone_the_membership(connect):
+    clients = [connect(r, ("127.0.0.1", 9000 + r)) for r in range(3)]
+    for c in clients:
+        members = c.wait_members(3, timeout=5)
+        assert sorted(members) == [0, 1, 2]
+        assert members[2].engine == ("127.0.0.1", 9002)
+
+
+def test_wrong_key_is_refused(coordinator):
+    with pytest.raises(Refused, match="authentication"):
+        Client(coordinator.address, JOB, "00" * 32, rank=0, connect_timeout=5)
+    assert coordinator.members() == {}
+
+
+def test_wrong_job_id_is_refused(coordinator, key):
+    with pytest.raises(Refused, match="job id"):
+        Client(coordinator.address, "another-job", key, rank=0, connect_timeout=5)
+
+
+def test_rank_taken_by_another_process_is_refused(connect):
+    connect(0)
+    with pytest.raises(ControlError, match="already registered"):
+        connect(0)
+
+
+def test_min_clock_is_pushed_and_waitable(connect):
+    a, b = connect(0), connect(1)
+    a.report(3)
+    assert not b.wait_min_clock(1, timeout=0.2)  # b has not reported: the slowest is still 0
+    b.report(2)
+    assert a.wait_min_clock(2, timeout=5) and b.wait_min_clock(2, timeout=5)
+    assert a.min_clock == 2
+
+
+def test_view_is_seeded_and_corrected_by_measurement(key):
+    rates = {0: (1e6, 2e6), 1: (3e6, 4e6)}
+    with Coordinator(JOB, key, world_size=2, rates=rates) as coord:
+        with Client(coord.address, JOB, key, rank=0) as a, Client(coord.address, JOB, key, rank=1) as b:
+            a.register()
+            b.register()
+            view = a.fetch_view()
+            assert view.uplink.tolist() == [1e6, 3e6] and view.downlink.tolist() == [2e6, 4e6]
+            assert view.alive.tolist() == [True, True]
+            # a was saturated sending to b at 0.5 MB/s with 5% loss; b sent unsaturated.
+            a.report(1, saturated=True, links={1: {"rate": 5e5, "loss": 0.05, "in_flight_bytes": 1000,
+                                                   "in_flight_msgs": 1}})
+            b.report(1, saturated=False, links={0: {"rate": 1e3, "loss": 0.0}})
+            assert a.wait_min_clock(1, timeout=5)
+            view = a.fetch_view()
+            assert view.round == 1
+            assert view.uplink[0] < 1e6 and view.uplink[1] == 3e6      # unsaturated: ignored
+            assert view.downlink[1] < 4e6 and view.downlink[0] == 2e6  # lossy saturated link into 1
+            assert view.load.tolist() == [0, 1000] and view.load_msgs.tolist() == [0, 1]
+            deadline = time.monotonic() + 5  # the same view is pushed once the round completes
+            while (b.view is None or b.view.round < 1) and time.monotonic() < deadline:
+                b.wait_min_clock(1, 0.05)
+            assert b.view is not None and np.array_equal(b.view.uplink, view.uplink)
+
+
+def test_leave_is_told_to_the_others(connect):
+    a, b = connect(0), connect(1)
+    b.leave()
+    assert wait_event(a, "leave", timeout=2, rank=1) is not None
+    assert 1 not in a.members
+
+
+_VICTIM = """
+import sys, time
+from p2plearn.control import Client
+c = Client(sys.argv[1], sys.argv[2], sys.argv[3], rank=2)
+c.register()
+print("registered", flush=True)
+time.sleep(60)
+"""
+
+
+def test_killed_peer_is_seen_dead_within_2s(coordinator, key, connect):
+    a, b = connect(0), connect(1)
+    victim = subprocess.Popen([sys.executable, "-c", _VICTIM, coordinator.address, JOB, key],
+                              stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": ROOT})
+    try:
+        assert victim.stdout.readline().strip() == b"registered"
+        a.wait_members(3, timeout=5)
+        victim.kill()
+        killed = time.monotonic()
+        seen = [wait_event(c, "dead", timeout=5, rank=2) for c in (a, b)]
+        elapsed = time.monotonic() - killed
+    finally:
+        victim.kill()
+        victim.wait()
+    assert all(seen)
+    print(f"death seen by both after {elapsed:.2f} s")
+    assert elapsed < 2.0  # the documented bound (heartbeat 0.5 s x 3 missed, checked every 0.1 s)
+    assert 2 not in a.members and 2 not in b.members
+
+
+def test_dead_coordinator_is_an_error_not_a_hang(key):
+    coord = Coordinator(JOB, key, world_size=1, heartbeat=0.2).start()
+    client = Client(coord.address, JOB, key, rank=0)
+    try:
+        client.register()
+        coord.stop()
+        started = time.monotonic()
+        with pytest.raises(CoordinatorDead):
+            client.wait_min_clock(10, timeout=10)
+        assert time.monotonic() - started < 2.0
+        assert wait_event(client, "coordinator_dead", timeout=1) is not None
+        with pytest.raises(CoordinatorDead):
+            client.fetch_view()
+    finally:
+        client.close()
+
+
+def test_no_coordinator_is_a_timeout_error(key):
+    import socket
+
+    with socket.socket() as s:  # a port where nothing listens
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(ControlError, match="no coordinator answered"):
+        Client(f"127.0.0.1:{port}", JOB, key, rank=0, connect_timeout=1.0, timeout=0.5)
+
+
+def test_joiner_is_given_a_donor_and_the_donor_is_told(connect):
+    a, b = connect(0, ("127.0.0.1", 9000)), connect(1, ("127.0.0.1", 9001))
+    a.report(4)
+    b.report(5)
+    assert a.wait_min_clock(4, timeout=5)
+    joiner = connect(None, ("127.0.0.1", 9100), join=True)
+    assert joiner.rank == 2
+    assert joiner.donor.rank == 1  # the most advanced live peer
+    assert joiner.start_clock == 5
+    event = wait_event(b, "donate", timeout=2)
+    assert event is not None and (event.rank, event.engine, event.clock) == (2, ("127.0.0.1", 9100), 5)
+    assert wait_event(a, "join", timeout=2, rank=2) is not None
+    assert wait_event(a, "donate", timeout=0.2) is None  # only the donor is asked

@@ -1,0 +1,47 @@
+"""A peer joining a running job receives the model state from a live donor, through the data engine."""
+
+import numpy as np
+import pytest
+
+from control_helpers import wait_event
+
+try:
+    from p2plearn.transport import Channel
+except ImportError as exc:  # the engine's Python face is built separately
+    Channel = None
+    REASON = f"p2plearn.transport.Channel is not importable yet ({exc})"
+
+
+@pytest.mark.skipif(Channel is None, reason="" if Channel else REASON)
+def test_joiner_receives_the_state_from_its_donor(connect):
+    rng = np.random.default_rng(0)
+    state = [rng.standard_normal(1000).astype(np.float32), rng.standard_normal((64, 32)).astype(np.float32)]
+    channels = []
+    try:
+        donor_ch = Channel(host="127.0.0.1", port=0, sender_id=0)
+        channels.append(donor_ch)
+        donor = connect(0, donor_ch.address)
+        donor.report(7)
+        assert donor.wait_min_clock(7, timeout=5)
+
+        joiner_ch = Channel(host="127.0.0.1", port=0, sender_id=1)
+        channels.append(joiner_ch)
+        joiner = connect(None, joiner_ch.address, join=True)
+        assert joiner.donor is not None and joiner.donor.rank == 0 and joiner.start_clock == 7
+
+        # The donor is told whom to send to; the state travels through the data engine.
+        event = wait_event(donor, "donate", timeout=2)
+        assert event is not None and event.rank == joiner.rank and tuple(event.engine) == joiner_ch.address
+        donor_ch.send(event.clock, state, [tuple(event.engine)], loss_bounds=0.0).wait()
+
+        delivery = joiner_ch.recv(timeout=5.0)
+        assert delivery is not None
+        assert delivery.sender == 0 and delivery.msg_id == 7
+        for got, sent in zip(delivery.arrays, state):
+            np.testing.assert_array_equal(np.asarray(got).reshape(sent.shape), sent)
+        joiner.report(8)
+        donor.report(8)
+        assert joiner.wait_min_clock(8, timeout=5)  # it takes part from the next round
+    finally:
+        for ch in channels:
+            ch.close()

@@ -1,0 +1,150 @@
+"""p2plearn-run end to end: environment, failures, signals, errors; and under the real mpirun."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from launch_helpers import PEER, ROOT, group_alive, peers_seen, wait_for
+
+
+def test_four_local_peers_get_their_environment_and_exit_0(launch, tmp_path):
+    proc = launch("-np", "4", "--sync", "ssp", "--staleness", "3", "--log-dir", str(tmp_path / "logs"),
+                  peer_args=["--rounds", "3", "--sync", "ssp", "--staleness", "3"])
+    assert proc.returncode == 0, proc.stderr_text
+    seen = peers_seen(str(tmp_path))
+    assert sorted(seen) == [0, 1, 2, 3]
+    for rank, info in seen.items():
+        assert info["world_size"] == 4 and info["members"] == [0, 1, 2, 3]
+        assert info["options"]["P2PLEARN_SYNC"] == "ssp" and info["options"]["P2PLEARN_STALENESS"] == "3"
+        assert f"[{rank}] rank {rank} of 4 local {rank}/4" in proc.stdout_text
+        with open(tmp_path / "logs" / f"rank-{rank}.log") as f:
+            assert f"rank {rank} of 4" in f.read()
+    assert "p2plearn-run: round" in proc.stdout_text  # the plain progress line (stdout is not a TTY)
+
+
+def test_the_command_may_follow_without_a_double_dash(tmp_path):
+    argv = [sys.executable, "-m", "p2plearn.launch", "-np", "2", sys.executable, PEER, "--out", str(tmp_path)]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": ROOT})
+    assert done.returncode == 0, done.stderr
+    assert sorted(peers_seen(str(tmp_path))) == [0, 1]
+
+
+def test_a_failing_peer_ends_the_job_non_zero_with_no_orphan(launch, tmp_path):
+    proc = launch("-np", "4", peer_args=["--fail-rank", "2", "--exit", "1", "--hang"])
+    assert proc.returncode == 1
+    assert "rank 2 (on localhost) failed with exit code 1" in proc.stderr_text
+    assert "[2] rank 2 failing on purpose" in proc.stderr_text
+    seen = peers_seen(str(tmp_path))
+    assert len(seen) == 4
+    assert not [r for r, info in seen.items() if group_alive(info["pgid"])]
+
+
+def test_elastic_keeps_the_others_running(launch, tmp_path):
+    proc = launch("-np", "3", "--elastic", peer_args=["--fail-rank", "1", "--exit", "3"])
+    assert "rank 1 (on localhost) failed with exit code 3" in proc.stderr_text
+    assert "stopping the other peers" not in proc.stderr_text
+    assert proc.returncode == 0, proc.stderr_text  # the survivors finished their work
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_stops_every_peer_within_5s(launch, tmp_path, sig):
+    proc = launch("-np", "4", peer_args=["--hang"], wait=False)
+    assert wait_for(lambda: len(peers_seen(str(tmp_path))) == 4, timeout=30), "peers did not start"
+    seen = peers_seen(str(tmp_path))
+    proc.send_signal(sig)
+    started = time.monotonic()
+    proc.communicate(timeout=10)  # read its output: a launcher blocked on a full pipe cannot stop
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 128 + sig
+    assert elapsed < 5.0
+    assert not [r for r, info in seen.items() if group_alive(info["pgid"])]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["-np", "2", "--sync", "async"], "argument --sync: invalid choice: 'async'"),
+    (["-np", "2", "--loss-bound", "2"], "--loss-bound: must be in [0, 1)"),
+    (["-np", "0"], "-np 0: must be >= 1"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+    (["-np", "2", "--hostfile", "/nonexistent/hosts"], "hostfile /nonexistent/hosts: No such file"),
+    (["-np", "9", "-H", "localhost:4"], "-np 9 needs 9 slots but the hosts give 4"),
+    (["-np", "2", "-H", "nohost.invalid:2"], "host 'nohost.invalid' (-H) is unreachable over ssh"),
+    (["-np", "2", "--emulate"], "--emulate: needs --topology"),
+    (["-np", "2", "--testbed"], "--testbed needs --topology"),
+    (["-np", "2", "--topology", "/nonexistent.json"], "--topology /nonexistent.json: no such file"),
+])
+def test_bad_invocations_say_what_and_exit_2(launch, args, message):
+    proc = launch(*args, command=[sys.executable, PEER])
+    assert proc.returncode == 2
+    lines = proc.stderr_text.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("p2plearn-run: error: ") and message in lines[0], lines
+
+
+def test_a_missing_script_is_reported(launch):
+    proc = launch("-np", "2", command=[sys.executable, "no_such_train.py"])
+    assert proc.returncode == 2
+    assert "script not found: 'no_such_train.py'" in proc.stderr_text
+    proc = launch("-np", "2", command=["no-such-program-xyz"])
+    assert proc.returncode == 2 and "command not found: 'no-such-program-xyz'" in proc.stderr_text
+
+
+def test_a_bad_hostfile_line_is_reported_with_its_place(launch, tmp_path):
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("# two hosts\nlocalhost slots=2\n\nnode2 slots=many\n")
+    proc = launch("--hostfile", str(hostfile), command=[sys.executable, PEER])
+    assert proc.returncode == 2
+    assert f"{hostfile}:4: slots: slot count 'many' is not a positive integer" in proc.stderr_text
+
+
+def test_help_shows_examples():
+    done = subprocess.run([sys.executable, "-m", "p2plearn.launch", "--help"], cwd=ROOT, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": ROOT}, timeout=30)
+    assert done.returncode == 0 and "Examples:" in done.stdout and "--hostfile hosts.txt" in done.stdout
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun (Open MPI) is not installed")
+def test_the_same_script_runs_under_mpirun(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # rank 0 hosts the coordinator on MASTER_PORT + 1
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": ROOT, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port - 1),
+           "P2PLEARN_JOB_KEY": os.urandom(32).hex(), "P2PLEARN_JOB_ID": "mpi-test"}
+    argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4",
+            "-x", "PYTHONPATH", "-x", "MASTER_ADDR", "-x", "MASTER_PORT", "-x", "P2PLEARN_JOB_KEY",
+            "-x", "P2PLEARN_JOB_ID", sys.executable, PEER, "--rounds", "2", "--out", str(tmp_path)]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out
+    seen = peers_seen(str(tmp_path))
+    assert sorted(seen) == [0, 1, 2, 3]
+    assert all(info["members"] == [0, 1, 2, 3] and info["world_size"] == 4 for info in seen.values())
+    assert sorted(out.count(f"rank {r} of 4") for r in range(4)) == [1, 1, 1, 1]  # each ran once
+
+
+@pytest.mark.root
+def test_testbed_peers_run_in_namespaces_and_leave_none_behind(launch, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("--testbed needs root")
+    pytest.importorskip("p2plearn.testbed")
+    topology = os.path.join(ROOT, "topology", "homogeneous-4.json")
+    if not os.path.exists(topology):
+        pytest.skip("topology/homogeneous-4.json is not there")
+    before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    proc = launch("-np", "4", "--topology", topology, "--testbed", peer_args=["--rounds", "2"])
+    assert proc.returncode == 0, proc.stderr_text
+    assert sorted(peers_seen(str(tmp_path))) == [0, 1, 2, 3]
+    after = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert set(after.split()) <= set(before.split())  # every namespace it built is gone
