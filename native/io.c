@@ -208,10 +208,12 @@ static int window_open(const p2p_engine *eng, const struct p2p_send *s, const st
     return r->ppos < below || r->ppos - below < window_chunks(eng, s);
 }
 
+/* Bucket depth: about 2 ms at the rate, so late wake-ups lose no tokens, but at most 32 KB so a
+ * shallow switch queue is not overrun; never below a few datagrams. */
 static double burst_of(double rate, double dgram) {
-    double b = rate * 0.0005; /* half a millisecond at the rate, so shallow switch queues are not overrun */
-    if (b > 48 * 1024) b = 48 * 1024;
-    return b < 2 * dgram ? 2 * dgram : b;
+    double b = rate * 0.002;
+    if (b > 64 * 1024) b = 64 * 1024;
+    return b < 4 * dgram ? 4 * dgram : b;
 }
 
 static void refill(double *tokens, uint64_t *at, double rate, double dgram, uint64_t now) {
@@ -487,9 +489,11 @@ static uint64_t tx_next_wake(p2p_engine *eng, struct p2p_send *s, struct txr *r,
     uint64_t t = (r->state == S_SEND ? r->last_ack_ns : r->probe_ns) + r->rto_ns;
     if (t < wake) wake = t;
     if (r->state == S_SEND && r->ppos < r->plen && window_open(eng, s, r)) {
+        /* Wake once half a bucket is there: one batch per wake-up, not one datagram. */
         double dgram = (double)(WIRE_HDR + s->chunk + WIRE_OVERHEAD);
-        uint64_t w = token_wait(r->tokens, r->rate, dgram);
-        uint64_t u = eng->cfg.uplink_rate > 0 ? token_wait(eng->up_tokens, eng->cfg.uplink_rate, dgram) : 0;
+        uint64_t w = token_wait(r->tokens, r->rate, burst_of(r->rate, dgram) / 2);
+        double up = eng->cfg.uplink_rate;
+        uint64_t u = up > 0 ? token_wait(eng->up_tokens, up, burst_of(up, dgram) / 2) : 0;
         t = now + (w > u ? w : u);
         if (t < wake) wake = t;
     }

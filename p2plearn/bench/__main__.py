@@ -1,0 +1,20 @@
+"""python -m p2plearn.bench {transport} [options]"""
+from __future__ import annotations
+
+import sys
+
+BENCHES = {
+    "transport": "p2plearn.bench.transport",
+}
+
+
+def main() -> None:
+    if len(sys.argv) < 2 or sys.argv[1] not in BENCHES:
+        raise SystemExit(f"usage: python -m p2plearn.bench {{{'|'.join(BENCHES)}}} [--help]")
+    import importlib
+
+    importlib.import_module(BENCHES[sys.argv[1]]).main(sys.argv[2:])
+
+
+if __name__ == "__main__":
+    main()
