@@ -1,0 +1,61 @@
+"""The one interface every loss-tolerance policy implements, and the state it decides from."""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One tensor of the model, as a message segment."""
+
+    name: str
+    numel: int
+    nbytes: int
+    depth: int              # position in the model, 0 = input side
+    kind: str = "weight"    # "weight", "bias" or "norm" (normalisation parameters)
+
+
+@dataclass
+class RoundRecord:
+    """What one finished round measured on the network (from the engine's per-receiver stats)."""
+
+    round: int
+    elapsed_s: float                  # wall time of the round's communication
+    delivered: float                  # mean fraction delivered to receivers
+    loss_rate: float                  # mean measured datagram loss
+    delivery_rates: list[float] = field(default_factory=list)  # bytes/s per receiver
+    deadline_hit: bool = False
+
+
+@dataclass
+class NetworkState:
+    """The recent history of rounds, newest last; policies read what they need."""
+
+    history: list[RoundRecord] = field(default_factory=list)
+    expected_bytes: int = 0           # bytes this peer sends per receiver this round
+    planned_time_s: float = 0.0       # T(plan) from selection, when known
+
+
+@dataclass
+class TrainingState:
+    """What training has measured: newest last; evaluation accuracy when the script reports it."""
+
+    losses: list[float] = field(default_factory=list)
+    accuracies: list[float] = field(default_factory=list)   # per evaluation (e.g. per epoch)
+    update_norms: list[float] = field(default_factory=list)  # whole-model update norm per round
+    layer_update_norms: list[list[float]] = field(default_factory=list)  # per round, per layer
+
+
+class TolerancePolicy(ABC):
+    """Decides, each round, the loss bound of each layer and the round's transfer deadline.
+
+    bounds(...) -> (per-layer bounds in [0, 1), deadline in seconds or None for none).
+    """
+
+    name: str = ""
+
+    @abstractmethod
+    def bounds(self, round: int, layers: list[Layer], network: NetworkState,
+               training: TrainingState) -> tuple[list[float], float | None]:
+        ...
