@@ -1,0 +1,43 @@
+"""``python -m p2plearn.topology generate [--out DIR]`` | ``check FILE...``"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from p2plearn.topology.generators import STANDARD
+from p2plearn.topology.topology import load, save
+from p2plearn.topology.validate import TopologyError
+
+REPOSITORY_TOPOLOGY_DIR = Path(__file__).resolve().parents[2] / "topology"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Generate the standard topology files, or validate files; returns the exit code."""
+    parser = argparse.ArgumentParser(prog="python -m p2plearn.topology")
+    commands = parser.add_subparsers(dest="command", required=True)
+    generate = commands.add_parser("generate", help="write the standard topology files")
+    generate.add_argument("--out", type=Path, default=REPOSITORY_TOPOLOGY_DIR)
+    check = commands.add_parser("check", help="validate topology files")
+    check.add_argument("files", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+
+    if args.command == "generate":
+        args.out.mkdir(parents=True, exist_ok=True)
+        for stem, make in STANDARD.items():
+            save(make(), args.out / f"{stem}.json")
+            print(args.out / f"{stem}.json")
+        return 0
+    try:
+        for path in args.files:
+            topology = load(path)
+            print(f"{path}: ok, {len(topology.peers)} peers")
+    except TopologyError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
