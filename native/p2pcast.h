@@ -160,3 +160,24 @@ void p2p_delivery_free(p2p_delivery *d);
 int p2p_fill(p2p_delivery *d, int mode, const p2p_segment *src, uint32_t nsrc);
 /* Fraction of each segment's bytes that arrived. */
 int p2p_delivery_fractions(const p2p_delivery *d, double *out, uint32_t nseg);
+
+/* ---- SELMCAST receiver selection (planner.c) ----
+ * Peer i has available uplink[i] and downlink[i] (bytes/s) and sends message_bytes[i] this round.
+ * The plan gives each live sender at least min(p, live - 1) distinct live receivers, never itself,
+ * minimising T = the largest (uplink or downlink load) / capacity, then adding receivers beyond p
+ * while T does not grow. Application-level multicast (ip_multicast = 0) loads the sender's uplink
+ * with one copy per receiver, IP multicast with one copy. max_fanout caps the receivers per sender
+ * (0 = no cap, else >= p). (seed, round) break ties, so that each round leaves out other peers.
+ * Rates and sizes must be finite and >= 0, and > 0 for live peers (alive[i] != 0).
+ * On success *out owns its arrays: free them with p2p_plan_free. */
+typedef struct {
+    int n;
+    double time;                  /* T(plan), seconds */
+    int64_t *offsets;             /* n + 1: sender i's receivers are receivers[offsets[i] .. offsets[i + 1]) */
+    uint32_t *receivers;
+} p2p_plan;
+
+int p2p_plan_make(int n, const double *uplink, const double *downlink, const double *message_bytes,
+                  const uint8_t *alive, int p, int max_fanout, int ip_multicast, uint64_t seed,
+                  uint64_t round, p2p_plan *out);
+void p2p_plan_free(p2p_plan *plan);

@@ -1,10 +1,11 @@
-"""python -m p2plearn.bench {transport} [options]"""
+"""python -m p2plearn.bench {transport|selection} [options]"""
 from __future__ import annotations
 
 import sys
 
 BENCHES = {
     "transport": "p2plearn.bench.transport",
+    "selection": "p2plearn.bench.selection",
 }
 
 

@@ -1,0 +1,123 @@
+"""Receiver selection benchmark: SELMCAST against random p, on heterogeneous views.
+
+    python -m p2plearn.bench selection [--json] [--p 4] [--seeds 3] [--sizes 16,64,...] [--megabytes 1]
+
+Views: the shipped topology/heterogeneous-*.json files; random ones of 16 to 10,000 peers drawn
+like them ("random-N": downlinks cycling through 50/100/200/500 Mbit/s, shuffled; uplink =
+downlink x 1, 1/2 or 1/4: slow uplinks bound T); and "loaded-N": symmetric links from the same
+tiers whose downlinks carry background load (10-100% of each left available): downlinks bound T.
+Every peer sends `megabytes`. For each policy: T(plan) over a lower bound on the optimal
+T (the slowest sender's p M_i / U_i, or all bytes over all downlinks: sum(p M) / sum(D)), the
+average p (receivers per sender), and the planning time; medians over `seeds` seeds.
+Targets (issue 5): SELMCAST's T at or near the bound and below random's, average p >= p; planning
+1,000 peers < 100 ms, 10,000 < 2 s.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from p2plearn.selection import NetworkView, average_fanout, make_policy, plan_time
+
+TIERS_MBIT = (50.0, 100.0, 200.0, 500.0)
+UP_RATIOS = (1.0, 0.5, 0.25)
+TOPOLOGY_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                            "topology")
+
+
+@dataclass
+class Row:
+    view: str
+    peers: int
+    p: int
+    policy: str
+    t_over_bound: float
+    average_p: float
+    plan_ms: float
+
+
+def lower_bound(view: NetworkView, p: int) -> float:
+    """No plan giving every live sender min(p, live - 1) receivers finishes sooner (app-level multicast)."""
+    live = np.asarray(view.alive, dtype=bool)
+    p = min(p, int(live.sum()) - 1)
+    m, up, down = view.message_bytes[live], view.uplink[live], view.downlink[live]
+    return max(float(np.max(p * m / up)), float(p * m.sum() / down.sum()))
+
+
+def topology_view(path: str, message_bytes: float) -> NetworkView:
+    """A shipped topology as a view: per node uplink_mbit / downlink_mbit, everyone alive."""
+    try:
+        from p2plearn.topology import load
+    except ImportError:   # the reader only needs the node list
+        with open(path) as f:
+            nodes = json.load(f)["nodes"]
+        up = [nd["uplink_mbit"] for nd in nodes]
+        down = [nd["downlink_mbit"] for nd in nodes]
+    else:
+        topo = load(path)
+        up = [topo.uplink_mbit(peer) for peer in topo.peers]
+        down = [topo.downlink_mbit(peer) for peer in topo.peers]
+    n = len(up)
+    return NetworkView(np.array(up) * 1e6 / 8, np.array(down) * 1e6 / 8, np.full(n, message_bytes),
+                       np.ones(n, dtype=bool))
+
+
+def random_view(n: int, message_bytes: float, seed: int, loaded: bool = False) -> NetworkView:
+    rng = np.random.default_rng(seed)
+    link = rng.permutation(np.resize(TIERS_MBIT, n)) * 1e6 / 8
+    if loaded:
+        up, down = link, link * rng.uniform(0.1, 1.0, n)
+    else:
+        up, down = link * rng.choice(UP_RATIOS, n), link
+    return NetworkView(up, down, np.full(n, message_bytes), np.ones(n, dtype=bool))
+
+
+def measure(name: str, views: list[NetworkView], p: int) -> tuple[float, float, float]:
+    """Medians over the views (one per seed) of T / bound, average p and planning ms."""
+    ratios, fanouts, ms = [], [], []
+    for seed, view in enumerate(views):
+        policy = make_policy(name, seed=seed)
+        start = time.perf_counter()
+        plan = policy.plan(view, p, 0)
+        ms.append((time.perf_counter() - start) * 1e3)
+        ratios.append(plan_time(view, plan) / lower_bound(view, p))
+        fanouts.append(average_fanout(plan))
+    return statistics.median(ratios), statistics.median(fanouts), statistics.median(ms)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m p2plearn.bench selection", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of a Markdown table")
+    ap.add_argument("--p", type=int, default=4, help="receivers per sender asked for")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per view (random views and tie breaks)")
+    ap.add_argument("--sizes", default="16,64,256,1000,4000,10000", help="peers in the random views")
+    ap.add_argument("--megabytes", type=float, default=1.0, help="message size per peer")
+    args = ap.parse_args(argv)
+    size = args.megabytes * 1e6
+
+    cases: list[tuple[str, list[NetworkView]]] = []
+    for path in sorted(glob.glob(os.path.join(TOPOLOGY_DIR, "heterogeneous-*.json"))):
+        view = topology_view(path, size)
+        cases.append((os.path.basename(path)[:-5], [view] * args.seeds))
+    for loaded in (False, True):
+        for n in map(int, args.sizes.split(",")):
+            views = [random_view(n, size, s, loaded) for s in range(args.seeds)]
+            cases.append((f"{'loaded' if loaded else 'random'}-{n}", views))
+
+    rows = [Row(label, views[0].n, args.p, name, *measure(name, views, args.p))
+            for label, views in cases for name in ("selmcast", "random")]
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+        return
+    print("| view | peers | p | policy | T / bound | average p | plan ms |")
+    print("|---|---:|---:|---|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r.view} | {r.peers} | {r.p} | {r.policy} | {r.t_over_bound:.3f} | {r.average_p:.2f} "
+              f"| {r.plan_ms:.1f} |")

@@ -1,0 +1,84 @@
+"""SELMCAST: receivers chosen from a global view of every peer's bandwidth and load.
+
+Model. Peer i has available uplink U_i and downlink D_i (bytes/s) and a message of M_i bytes.
+A plan gives each live sender i a receiver set R_i (i not in R_i, |R_i| >= p, receivers live).
+Under application-level multicast (the default: one copy per receiver) sender i's uplink carries
+|R_i| M_i; under IP multicast one M_i. Receiver j's downlink carries the sum of M_i over the
+senders that chose j. T(plan) = the largest of these loads divided by its capacity (seconds).
+
+SELMCAST (Pareto-optimal in two steps):
+1. minimise T subject to |R_i| >= p for every live sender (bottleneck first), then
+2. add receivers beyond p while T does not grow, maximising the sum of |R_i| (a larger average p
+   converges faster, and nobody gets slower).
+
+Algorithm (in C, native/planner.c). "Can every sender get p receivers by T?" is a bipartite
+degree-constrained assignment without self-loops: sender fan-out floor(U_i T / M_i) (all live
+peers under IP multicast), receiver fan-in D_j T bytes. A sorted greedy answers it: senders by
+decreasing M_i each take the p receivers with the most fan-in left, preferring on ties receivers
+that still have to send (they cannot use their own fan-in). With equal message sizes fan-in counts
+whole messages, floor(D_j T / M), and the greedy (Kleitman-Wang, adapted to fan-in bounds) is
+exact: the tests find the optimal T on every instance. With unequal sizes fan-in is a byte
+budget, the question is bin packing (NP-hard), and the greedy is worst-fit decreasing, retried
+in other orders (more retries on small views): near-exact, within 5% of the optimal T on every
+test instance (an ILP is the reference) and at it on nearly all. T is found by geometric
+bisection to a relative 1e-9 between the best lower bound (max of p M_i / U_i and
+sum(p M) / sum(D)) and a T at which every receiver can take everyone. Step 2 then lets senders by
+increasing M_i (smallest first maximises the count) take extra receivers with the most fan-in
+left, within the capacities at step 1's T; on the tests this is the most receivers possible at
+that T in about 98% of instances, and one or two short otherwise. Ties break by a random rank drawn from
+(seed, round), so each round leaves out different peers. A peer whose downlink is scarce may
+receive nothing in a round: the model asks for fast rounds, not for fan-in. Planning 1,000 peers
+takes about 10 ms, 10,000 well under a second (`python -m p2plearn.bench selection`).
+
+p larger than live - 1 is clamped to live - 1 (everyone sends to everyone); dead peers neither send
+nor receive. Rates and sizes must be finite and >= 0, and > 0 for live peers (else ValueError).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from p2plearn.selection.base import SelectionPolicy
+from p2plearn.selection.view import NetworkView
+from p2plearn.transport._native import check, ffi, lib
+
+_U64 = (1 << 64) - 1
+
+
+class Selmcast(SelectionPolicy):
+    """Bandwidth-aware receiver selection (see the module docstring).
+
+    seed: with the round, breaks ties; every peer must use the same seed to compute the same plan.
+    ip_multicast: True where the network replicates a message (one copy on the sender's uplink);
+        the sender's fan-out is then limited by receivers' downlinks only.
+    max_fanout: cap on receivers per sender (None = no cap, else >= p). Lower it to bound the
+        merge work per round and the plan's size on fast, large networks; it never raises T.
+    """
+
+    name = "selmcast"
+
+    def __init__(self, seed: int = 0, ip_multicast: bool = False, max_fanout: int | None = None):
+        super().__init__(seed)
+        self.ip_multicast = ip_multicast
+        self.max_fanout = max_fanout
+
+    def plan(self, view: NetworkView, p: int, round: int) -> dict[int, list[int]]:
+        return self.solve(view, p, round)[0]
+
+    def solve(self, view: NetworkView, p: int, round: int) -> tuple[dict[int, list[int]], float]:
+        """The plan and its T (seconds)."""
+        arrays = [np.ascontiguousarray(a, dtype=np.float64)
+                  for a in (view.uplink, view.downlink, view.message_bytes)]
+        alive = np.ascontiguousarray(view.alive, dtype=np.uint8)
+        if any(len(a) != len(alive) for a in arrays):
+            raise ValueError("uplink, downlink, message_bytes and alive must have one entry per peer")
+        out = ffi.new("p2p_plan *")
+        check(lib.p2p_plan_make(len(alive), *(ffi.from_buffer("double[]", a) for a in arrays),
+                                ffi.from_buffer("uint8_t[]", alive), p, self.max_fanout or 0,
+                                int(self.ip_multicast), self.seed & _U64, round & _U64, out))
+        try:
+            offsets = np.frombuffer(ffi.buffer(out.offsets, 8 * (out.n + 1)), dtype=np.int64).tolist()
+            receivers = np.frombuffer(ffi.buffer(out.receivers, 4 * offsets[-1]), dtype=np.uint32).tolist()
+            t = out.time
+        finally:
+            lib.p2p_plan_free(out)
+        return {i: sorted(receivers[offsets[i]:offsets[i + 1]]) for i in np.flatnonzero(alive).tolist()}, t

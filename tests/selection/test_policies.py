@@ -1,0 +1,120 @@
+"""Invariants every policy keeps, the registry, SELMCAST against random on heterogeneous views, bad input."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from p2plearn.selection import POLICIES, NetworkView, Selmcast, average_fanout, make_policy, plan_time
+from p2plearn.transport._native import InvalidArgument
+from tests.selection.conftest import random_view
+
+RANDOMISED = ["selmcast", "random", "exponential"]   # the others have no ties to break
+
+
+def _views():
+    rng = np.random.default_rng(3)
+    yield NetworkView.uniform(9, 1e6, 1e5)
+    yield random_view(rng, 12, equal=True, dead=0.3)
+    yield random_view(rng, 10, equal=False, receiver_tight=True)
+    yield random_view(rng, 3, equal=True, dead=0.0)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+@pytest.mark.parametrize("p", [0, 1, 3, 20])
+def test_invariants(name, p):
+    for view in _views():
+        live = set(np.flatnonzero(view.alive).tolist())
+        plan = make_policy(name, seed=5).plan(view, p, 3)
+        assert set(plan) == live
+        for i, rs in plan.items():
+            assert i not in rs and set(rs) <= live and len(set(rs)) == len(rs)
+            assert len(rs) >= min(p, len(live) - 1)
+        assert make_policy(name, seed=5).plan(view, p, 3) == plan
+
+
+@pytest.mark.parametrize("name", RANDOMISED)
+def test_rounds_break_ties_differently(name):
+    view = NetworkView.uniform(16, 1e6, 1e5)
+    policy = make_policy(name, seed=1)
+    assert len({str(policy.plan(view, 2, r)) for r in range(4)}) > 1
+
+
+def test_dead_peers_and_tiny_views():
+    view = NetworkView.uniform(4, 1e6, 1e5)
+    alone = NetworkView(view.uplink, view.downlink, view.message_bytes, np.array([False, True, False, False]))
+    nobody = NetworkView(view.uplink, view.downlink, view.message_bytes, np.zeros(4, dtype=bool))
+    for name in POLICIES:
+        assert make_policy(name).plan(alone, 2, 0) == {1: []}
+        assert make_policy(name).plan(nobody, 2, 0) == {}
+
+
+def test_fixed_patterns():
+    view = NetworkView.uniform(8, 1e6, 1e5)
+    assert make_policy("ring").plan(view, 2, 0)[7] == [0, 1]
+    assert make_policy("exponential").plan(view, 2, 0)[0] == [1, 2]
+    assert make_policy("exponential").plan(view, 2, 2)[0] == [4, 1]   # exponents rotate: 2^2, 2^0
+    assert make_policy("all").plan(view, 1, 0)[3] == [0, 1, 2, 4, 5, 6, 7]
+
+
+def test_selmcast_beats_random_on_heterogeneous_views():
+    # Downlinks are the bottleneck here; where one slow uplink bounds T, every policy ties at that bound.
+    rng = np.random.default_rng(11)
+    for n, p, equal in [(16, 2, True), (64, 4, True), (64, 3, False), (200, 4, True)]:
+        view = random_view(rng, n, equal=equal, receiver_tight=True, dead=0.05)
+        plan, t = Selmcast(seed=0).solve(view, p, 0)
+        random_t = np.mean([plan_time(view, make_policy("random", seed=s).plan(view, p, 0)) for s in range(5)])
+        assert t < random_t
+        assert average_fanout(plan) >= p
+
+
+def test_selmcast_options():
+    rng = np.random.default_rng(4)
+    view = random_view(rng, 30, equal=True, dead=0.0)
+    capped, t_capped = Selmcast(max_fanout=4).solve(view, 3, 0)
+    plan, t = Selmcast().solve(view, 3, 0)
+    assert max(map(len, capped.values())) <= 4 < max(map(len, plan.values()))
+    assert t_capped <= t
+    ip_plan, ip_t = Selmcast(ip_multicast=True).solve(view, 3, 0)
+    assert ip_t == pytest.approx(plan_time(view, ip_plan, ip_multicast=True)) and ip_t <= t
+
+
+def test_make_policy_names():
+    assert {"selmcast", "random", "all", "ring", "exponential"} == set(POLICIES)
+    assert make_policy("selmcast", seed=3, ip_multicast=True).ip_multicast
+    with pytest.raises(ValueError, match="unknown selection policy"):
+        make_policy("nope")
+
+
+def _view(**change) -> NetworkView:
+    fields = dict(uplink=np.full(4, 1e6), downlink=np.full(4, 1e6), message_bytes=np.full(4, 1e5),
+                  alive=np.ones(4, dtype=bool))
+    fields.update(change)
+    return NetworkView(**fields)
+
+
+@pytest.mark.parametrize("view, p, kw, match", [
+    (_view(uplink=np.array([1e6, -1, 1e6, 1e6])), 2, {}, r"uplink\[1\] = -1"),
+    (_view(downlink=np.array([1e6, 1e6, np.nan, 1e6])), 2, {}, r"downlink\[2\] = nan"),
+    (_view(message_bytes=np.array([1e5, 1e5, 1e5, np.inf])), 2, {}, r"message_bytes\[3\] = inf"),
+    (_view(uplink=np.array([0.0, 1e6, 1e6, 1e6])), 2, {}, r"uplink\[0\] = 0 for a live peer"),
+    (_view(), -1, {}, "p must be >= 0"),
+    (_view(), 3, {"max_fanout": 2}, "max_fanout"),
+    (NetworkView(*(np.zeros(0),) * 3, np.zeros(0, dtype=bool)), 1, {}, "n must be > 0"),
+    (_view(alive=np.ones(3, dtype=bool)), 1, {}, "one entry per peer"),
+])
+def test_selmcast_rejects_bad_input(view, p, kw, match):
+    with pytest.raises(ValueError, match=match):
+        Selmcast(**kw).plan(view, p, 0)
+
+
+def test_dead_peers_rates_are_ignored_unless_invalid():
+    view = _view(uplink=np.array([0.0, 1e6, 1e6, 1e6]), alive=np.array([False, True, True, True]))
+    assert set(Selmcast().plan(view, 1, 0)) == {1, 2, 3}
+    with pytest.raises(InvalidArgument):
+        Selmcast().plan(_view(uplink=np.array([np.nan, 1e6, 1e6, 1e6]), alive=view.alive), 1, 0)
+
+
+@pytest.mark.parametrize("name", ["random", "all", "ring", "exponential"])
+def test_blind_policies_reject_negative_p(name):
+    with pytest.raises(ValueError, match="p must be >= 0"):
+        make_policy(name).plan(_view(), -1, 0)

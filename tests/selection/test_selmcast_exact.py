@@ -1,0 +1,47 @@
+"""SELMCAST against exact optima (ILP; the ILP itself against exhaustive search on the smallest views)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("scipy")
+
+from p2plearn.selection import Selmcast, plan_time  # noqa: E402
+from tests.selection.conftest import random_view  # noqa: E402
+from tests.selection.exact import brute_force, max_receivers, optimal_time  # noqa: E402
+
+CASES = 240
+
+
+def _instances():
+    rng = np.random.default_rng(2024)
+    for k in range(CASES):
+        n, p = int(rng.integers(2, 8)), int(rng.integers(1, 6))   # p >= live - 1 tests the clamp
+        yield k, random_view(rng, n, equal=k % 2 == 0, receiver_tight=k % 4 >= 2), p, k % 5 == 0
+
+
+def test_bottleneck_near_optimal_and_most_receivers():
+    worst, equal_worst, most = 1.0, 1.0, 0
+    for k, view, p, ip in _instances():
+        plan, t = Selmcast(seed=k, ip_multicast=ip).solve(view, p, round=k)
+        assert t == pytest.approx(plan_time(view, plan, ip), rel=1e-12)
+        t_opt = optimal_time(view, p, ip)
+        assert t >= t_opt * (1 - 1e-6)
+        ratio = t / t_opt if t_opt > 0 else 1.0
+        worst = max(worst, ratio)
+        if view.message_bytes.min() == view.message_bytes.max():
+            equal_worst = max(equal_worst, ratio)
+        most += sum(map(len, plan.values())) == max_receivers(view, p, t, ip)
+    assert worst <= 1.05, worst
+    assert equal_worst <= 1 + 1e-6, equal_worst   # exact with equal message sizes
+    assert most >= 0.95 * CASES, most
+
+
+def test_ilp_matches_exhaustive_search():
+    rng = np.random.default_rng(7)
+    for k in range(24):
+        n, p, ip = int(rng.integers(2, 5)), int(rng.integers(1, 4)), k % 3 == 0
+        view = random_view(rng, n, equal=k % 2 == 0, receiver_tight=k % 4 >= 2)
+        t, total = brute_force(view, p, ip)
+        assert optimal_time(view, p, ip) == pytest.approx(t, rel=1e-6)
+        assert max_receivers(view, p, t, ip) == total
