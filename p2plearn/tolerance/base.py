@@ -26,6 +26,7 @@ class RoundRecord:
     loss_rate: float                  # mean measured datagram loss
     delivery_rates: list[float] = field(default_factory=list)  # bytes/s per receiver
     deadline_hit: bool = False
+    message_bytes: int = 0            # bytes of the message per receiver that round; 0 = unknown
 
 
 @dataclass
@@ -45,6 +46,13 @@ class TrainingState:
     accuracies: list[float] = field(default_factory=list)   # per evaluation (e.g. per epoch)
     update_norms: list[float] = field(default_factory=list)  # whole-model update norm per round
     layer_update_norms: list[list[float]] = field(default_factory=list)  # per round, per layer
+    losses_reported: int = 0   # losses reported since the start (`losses` may keep only the newest)
+
+
+def check_bound(name: str, value: float) -> None:
+    """Raise unless `value` is a valid loss bound: a fraction in [0, 1) (1 would allow sending nothing)."""
+    if not 0 <= value < 1:
+        raise ValueError(f"{name} must be in [0, 1), got {value}")
 
 
 class TolerancePolicy(ABC):
