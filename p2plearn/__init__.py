@@ -17,4 +17,13 @@ from p2plearn.options import Options, add_arguments
 from p2plearn.runtime import Runtime, init
 
 __version__ = "0.1.0"
-__all__ = ["init", "Runtime", "Options", "add_arguments"]
+__all__ = ["init", "Runtime", "Options", "add_arguments", "DecentralizedOptimizer", "data"]
+
+
+def __getattr__(name: str):
+    # torch is imported only by programs that train, not by the launcher or the control plane
+    if name in ("DecentralizedOptimizer", "data"):
+        import p2plearn.train as train
+
+        return getattr(train, name)
+    raise AttributeError(f"module 'p2plearn' has no attribute {name!r}")

@@ -195,6 +195,16 @@ class Client:
             self._request({"type": p.LEAVE, "rank": self.rank})
         self._registered = False
 
+    def plan(self, round: int, *, policy: str, fanout: int, seed: int, message_bytes: int,
+             timeout: float | None = None) -> dict[str, Any]:
+        """This round's plan as it concerns this peer (the coordinator computes one per round):
+        ``receivers`` [(rank, pacing rate in bytes/s)], ``senders`` [ranks that send to it],
+        ``planned_time`` (T of the plan, seconds) and ``fanout`` (the plan's average p)."""
+        reply, _ = self._request({"type": p.PLAN, "round": int(round), "rank": self.rank, "policy": policy,
+                                  "fanout": int(fanout), "seed": int(seed), "bytes": int(message_bytes)}, timeout)
+        reply["receivers"] = [(int(j), float(rate)) for j, rate in reply["receivers"]]
+        return reply
+
     def fetch_view(self, timeout: float | None = None) -> GlobalView:
         """Ask for the current GlobalView (``view`` holds the one pushed each round)."""
         reply, blobs = self._request({"type": p.VIEW}, timeout)
@@ -340,7 +350,7 @@ class Client:
             # An event was missed in between: the next tick resyncs the whole membership.
             self._gap = self._gap or body["epoch"] != self._epoch + 1
             self._epoch = body["epoch"]
-            if body["event"] == "join":
+            if body["event"] in ("join", "update"):
                 self._members[member.rank] = member
             else:
                 self._members.pop(member.rank, None)

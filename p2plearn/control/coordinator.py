@@ -68,6 +68,8 @@ class Coordinator:
         self._size = world_size  # entries in the view: the highest rank ever seen + 1
         self._epoch = 0
         self._min_clock = 0
+        self._plans: dict[int, tuple[dict[int, list[tuple[int, float]]], float]] = {}
+        self._message_bytes: dict[int, float] = {}
         self._max_clock = 0
         self._last_loss: float | None = None
         self._fast_ticks_until = 0.0
@@ -210,8 +212,10 @@ class Coordinator:
             self._publish(p.MEMBER, event="join", epoch=self._epoch, member=self._members[rank].to_dict())
             if donor is not None:
                 self._publish(p.DONATE, to=donor.rank, rank=rank, engine=engine, clock=clock)
-        else:  # the same process again: a new engine address
-            known.engine = tuple(engine) if engine else known.engine
+        elif engine and tuple(engine) != known.engine:  # the same process again: a new engine address
+            known.engine = tuple(engine)
+            self._epoch += 1
+            self._publish(p.MEMBER, event="update", epoch=self._epoch, member=known.to_dict())
         self._last_seen[rank] = time.monotonic()
         return {"type": p.OK, "rank": rank, "clock": self._members[rank].clock, **self._snapshot(),
                 "donor": donor.to_dict() if donor else None}
@@ -244,6 +248,36 @@ class Coordinator:
     def _on_view(self, body: dict) -> dict:
         header, blobs = self._view().to_blobs()
         return {"type": p.OK, "view": header, "_blobs": blobs}
+
+    def _on_plan(self, body: dict) -> dict:
+        """This round's plan, computed once from the view when the first peer asks, so that every
+        peer acts on the same plan. Each receiver comes with the rate to pace it at: its
+        downlink shared by the senders that chose it, capped by the sender's uplink share."""
+        rnd, rank = int(body["round"]), int(body["rank"])
+        self._message_bytes[rank] = float(body["bytes"])
+        if rnd not in self._plans:
+            self._plans[rnd] = self._make_plan(rnd, body)
+            for old in [r for r in self._plans if r < self._min_clock - PLANS_KEPT]:
+                del self._plans[old]
+        plan, planned_time = self._plans[rnd]
+        senders = sorted(i for i, rs in plan.items() if any(j == rank for j, _ in rs))
+        return {"type": p.OK, "receivers": plan.get(rank, []), "senders": senders, "planned_time": planned_time,
+                "fanout": sum(len(rs) for rs in plan.values()) / max(1, len(plan))}
+
+    def _make_plan(self, rnd: int, body: dict) -> tuple[dict[int, list[tuple[int, float]]], float]:
+        from p2plearn.selection import NetworkView, make_policy, plan_time  # selection is the sync layer's peer
+
+        view = self._view()
+        default = float(body["bytes"])
+        sizes = np.array([self._message_bytes.get(r, default) for r in range(view.size)])
+        net = NetworkView.from_global(view, sizes)
+        plan = make_policy(str(body["policy"]), seed=int(body["seed"])).plan(net, int(body["fanout"]), rnd)
+        indegree = np.zeros(view.size)
+        for rs in plan.values():
+            indegree[list(rs)] += 1
+        rates = {i: [(int(j), float(min(net.downlink[j] / indegree[j], net.uplink[i] / len(rs)))) for j in rs]
+                 for i, rs in plan.items()}
+        return rates, plan_time(net, plan)
 
     def _on_leave(self, body: dict) -> dict:
         rank = int(body["rank"])
@@ -288,6 +322,9 @@ class Coordinator:
             self._publish(p.CLOCK, min_clock=low)
             header, blobs = self._view().to_blobs()
             self._publish(p.VIEW, view=header, blobs=blobs)
+
+
+PLANS_KEPT = 64  # rounds of plans kept behind the slowest clock (SSP peers may ask late)
 
 
 def _pub_endpoint(bind: str) -> str:

@@ -33,6 +33,7 @@ class Event:
 
     ``kind``:
     - ``"join"`` / ``"leave"`` / ``"dead"``: ``rank`` joined, left cleanly, or missed its heartbeats;
+    - ``"update"``: ``rank`` registered a new data-engine address;
     - ``"donate"``: this peer is the donor: send the model state to ``rank`` at ``engine``
       through the data engine, stamped with ``clock``;
     - ``"expelled"``: the coordinator no longer knows this peer (it was declared dead);

@@ -27,6 +27,7 @@ REPORT = "report"        # one-way: clock and measurements of one round
 MEMBERS = "members"      # -> membership snapshot
 VIEW = "view"            # -> GlobalView
 LEAVE = "leave"          # -> ok
+PLAN = "plan"            # round, policy, fanout, seed, bytes -> this peer's receivers and senders
 # Replies.
 OK = "ok"
 ERROR = "error"

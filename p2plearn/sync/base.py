@@ -1,0 +1,209 @@
+"""One communication round per optimizer step: plan, send, gather, merge, report.
+
+    1. ask the control plane for this round's plan (receivers with pacing rates, senders to me);
+    2. ask the tolerance policy for per-layer loss bounds and a deadline;
+    3. multicast the parameters (or the value-filtered part of them) through the engine;
+    4. gather what the round's rule allows (BSP: this round from every live sender, or the
+       deadline; SSP: whatever arrived within the staleness bound);
+    5. merge per element with the delivery masks, in place;
+    6. report the round's measurements and the new clock, which feed the next plan.
+The engine reads the parameters in place, so merging waits until this peer's own send is done.
+"""
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from p2plearn.filter import UpdateFilter
+from p2plearn.filter.wire import DENSE, SPARSE, layout
+from p2plearn.sync.inbox import Inbox
+from p2plearn.sync.merge import Contribution, merge_parameter
+from p2plearn.tolerance import Layer, NetworkState, RoundRecord, TolerancePolicy, TrainingState
+from p2plearn.transport import Delivery
+
+HISTORY = 50          # rounds of network history kept for the tolerance policies
+GRACE_S = 0.25        # after a sender's deadline, time for its CLOSE to reach us
+
+
+@dataclass
+class RoundStats:
+    """What one round did, from this peer's side."""
+
+    round: int
+    receivers: list[int]
+    senders: list[int]
+    merged: int                 # messages merged (BSP: of this round; SSP: within the bound)
+    delivered: float            # mean fraction of the merged messages' elements that arrived
+    fanout: float               # the plan's average p
+    planned_s: float            # T of the plan
+    comm_s: float               # wall time of the round's communication
+    bytes_sent: int
+    results: dict[str, int] = field(default_factory=dict)  # per-receiver send results, counted
+
+
+class Synchronizer(ABC):
+    """Shared round machinery; subclasses decide what to wait for (`_wait_round`, `_inputs`).
+
+    Args:
+        params: numpy views of the model's parameters; merged in place.
+        layers: one `Layer` per parameter (for the tolerance policy).
+        channel: the peer's `Channel` (or `TcpChannel`).
+        client: the peer's control-plane `Client` (registered, with the engine address).
+        selection, fanout, seed: the selection policy's name, p, and tie-break seed.
+        tolerance: decides per-layer bounds and the round deadline.
+        value_filter: when given, only what it lets through is sent: the elements (or layers)
+            whose accumulated change crossed its threshold, carrying their current values;
+            receivers average just those and keep their own values elsewhere.
+        round_cap_s: the longest any round may wait for inputs when no deadline is set; a safety
+            net against hangs, not a tuning knob (set a deadline or an adaptive tolerance).
+    """
+
+    def __init__(self, params: list[np.ndarray], layers: list[Layer], channel: Any, client: Any, *,
+                 selection: str, fanout: int, seed: int, tolerance: TolerancePolicy,
+                 value_filter: UpdateFilter | None = None, round_cap_s: float = 30.0, start_clock: int = 0):
+        self.params = params
+        self.layers = layers
+        self.channel = channel
+        self.client = client
+        self.selection, self.fanout, self.seed = selection, fanout, seed
+        self.tolerance = tolerance
+        self.filter = value_filter
+        self.round_cap_s = round_cap_s
+        self.clock = start_clock
+        self.inbox = Inbox(channel)
+        self.network = NetworkState()
+        self.training = TrainingState()
+        self._previous = [p.copy() for p in params]
+
+    @property
+    def rank(self) -> int:
+        return self.client.rank
+
+    def step(self, loss: float | None = None) -> RoundStats:
+        """Run one round; returns its stats. Call it after each local optimizer step."""
+        rnd = self.clock
+        t0 = time.monotonic()
+        deltas = self._track_updates(loss)
+        arrays, to_wire = self._message(rnd, deltas)
+        self.network.expected_bytes = sum(a.nbytes for a in arrays)
+        plan = self.client.plan(rnd, policy=self.selection, fanout=self.fanout, seed=self.seed,
+                                message_bytes=self.network.expected_bytes)
+        self.network.planned_time_s = plan["planned_time"]
+        bounds, deadline = self.tolerance.bounds(rnd, self.layers, self.network, self.training)
+        members = self.client.members
+        receivers = [(j, rate) for j, rate in plan["receivers"] if j in members and members[j].engine]
+        handle = self.channel.send(rnd, arrays, [(*members[j].engine, rate) for j, rate in receivers],
+                                   loss_bounds=to_wire(bounds), deadline=deadline)
+        until = t0 + (deadline + GRACE_S if deadline else self.round_cap_s)
+        self._wait_round(rnd, set(plan["senders"]), until)
+        sent = handle.wait()
+        comm_s = time.monotonic() - t0
+        self.clock = rnd + 1
+        self._report(rnd, receivers, sent, comm_s, loss, deadline)
+        inputs = self._inputs(rnd)
+        merged, delivered = self._merge(inputs)
+        self._previous = [p.copy() for p in self.params]
+        results: dict[str, int] = {}
+        for st in sent:
+            results[st.result] = results.get(st.result, 0) + 1
+        return RoundStats(rnd, [j for j, _ in receivers], plan["senders"], merged, delivered, plan["fanout"],
+                          plan["planned_time"], comm_s, self.network.expected_bytes * len(receivers), results)
+
+    @abstractmethod
+    def _wait_round(self, rnd: int, senders: set[int], until: float) -> None:
+        """Block, while this peer's own send is in flight, for what the rule requires."""
+
+    @abstractmethod
+    def _inputs(self, rnd: int) -> list[Delivery]:
+        """The deliveries to merge after round `rnd` (this peer's clock is now rnd + 1)."""
+
+    def _alive(self, rank: int) -> bool:
+        return rank in self.client.members
+
+    def _message(self, rnd: int, deltas: list[np.ndarray]) -> tuple[list[np.ndarray], Any]:
+        """What to send, and how per-layer bounds map onto its arrays."""
+        if self.filter is None:
+            return self.params, lambda bounds: bounds
+        msg = self.filter.encode(rnd, deltas)
+        arrays = list(msg.arrays)
+        shapes = [p.shape for p in self.params]
+        for layer, (code, idx, values) in enumerate(layout(arrays, shapes)):
+            flat = self.params[layer].reshape(-1)
+            if code == DENSE:
+                arrays[values] = flat.astype(np.float32, copy=False)
+            elif code == SPARSE:
+                arrays[values] = flat[arrays[idx]].astype(np.float32)
+        return arrays, msg.wire_bounds
+
+    def _contributions(self, d: Delivery) -> list[Contribution | None] | None:
+        """Per parameter, what delivery d brings (None: nothing for it); None if d is unusable."""
+        if d.arrays is None:
+            return None
+        masks = [None if f >= 1.0 else d.element_mask(i) for i, f in enumerate(d.fractions)]
+        if self.filter is None:
+            if len(d.arrays) != len(self.params) or any(a.shape != p.shape for a, p in zip(d.arrays, self.params)):
+                return None
+            return [Contribution(a, m) for a, m in zip(d.arrays, masks)]
+        try:
+            parts = layout(d.arrays, [p.shape for p in self.params], [m is None for m in masks])
+        except ValueError:
+            return None  # malformed or header lost: as if the message never came
+        out: list[Contribution | None] = []
+        for p, (code, idx, values) in zip(self.params, parts):
+            if code == DENSE:
+                mask = masks[values]
+                out.append(Contribution(d.arrays[values].reshape(p.shape), None if mask is None else mask.reshape(p.shape)))
+            elif code == SPARSE:
+                dense, sent = np.zeros(p.size, dtype=np.float32), np.zeros(p.size, dtype=bool)
+                where = d.arrays[idx]
+                dense[where] = d.arrays[values]
+                sent[where] = True if masks[values] is None else masks[values]
+                out.append(Contribution(dense.reshape(p.shape), sent.reshape(p.shape)))
+            else:
+                out.append(None)
+        return out
+
+    def _merge(self, inputs: list[Delivery]) -> tuple[int, float]:
+        usable = [c for c in (self._contributions(d) for d in inputs) if c is not None]
+        if not usable:
+            return 0, 1.0
+        fractions = []
+        for i, own in enumerate(self.params):
+            fractions.append(merge_parameter(own, [c[i] for c in usable if c[i] is not None]))
+        return len(usable), float(np.mean(fractions))
+
+    def _track_updates(self, loss: float | None) -> list[np.ndarray]:
+        """The model's change since the last round (for the filter), and its norms (for the
+        tolerance policies)."""
+        deltas = [p - q for p, q in zip(self.params, self._previous)]
+        norms = [float(np.linalg.norm(d.ravel())) for d in deltas]
+        self.training.layer_update_norms.append(norms)
+        self.training.update_norms.append(float(np.sqrt(sum(n * n for n in norms))))
+        if loss is not None:
+            self.training.losses.append(float(loss))
+            self.training.losses_reported += 1
+        for series in (self.training.layer_update_norms, self.training.update_norms, self.training.losses):
+            del series[:-HISTORY]
+        return deltas
+
+    def _report(self, rnd: int, receivers: list[tuple[int, float]], sent: list, comm_s: float,
+                loss: float | None, deadline: float | None) -> None:
+        links = {j: {"rate": st.delivery_rate, "loss": st.loss_rate, "bytes": float(self.network.expected_bytes),
+                     "in_flight_bytes": 0.0, "in_flight_msgs": 0.0} for (j, _), st in zip(receivers, sent)}
+        paced = any(rate > 0 for _, rate in receivers)
+        self.client.report(rnd + 1, loss=loss, step_time=comm_s, saturated=paced, links=links)
+        record = RoundRecord(round=rnd, elapsed_s=comm_s,
+                             delivered=float(np.mean([st.delivered for st in sent])) if sent else 1.0,
+                             loss_rate=float(np.mean([st.loss_rate for st in sent])) if sent else 0.0,
+                             delivery_rates=[st.delivery_rate for st in sent],
+                             deadline_hit=any(st.result == "deadline" for st in sent),
+                             message_bytes=self.network.expected_bytes)
+        self.network.history.append(record)
+        del self.network.history[:-HISTORY]
+
+    def close(self) -> None:
+        """Nothing of its own to release: the channel and client belong to the caller."""

@@ -1,0 +1,67 @@
+"""Deliveries from the engine, kept by (round, sender) until the synchronizer merges them."""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Callable
+
+from p2plearn.transport import Delivery
+
+STATE_FLAG = 1 << 31  # message ids with this bit carry a whole model state (join), not a round
+
+
+class Inbox:
+    """Pulls deliveries off a channel and files them; rounds may arrive early (faster peers)."""
+
+    def __init__(self, channel) -> None:
+        self._channel = channel
+        self._rounds: dict[int, dict[int, Delivery]] = defaultdict(dict)
+        self._states: list[Delivery] = []
+
+    def pump(self, timeout: float) -> bool:
+        """Receive at most one delivery (waiting up to `timeout` s); True if one came."""
+        d = self._channel.recv(timeout=max(0.0, timeout))
+        if d is None:
+            return False
+        if d.msg_id & STATE_FLAG:
+            self._states.append(d)
+        else:
+            self._rounds[d.msg_id][d.sender] = d
+        return True
+
+    def drain(self) -> None:
+        while self.pump(0.0):
+            pass
+
+    def wait_round(self, rnd: int, senders: set[int], until: float, alive: Callable[[int], bool]) -> None:
+        """Wait until every live sender of round `rnd` delivered, or until the monotonic `until`."""
+        while True:
+            got = self._rounds.get(rnd, {})
+            if all(s in got or not alive(s) for s in senders):
+                return
+            left = until - time.monotonic()
+            if left <= 0:
+                return
+            self.pump(min(left, 0.05))
+
+    def take(self, first: int, last: int) -> list[Delivery]:
+        """Remove and return the deliveries of rounds first..last; drop anything older."""
+        out = []
+        for rnd in sorted(self._rounds):
+            if rnd <= last:
+                got = self._rounds.pop(rnd)
+                if rnd >= first:
+                    out.extend(got.values())
+        return out
+
+    def take_state(self, sender: int | None, until: float) -> Delivery | None:
+        """Wait for a model state (from `sender`, or anyone) until the monotonic `until`."""
+        while True:
+            for d in self._states:
+                if sender is None or d.sender == sender:
+                    self._states.remove(d)
+                    return d
+            left = until - time.monotonic()
+            if left <= 0:
+                return None
+            self.pump(min(left, 0.05))

@@ -1,0 +1,41 @@
+"""Stale-synchronous rounds: run ahead of the slowest peer by at most `staleness` rounds."""
+from __future__ import annotations
+
+import time
+
+from p2plearn.sync.base import Synchronizer
+from p2plearn.transport import Delivery
+
+
+class SSP(Synchronizer):
+    """A peer with clock c may start step c+1 only while c - (slowest live peer's clock) <= s.
+
+    After its own send of round r completes (its receivers then hold that message), a peer
+    reports clock r+1 and waits until the slowest live peer reaches r+1-s, then merges whatever
+    has arrived from rounds r-s..r; older messages are past the bound and dropped. The slowest
+    clock is over live peers only, so it never blocks on a dead peer. With s = 0 every round-r
+    message has arrived when the wait ends: it behaves like BSP.
+
+    Args (beyond Synchronizer's): staleness: s. Larger hides stragglers and bursts better but
+    merges older models; 1-4 is typical.
+    """
+
+    def __init__(self, *args, staleness: int = 2, **kwargs):
+        super().__init__(*args, **kwargs)
+        if staleness < 0:
+            raise ValueError(f"staleness must be >= 0, got {staleness}")
+        self.staleness = staleness
+
+    def _wait_round(self, rnd: int, senders: set[int], until: float) -> None:
+        """Nothing to wait for while sending: SSP's wait is on the clocks, after the send."""
+
+    def _inputs(self, rnd: int) -> list[Delivery]:
+        target = rnd + 1 - self.staleness
+        deadline = time.monotonic() + self.round_cap_s
+        while not self.client.wait_min_clock(target, timeout=0.05):
+            self.inbox.drain()  # keep the engine's queue short while waiting
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"SSP: the slowest live peer stayed below clock {target} for "
+                                   f"{self.round_cap_s:g} s")
+        self.inbox.drain()
+        return self.inbox.take(rnd - self.staleness, rnd)

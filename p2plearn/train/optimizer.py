@@ -1,0 +1,243 @@
+"""`DecentralizedOptimizer`: wraps a torch optimizer; every `step()` is a local step plus one round.
+
+    import p2plearn
+    rt = p2plearn.init()                        # rank, size, options from the launcher or mpirun/srun
+    opt = p2plearn.DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model)
+    for x, y in p2plearn.data.shard(train_set, batch_size=32):
+        loss = F.cross_entropy(model(x), y); loss.backward(); opt.step(loss=loss); opt.zero_grad()
+    print(opt.stats())
+    opt.close()
+"""
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from p2plearn.options import Options
+from p2plearn.runtime import Runtime, init
+from p2plearn.sync import SYNCHRONIZERS, RoundStats, Synchronizer
+from p2plearn.sync.inbox import STATE_FLAG
+from p2plearn.filter import make_filter
+from p2plearn.tolerance import Layer, TolerancePolicy, make_tolerance
+from p2plearn.transport import Channel
+
+NORM_TYPES = (torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm)
+
+
+@dataclass
+class TrainingStats:
+    """What `DecentralizedOptimizer.stats()` reports."""
+
+    rounds: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    average_p: float = 0.0          # the plans' average fanout
+    receivers_per_round: float = 0.0  # this peer's own receivers per round
+    delivered: float = 1.0          # mean fraction of merged messages that arrived
+    merged_per_round: float = 0.0
+    comm_s: float = 0.0             # wall time in communication rounds
+    compute_s: float = 0.0          # wall time outside them (forward, backward, local step, data)
+    round_times: list[float] = field(default_factory=list)
+
+
+def describe_layers(model: torch.nn.Module) -> list[Layer]:
+    """One Layer per parameter, in `model.parameters()` order; norm and bias parameters marked."""
+    kinds = {}
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            kinds[id(p)] = "norm" if isinstance(module, NORM_TYPES) else ("bias" if name == "bias" else "weight")
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [Layer(name=names.get(id(p), str(i)), numel=p.numel(), nbytes=p.numel() * p.element_size(), depth=i,
+                  kind=kinds.get(id(p), "weight")) for i, p in enumerate(model.parameters())]
+
+
+def _engine_host(runtime: Runtime) -> str:
+    """Where this peer's engine listens: the launcher's choice (testbed namespaces), loopback for a
+    job on one machine, else the address this host uses towards the coordinator."""
+    if os.environ.get("P2PLEARN_ENGINE_HOST"):
+        return os.environ["P2PLEARN_ENGINE_HOST"]
+    hosts = {m.host for m in runtime.client.members.values()}
+    if len(hosts) <= 1:
+        return "127.0.0.1"
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        coordinator_host = runtime.client.address.rsplit(":", 1)[0].split("//")[-1]
+        probe.connect((coordinator_host, 9))
+        return probe.getsockname()[0]
+    finally:
+        probe.close()
+
+
+def _emulated_link(options: Options, rank: int) -> tuple[float, float]:
+    """(uplink bytes/s, loss) of this rank's node in the topology, for --emulate."""
+    from p2plearn.topology import load
+
+    topo = load(options.topology)
+    nodes = [peer for peer in topo.peers for _ in range(topo.slots(peer))]
+    if rank >= len(nodes):
+        raise ValueError(f"{options.topology} has {len(nodes)} peer slots, rank {rank} has none")
+    return topo.uplink_bytes_per_s(nodes[rank]), topo.loss(nodes[rank])
+
+
+def make_policy(options: Options) -> TolerancePolicy:
+    """The tolerance policy the options name; --loss-bound is its (maximum / target / middle-phase)
+    bound, and the policy's own default when it is 0 (an adaptive policy capped at 0 is `fixed`)."""
+    deadline = options.deadline_ms / 1000 if options.deadline_ms else None
+    bound = options.loss_bound
+    if options.tolerance == "fixed":
+        return make_tolerance("fixed", loss_bound=bound, deadline_s=deadline)
+    if options.tolerance == "adaptive":
+        return make_tolerance("adaptive", **({"max_bound": bound} if bound else {}))
+    if options.tolerance == "layerwise":
+        return make_tolerance("layerwise", deadline_s=deadline, **({"target_loss": bound} if bound else {}))
+    return make_tolerance("phase", **({"middle_bound": bound} if bound else {}))
+
+
+class DecentralizedOptimizer:
+    """Local steps with `optimizer`, then a communication round that averages with other peers.
+
+    Args:
+        optimizer: any torch optimizer over `model`'s parameters (CPU, float tensors).
+        model: the model whose parameters are exchanged (in `model.parameters()` order).
+        runtime: from `p2plearn.init()`; made here when not given.
+        engine: an existing Channel to use instead of creating one.
+        overrides: option values over the runtime's (sync, staleness, selection, fanout,
+            loss_bound, tolerance, deadline_ms, ...): see `p2plearn.options.Options`.
+        seed: tie-break seed of the selection policy; the same on every peer.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, runtime: Runtime | None = None,
+                 *, engine: Channel | None = None, seed: int = 0, **overrides: Any):
+        self.optimizer = optimizer
+        self.model = model
+        self.runtime = runtime or init()
+        self.options = self.runtime.options.replace(**overrides) if overrides else self.runtime.options
+        self.params = [p.data for p in model.parameters()]
+        if any(not p.is_contiguous() or p.device.type != "cpu" for p in self.params):
+            raise ValueError("every parameter must be a contiguous CPU tensor")
+        self._own_engine = engine is None
+        self.channel = engine or self._make_channel()
+        self.runtime.register(self.channel.address)
+        if self.runtime.client.donor is None:  # a joiner does not wait for the original job size
+            self.runtime.client.wait_members(self.runtime.world_size, 60.0)
+        cls = SYNCHRONIZERS[self.options.sync]
+        extra = {"staleness": self.options.staleness} if self.options.sync == "ssp" else {}
+        self.sync: Synchronizer = cls([p.numpy() for p in self.params], describe_layers(model), self.channel,
+                                      self.runtime.client, selection=self.options.selection,
+                                      fanout=self.options.fanout, seed=seed, tolerance=make_policy(self.options),
+                                      value_filter=make_filter("value") if self.options.filter == "value" else None,
+                                      start_clock=self.runtime.client.start_clock, **extra)
+        self._donations: list[tuple[int, tuple[str, int]]] = []
+        self._lock = threading.Lock()
+        self.runtime.client.on_event(self._on_event)
+        self._stats = TrainingStats()
+        self._last_step_end = time.monotonic()
+        if self.runtime.client.donor is not None:
+            self._receive_state()
+
+    def _make_channel(self) -> Channel:
+        host = _engine_host(self.runtime)
+        kwargs: dict[str, Any] = {}
+        if self.options.emulate:
+            if not self.options.topology:
+                raise ValueError("--emulate needs --topology")
+            kwargs["uplink_rate"], kwargs["drop_prob"] = _emulated_link(self.options, self.runtime.rank)
+            kwargs["seed"] = self.runtime.rank + 1
+        key = os.environ.get("P2PLEARN_JOB_KEY", "")
+        job = int.from_bytes(self.runtime.job_id.encode()[:4].ljust(4, b"\0"), "little")
+        return Channel(host=host, sender_id=self.runtime.rank, job_id=job,
+                       key=(key.encode() + bytes(16))[:16] if key else None, **kwargs)
+
+    def step(self, closure: Any = None, loss: torch.Tensor | float | None = None) -> RoundStats:
+        """A local optimizer step, then one communication round. `loss` (optional) feeds the
+        progress line and the phase-aware tolerance."""
+        t0 = time.monotonic()
+        self.optimizer.step(closure)
+        self._serve_donations()
+        value = float(loss.detach()) if isinstance(loss, torch.Tensor) else loss
+        with torch.no_grad():
+            rs = self.sync.step(loss=value)
+        t1 = time.monotonic()
+        st = self._stats
+        st.compute_s += t0 - self._last_step_end + (t1 - t0 - rs.comm_s)
+        st.comm_s += rs.comm_s
+        st.rounds += 1
+        st.bytes_sent += rs.bytes_sent
+        n = st.rounds
+        st.average_p += (rs.fanout - st.average_p) / n
+        st.receivers_per_round += (len(rs.receivers) - st.receivers_per_round) / n
+        st.merged_per_round += (rs.merged - st.merged_per_round) / n
+        st.delivered += (rs.delivered - st.delivered) / n
+        st.round_times.append(rs.comm_s)
+        self._last_step_end = t1
+        return rs
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def report_accuracy(self, accuracy: float) -> None:
+        """An evaluation accuracy in [0, 1] (e.g. per epoch), for phase-aware tolerance."""
+        self.sync.training.accuracies.append(float(accuracy))
+
+    def stats(self) -> TrainingStats:
+        self._stats.bytes_received = self.channel.stats().get("bytes_received", 0)
+        return self._stats
+
+    # -- joining peers: the state travels through the engine, the control plane only introduces ---
+
+    def _on_event(self, event: Any) -> None:
+        if event.kind == "donate":
+            with self._lock:
+                self._donations.append(int(event.rank))
+
+    def _serve_donations(self) -> None:
+        """Send the model to joiners; one whose engine is not registered yet waits for next step."""
+        members = self.runtime.client.members
+        with self._lock:
+            ready = [r for r in self._donations if r in members and members[r].engine]
+            self._donations = [r for r in self._donations if r not in ready and r in members]
+        for rank in ready:  # a copy: training goes on while it travels
+            snapshot = [p.numpy().copy() for p in self.params]
+            self.channel.send(STATE_FLAG | self.sync.clock, snapshot, [members[rank].engine])
+
+    def _receive_state(self, timeout: float = 60.0) -> None:
+        donor = self.runtime.client.donor
+        d = self.sync.inbox.take_state(donor.rank, time.monotonic() + timeout)
+        if d is None or d.arrays is None or not d.complete:
+            raise RuntimeError(f"no model state from donor rank {donor.rank} within {timeout:g} s")
+        for p, a in zip(self.params, d.arrays):
+            p.copy_(torch.from_numpy(a))
+        self.sync.clock = d.msg_id & ~STATE_FLAG
+        self.sync._previous = [p.numpy().copy() for p in self.params]
+
+    def average_model(self, root: int = 0, timeout: float = 60.0) -> list[torch.Tensor] | None:
+        """Every live peer sends its parameters to `root` (exactly); `root` returns their average
+        (its own included), the others None. Call it on every peer, after training."""
+        members = self.runtime.client.members
+        final = STATE_FLAG | (STATE_FLAG - 1)  # a message id no round or join uses
+        if self.runtime.rank != root:
+            self.channel.send(final, self.params, [members[root].engine]).wait(timeout)
+            return None
+        total = [p.double().clone() for p in self.params]
+        until = time.monotonic() + timeout
+        others = [r for r in members if r != root]
+        for rank in others:
+            d = self.sync.inbox.take_state(rank, until)
+            if d is None or not d.complete:
+                raise RuntimeError(f"rank {rank} did not send its model within {timeout:g} s")
+            for t, a in zip(total, d.arrays):
+                t += torch.from_numpy(a)
+        return [(t / (len(others) + 1)).to(p.dtype) for t, p in zip(total, self.params)]
+
+    def close(self) -> None:
+        """Leave the job and release the engine."""
+        self.runtime.close()
+        if self._own_engine:
+            self.channel.close()
