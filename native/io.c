@@ -486,15 +486,17 @@ static uint64_t tx_next_wake(p2p_engine *eng, struct p2p_send *s, struct txr *r,
     uint64_t wake = UINT64_MAX;
     if (r->state == S_DONE) return wake;
     if (s->deadline_ns && r->state != S_CLOSE) wake = s->deadline_ns;
-    uint64_t t = (r->state == S_SEND ? r->last_ack_ns : r->probe_ns) + r->rto_ns;
-    if (t < wake) wake = t;
-    if (r->state == S_SEND && r->ppos < r->plen && window_open(eng, s, r)) {
+    int sending = r->state == S_SEND && r->ppos < r->plen && window_open(eng, s, r);
+    if (!sending) { /* waiting for the receiver: its answer, or the retransmission timer (see tx_timers) */
+        uint64_t t = (r->state == S_SEND ? r->last_ack_ns : r->probe_ns) + r->rto_ns;
+        if (t < wake) wake = t;
+    } else {
         /* Wake once half a bucket is there: one batch per wake-up, not one datagram. */
         double dgram = (double)(WIRE_HDR + s->chunk + WIRE_OVERHEAD);
         uint64_t w = token_wait(r->tokens, r->rate, burst_of(r->rate, dgram) / 2);
         double up = eng->cfg.uplink_rate;
         uint64_t u = up > 0 ? token_wait(eng->up_tokens, up, burst_of(up, dgram) / 2) : 0;
-        t = now + (w > u ? w : u);
+        uint64_t t = now + (w > u ? w : u);
         if (t < wake) wake = t;
     }
     return wake;

@@ -43,9 +43,9 @@ class CNN(nn.Module):
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p2plearn.add_arguments(ap)
-    ap.add_argument("--epochs", type=int, default=3)
+    ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--width", type=int, default=32, help="CNN channels: larger = more bytes per round")
     ap.add_argument("--samples", type=int, default=12000, help="MNIST-1D samples generated (80%% train)")
     ap.add_argument("--seed", type=int, default=0)
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
             loss.backward()
             opt.step(loss=loss)
             opt.zero_grad()
-            losses.append(float(loss))
+            losses.append(float(loss.detach()))
         acc = accuracy(model, data.x_test, data.y_test)
         opt.report_accuracy(acc)
         print(f"{tag} epoch {epoch + 1}/{args.epochs}: train loss {sum(losses) / len(losses):.3f}, "

@@ -27,6 +27,8 @@ from p2plearn.transport import Delivery
 
 HISTORY = 50          # rounds of network history kept for the tolerance policies
 GRACE_S = 0.25        # after a sender's deadline, time for its CLOSE to reach us
+SATURATED = 0.7       # delivered below this share of the paced rate: the link is the bottleneck
+MEASURABLE_S = 0.02   # transfers planned shorter than this are dominated by latency, not bandwidth
 
 
 @dataclass
@@ -194,8 +196,13 @@ class Synchronizer(ABC):
                 loss: float | None, deadline: float | None) -> None:
         links = {j: {"rate": st.delivery_rate, "loss": st.loss_rate, "bytes": float(self.network.expected_bytes),
                      "in_flight_bytes": 0.0, "in_flight_msgs": 0.0} for (j, _), st in zip(receivers, sent)}
-        paced = any(rate > 0 for _, rate in receivers)
-        self.client.report(rnd + 1, loss=loss, step_time=comm_s, saturated=paced, links=links)
+        # A rate sample says something about the link only when the link carried clearly less than
+        # the engine offered, over a transfer long enough that latency does not dominate; otherwise
+        # it measures our own pacing, or round trips.
+        size = self.network.expected_bytes
+        saturated = any(rate > 0 and size / rate >= MEASURABLE_S and st.delivery_rate < SATURATED * rate
+                        for (_, rate), st in zip(receivers, sent))
+        self.client.report(rnd + 1, loss=loss, step_time=comm_s, saturated=saturated, links=links)
         record = RoundRecord(round=rnd, elapsed_s=comm_s,
                              delivered=float(np.mean([st.delivered for st in sent])) if sent else 1.0,
                              loss_rate=float(np.mean([st.loss_rate for st in sent])) if sent else 0.0,
