@@ -127,6 +127,7 @@ class DecentralizedOptimizer:
         self.runtime.register(self.channel.address)
         if self.runtime.client.donor is None:  # a joiner does not wait for the original job size
             self.runtime.client.wait_members(self.runtime.world_size, 60.0)
+            self._wait_engines(60.0)
         cls = SYNCHRONIZERS[self.options.sync]
         extra = {"staleness": self.options.staleness} if self.options.sync == "ssp" else {}
         self.sync: Synchronizer = cls([p.numpy() for p in self.params], describe_layers(model), self.channel,
@@ -142,6 +143,16 @@ class DecentralizedOptimizer:
         if self.runtime.client.donor is not None:
             self._receive_state()
 
+    def _wait_engines(self, timeout: float) -> None:
+        """Wait until every member has published its engine address: a peer registers before its
+        engine exists, and a round-0 plan naming a receiver without an address would skip it, leaving
+        that receiver waiting for the round's cap."""
+        until = time.monotonic() + timeout
+        while not all(m.engine for m in self.runtime.client.members.values()):
+            if time.monotonic() > until:
+                raise RuntimeError(f"not every peer published its engine address within {timeout:g} s")
+            time.sleep(0.01)
+
     def _make_channel(self) -> Channel:
         host = _engine_host(self.runtime)
         kwargs: dict[str, Any] = {}
@@ -150,6 +161,7 @@ class DecentralizedOptimizer:
                 raise ValueError("--emulate needs --topology")
             kwargs["uplink_rate"], kwargs["drop_prob"] = _emulated_link(self.options, self.runtime.rank)
             kwargs["seed"] = self.runtime.rank + 1
+            kwargs["max_datagram"] = 1472  # the emulated links are Ethernet: 1500-byte MTU, not loopback's 64 KiB
         key = os.environ.get("P2PLEARN_JOB_KEY", "")
         job = int.from_bytes(self.runtime.job_id.encode()[:4].ljust(4, b"\0"), "little")
         return Channel(host=host, sender_id=self.runtime.rank, job_id=job,

@@ -1,0 +1,136 @@
+"""BSP and SSP rounds with real engines and a real control plane, peers as threads in one process."""
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from p2plearn.control import Client, Coordinator
+from p2plearn.sync import BSP, SSP
+from p2plearn.tolerance import Layer, make_tolerance
+from p2plearn.transport import Channel
+
+JOB = "sync-test"
+
+
+class Peer:
+    def __init__(self, rank: int, coordinator: Coordinator, key: str, cls, **kw):
+        self.channel = Channel(sender_id=rank)
+        self.client = Client(coordinator.address, JOB, key, rank=rank, connect_timeout=5.0)
+        self.client.register(self.channel.address)
+        self.params = [np.full((50, 40), float(rank), np.float32), np.full(7, 10.0 * rank, np.float32)]
+        layers = [Layer(f"p{i}", p.size, p.nbytes, i) for i, p in enumerate(self.params)]
+        self.sync = cls(self.params, layers, self.channel, self.client, selection=kw.pop("selection", "all"),
+                        fanout=kw.pop("fanout", 2), seed=0, tolerance=make_tolerance("fixed"), **kw)
+
+    def close(self) -> None:
+        self.client.close()
+        self.channel.close()
+
+
+@pytest.fixture
+def job():
+    """job(n, cls, **kw) -> n peers of an in-process job; everything is closed after the test."""
+    key = secrets.token_hex(16)
+    coord = Coordinator(JOB, key, heartbeat=0.2, dead_after=3).start()
+    peers: list[Peer] = []
+
+    def make(n: int, cls, **kw) -> list[Peer]:
+        peers.extend(Peer(r, coord, key, cls, **dict(kw)) for r in range(n))
+        for p in peers:
+            p.client.wait_members(n, 5.0)
+        return peers
+
+    yield make
+    for p in peers:
+        p.close()
+    coord.stop()
+
+
+def run_threads(peers, rounds, before_step=None, errors=None):
+    errors = [] if errors is None else errors
+
+    def loop(peer):
+        try:
+            for _ in range(rounds):
+                if before_step:
+                    before_step(peer)
+                peer.sync.step()
+        except Exception as exc:  # reported to the test, never swallowed
+            errors.append((peer.client.rank, exc))
+
+    threads = [threading.Thread(target=loop, args=(p,)) for p in peers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a round hung"
+    assert not errors, errors
+    return errors
+
+
+@pytest.mark.parametrize("cls,kw", [(BSP, {}), (SSP, {"staleness": 0})])
+def test_all_to_all_round_averages_every_model(job, cls, kw):
+    peers = job(3, cls, **kw)
+    run_threads(peers, 1)
+    for p in peers:  # ranks hold 0, 1, 2 (and 0, 10, 20): one exact all-to-all round gives the mean
+        np.testing.assert_allclose(p.params[0], 1.0)
+        np.testing.assert_allclose(p.params[1], 10.0)
+        assert p.sync.clock == 1
+
+
+def test_bsp_waits_for_its_senders(job):
+    peers = job(3, BSP, selection="ring", fanout=1)
+    slow = peers[2]
+
+    def delay(peer):
+        if peer is slow:
+            time.sleep(0.3)
+
+    run_threads(peers, 2, before_step=delay)
+    # Ring, p=1: each peer averages with its predecessor. Starting from 0, 1, 2: round 1 gives
+    # 1, 0.5, 1.5 and round 2 gives 1.25, 0.75, 1.0 -- only if nobody skipped the slow peer's input.
+    for p, want in zip(peers, (1.25, 0.75, 1.0)):
+        assert p.sync.clock == 2
+        np.testing.assert_allclose(p.params[0], want)
+
+
+def test_bsp_does_not_block_on_a_dead_peer(job):
+    peers = job(3, BSP, round_cap_s=20.0)
+    dead = peers[2]
+    dead.client.close()    # stops heartbeats without leaving: declared dead after 0.6 s
+    dead.channel.close()
+    t0 = time.monotonic()
+    run_threads(peers[:2], 2)
+    assert time.monotonic() - t0 < 10.0, "waited for the dead peer until the round cap"
+    live = peers[0].client.members
+    assert 2 not in live
+    plan = peers[0].client.plan(peers[0].sync.clock, policy="all", fanout=2, seed=0, message_bytes=100)
+    assert 2 not in plan["senders"] and all(j != 2 for j, _ in plan["receivers"])
+
+
+def test_ssp_runs_at_most_s_rounds_ahead_of_the_slowest(job):
+    s = 2
+    peers = job(3, SSP, staleness=s, selection="ring", fanout=1)
+    slow = peers[0]
+    gaps = []
+
+    def step(peer):
+        if peer is slow:
+            time.sleep(0.05)
+        else:
+            gaps.append(peer.sync.clock - slow.sync.clock)
+
+    run_threads(peers, 8, before_step=step)
+    # A peer starting step c+1 has c - (slowest clock) <= s; the slow peer's own clock may lag
+    # the coordinator's view by the round in progress, hence s + 1.
+    assert max(gaps) <= s + 1
+    assert max(gaps) >= 1, "the fast peers never ran ahead: not SSP"
+
+
+def test_ssp_rejects_negative_staleness(job):
+    with pytest.raises(ValueError, match="staleness"):
+        job(1, SSP, staleness=-1)

@@ -1,0 +1,107 @@
+"""DecentralizedOptimizer in an in-process job: rounds, stats, and a peer joining a running job."""
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+
+import pytest
+import torch
+
+from p2plearn.control import Client, Coordinator
+from p2plearn.options import Options
+from p2plearn.runtime import Runtime
+from p2plearn.train import DecentralizedOptimizer
+
+JOB = "train-test"
+
+
+@pytest.fixture
+def job():
+    """runtime(rank, join=False) -> a registered Runtime of an in-process job (closed after the test)."""
+    key = secrets.token_hex(16)
+    coord = Coordinator(JOB, key, world_size=2, heartbeat=0.2).start()
+    made: list[DecentralizedOptimizer] = []
+    clients: list[Client] = []
+
+    def runtime(rank: int | None, join: bool = False) -> Runtime:
+        client = Client(coord.address, JOB, key, rank=rank, connect_timeout=5.0)
+        clients.append(client)
+        client.register(None, join=join)
+        return Runtime(rank=client.rank, world_size=2, local_rank=0, local_world_size=1,
+                       options=Options(sync="bsp", selection="all", fanout=2), job_id=JOB, client=client)
+
+    def optimizer(rt: Runtime, model: torch.nn.Module) -> DecentralizedOptimizer:
+        opt = DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, rt)
+        made.append(opt)
+        return opt
+
+    yield runtime, optimizer
+    for opt in made:
+        opt.close()
+    for client in clients:  # those whose optimizer was never made
+        client.close()
+    coord.stop()
+
+
+def model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(20, 30), torch.nn.ReLU(), torch.nn.Linear(30, 4))
+
+
+def test_joining_peer_receives_the_state_and_takes_part(job):
+    runtime, optimizer = job
+    models = [model(0), model(0)]
+    rts = [runtime(0), runtime(1)]
+    opts = []
+    threads = [threading.Thread(target=lambda r=r, m=m: opts.append(optimizer(r, m))) for r, m in zip(rts, models)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    stop = threading.Event()
+    errors = []
+
+    def train(opt, m):
+        x, y = torch.randn(64, 20), torch.randint(0, 4, (64,))
+        try:
+            while not stop.is_set():
+                torch.nn.functional.cross_entropy(m(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+                time.sleep(0.01)
+        except Exception as exc:
+            errors.append(exc)
+
+    workers = [threading.Thread(target=train, args=(o, o.model)) for o in opts]
+    for w in workers:
+        w.start()
+    try:
+        time.sleep(0.5)
+        newcomer = model(123)  # a different initialisation: must be replaced by the donor's state
+        before = [p.detach().clone() for p in newcomer.parameters()]
+        joiner = optimizer(runtime(None, join=True), newcomer)
+        assert joiner.runtime.client.donor is not None
+        assert joiner.sync.clock > 0, "the joiner starts at the donor's clock"
+        assert not all(torch.equal(a, b) for a, b in zip(before, newcomer.parameters()))
+        x, y = torch.randn(64, 20), torch.randint(0, 4, (64,))
+        for _ in range(3):  # and it takes part in the next rounds
+            torch.nn.functional.cross_entropy(newcomer(x), y).backward()
+            rs = joiner.step()
+            joiner.zero_grad()
+        assert rs.receivers and rs.merged >= 1
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(30)
+    assert not errors, errors
+    st = opts[0].stats()
+    assert st.rounds > 5 and st.bytes_sent > 0 and st.comm_s > 0 and st.average_p >= 1
+
+
+def test_bad_parameters_are_refused(job):
+    runtime, optimizer = job
+    m = torch.nn.Linear(3, 3)
+    m.weight.data = m.weight.data.t()  # not contiguous
+    with pytest.raises(ValueError, match="contiguous"):
+        optimizer(runtime(0), m)
