@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test bench asan lint clean
+.PHONY: demo test bench asan clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -18,13 +18,20 @@ $(STAMP): $(VPY) pyproject.toml setup.py native/*.c native/*.h native/build_p2pc
 	$(VPY) -m pip install -q -e '.[train,test,experiments]'
 	touch $@
 
+# 4 peers train MNIST-1D over an emulated heterogeneous network (no root needed).
 demo: $(STAMP)
-	$(VPY) -m p2plearn.examples.transfer_demo
+	$(VENV)/bin/p2plearn-run -np 4 --topology topology/heterogeneous-4.json --emulate \
+	  -- $(VPY) -m p2plearn.examples.mnist1d --sync bsp
+	@echo
+	@echo "Try SSP:     $(VENV)/bin/p2plearn-run -np 4 --topology topology/heterogeneous-4.json --emulate -- $(VPY) -m p2plearn.examples.mnist1d --sync ssp --staleness 2"
+	@echo "Transfers:   $(VPY) -m p2plearn.examples.transfer_demo   (the engine alone, under injected loss)"
 
 test: $(STAMP)
 	$(VPY) -m pytest -q -ra tests
 
 bench: $(STAMP)
+	$(VPY) -m p2plearn.bench selection
+	$(VPY) -m p2plearn.bench rounds
 	$(VPY) -m p2plearn.bench transport
 
 # The engine built with AddressSanitizer + UndefinedBehaviorSanitizer, running the engine tests.

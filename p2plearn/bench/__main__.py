@@ -1,10 +1,11 @@
-"""python -m p2plearn.bench {transport|selection} [options]"""
+"""python -m p2plearn.bench {transport|selection|rounds|...} [options]"""
 from __future__ import annotations
 
 import sys
 
 BENCHES = {
     "transport": "p2plearn.bench.transport",
+    "rounds": "p2plearn.bench.rounds",
     "selection": "p2plearn.bench.selection",
 }
 

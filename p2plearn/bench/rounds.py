@@ -1,0 +1,91 @@
+"""Round benchmark: measured round time of SELMCAST vs random receiver selection, in one run.
+
+    python -m p2plearn.bench rounds [--json] [--topology topology/heterogeneous-8.json]
+                                    [--megabytes 1] [--rounds 30] [--fanout 2]
+
+Each configuration launches one peer per topology slot with `p2plearn-run --emulate` (engines
+pace to the topology's rates on loopback, no root needed). Every peer runs BSP rounds of a
+model-sized message and no computation, and records each round's communication time and the
+plan's T. The round time of the job is the slowest peer's, per round; the table reports the
+median over rounds and the ratio to random's, and measured / planned.
+Targets (issue 5): selmcast round time <= 0.6x random's; measured / planned <= 1.15.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+
+def peer_main(out_dir: str, megabytes: float, rounds: int) -> None:
+    """One peer: BSP rounds of a `megabytes` message, no computation; writes its timings."""
+    import torch
+
+    import p2plearn
+
+    rt = p2plearn.init()
+    model = torch.nn.Module()
+    model.w = torch.nn.Parameter(torch.zeros(int(megabytes * 2**20 / 4)))
+    opt = p2plearn.DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), model, rt)
+    times = []
+    for _ in range(rounds):
+        rs = opt.step()
+        times.append({"comm_s": rs.comm_s, "planned_s": rs.planned_s, "fanout": rs.fanout})
+    with open(os.path.join(out_dir, f"rank{rt.rank}.json"), "w") as f:
+        json.dump(times, f)
+    opt.close()
+
+
+def run_config(topology: str, selection: str, fanout: int, megabytes: float, rounds: int) -> dict:
+    from p2plearn.topology import load
+
+    topo = load(topology)
+    n = sum(topo.slots(p) for p in topo.peers)
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [sys.executable, "-m", "p2plearn.launch", "-np", str(n), "--topology", topology, "--emulate",
+               "--selection", selection, "--fanout", str(fanout), "--sync", "bsp", "--",
+               sys.executable, "-m", "p2plearn.bench.rounds", "--peer", out, str(megabytes), str(rounds)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        if proc.returncode:
+            raise RuntimeError(f"{selection}: the job failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+        peers = [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(n)]
+    warm = 2  # the first rounds include connection set-up and the first plan
+    per_round = [max(p[i]["comm_s"] for p in peers) for i in range(warm, rounds)]
+    planned = [peers[0][i]["planned_s"] for i in range(warm, rounds)]
+    measured = statistics.median(per_round)
+    return {"selection": selection, "fanout": fanout, "peers": n, "megabytes": megabytes,
+            "round_s": measured, "planned_s": statistics.median(planned),
+            "measured_over_planned": measured / statistics.median(planned),
+            "average_p": statistics.mean(peers[0][i]["fanout"] for i in range(warm, rounds))}
+
+
+def main(argv: list[str]) -> None:
+    if argv and argv[0] == "--peer":
+        return peer_main(argv[1], float(argv[2]), int(argv[3]))
+    ap = argparse.ArgumentParser(prog="python -m p2plearn.bench rounds", description=__doc__.splitlines()[0])
+    ap.add_argument("--topology", default="topology/heterogeneous-8.json")
+    ap.add_argument("--megabytes", type=float, default=1.0)
+    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--fanout", type=int, default=2)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    results = [run_config(args.topology, sel, args.fanout, args.megabytes, args.rounds)
+               for sel in ("random", "selmcast")]
+    if args.json:
+        print(json.dumps(results, indent=1))
+        return
+    base = results[0]["round_s"]
+    print(f"{args.topology}, {args.megabytes:g} MB messages, p={args.fanout}, BSP, {args.rounds} rounds (emulated)\n")
+    print("| selection | average p | round time s (median) | x random | planned T s | measured / planned |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['selection']} | {r['average_p']:.2f} | {r['round_s']:.3f} | {r['round_s'] / base:.2f} | "
+              f"{r['planned_s']:.3f} | {r['measured_over_planned']:.2f} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
