@@ -358,8 +358,8 @@ fail:
     return rc;
 }
 
-int p2p_send_wait(p2p_send *s, int timeout_ms) {
-    p2p_engine *eng = s->eng;
+/* With eng->mu held: waits on eng->cv until ready(arg), for timeout_ms (< 0: forever, 0: not at all). */
+static void wait_ready(p2p_engine *eng, int (*ready)(const void *), const void *arg, int timeout_ms) {
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     if (timeout_ms > 0) {
@@ -367,13 +367,19 @@ int p2p_send_wait(p2p_send *s, int timeout_ms) {
         until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
         if (until.tv_nsec >= 1000000000L) { until.tv_sec++; until.tv_nsec -= 1000000000L; }
     }
-    pthread_mutex_lock(&eng->mu);
     int rc = 0;
-    while (!s->done && rc == 0) {
-        if (timeout_ms == 0) rc = ETIMEDOUT;
-        else if (timeout_ms < 0) pthread_cond_wait(&eng->cv, &eng->mu);
+    while (!ready(arg) && rc == 0 && timeout_ms != 0) {
+        if (timeout_ms < 0) pthread_cond_wait(&eng->cv, &eng->mu);
         else rc = pthread_cond_timedwait(&eng->cv, &eng->mu, &until);
     }
+}
+
+static int send_done(const void *arg) { return ((const struct p2p_send *)arg)->done; }
+
+int p2p_send_wait(p2p_send *s, int timeout_ms) {
+    p2p_engine *eng = s->eng;
+    pthread_mutex_lock(&eng->mu);
+    wait_ready(eng, send_done, s, timeout_ms);
     int done = s->done;
     pthread_mutex_unlock(&eng->mu);
     return done ? 0 : 1;
@@ -438,21 +444,14 @@ void p2p_send_release(p2p_send *s) {
     if (s) send_unref(s);
 }
 
+static int delivery_or_closing(const void *arg) {
+    const p2p_engine *eng = arg;
+    return eng->dq_head || eng->closing;
+}
+
 int p2p_recv(p2p_engine *eng, int timeout_ms, p2p_delivery **out) {
-    struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
-    if (timeout_ms > 0) {
-        until.tv_sec += timeout_ms / 1000;
-        until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-        if (until.tv_nsec >= 1000000000L) { until.tv_sec++; until.tv_nsec -= 1000000000L; }
-    }
     pthread_mutex_lock(&eng->mu);
-    int rc = 0;
-    while (!eng->dq_head && !eng->closing && rc == 0) {
-        if (timeout_ms == 0) rc = ETIMEDOUT;
-        else if (timeout_ms < 0) pthread_cond_wait(&eng->cv, &eng->mu);
-        else rc = pthread_cond_timedwait(&eng->cv, &eng->mu, &until);
-    }
+    wait_ready(eng, delivery_or_closing, eng, timeout_ms);
     struct delivery_priv *d = eng->dq_head;
     if (d) {
         eng->dq_head = d->next;

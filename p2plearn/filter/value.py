@@ -36,13 +36,18 @@ class ValueFilter(UpdateFilter):
             a = 3 decays more slowly and keeps messages small for longer. Because the threshold
             decays, late training sends almost everything.
         init_scale: multiple of the first round's mean |update| used when init is None (> 0).
-            1 sends about the largest third of Laplace-distributed elements at first.
+            1 sends about the largest third of Laplace-distributed elements at first. With
+            momentum SGD the first update is ~1/(1 - momentum) times smaller than later ones:
+            scale up accordingly (10 for momentum 0.9).
+        period: rounds per unit of t in the decay (>= 1). 1 decays per round, as in the
+            literature's parameter-server setting; set it to the rounds per epoch when the
+            learning rate is constant, or late rounds send almost everything.
     """
 
     name = "value"
 
     def __init__(self, granularity: str = "per_element", init: float | None = None, a: float = 2.0,
-                 init_scale: float = 1.0):
+                 init_scale: float = 1.0, period: int = 1):
         if granularity not in GRANULARITIES:
             raise ValueError(f"granularity must be one of {', '.join(GRANULARITIES)}, got {granularity!r}")
         if init is not None and not (np.isfinite(init) and init >= 0):
@@ -51,11 +56,14 @@ class ValueFilter(UpdateFilter):
             raise ValueError(f"a must be > 0, got {a}")
         if not init_scale > 0:
             raise ValueError(f"init_scale must be > 0, got {init_scale}")
+        if period < 1:
+            raise ValueError(f"period must be >= 1, got {period}")
         super().__init__()
         self.granularity = granularity
         self.init = init
         self.a = a
         self.init_scale = init_scale
+        self.period = period
         self._residuals: list[np.ndarray] = []
         self._shapes: list[tuple[int, ...]] = []
 
@@ -65,10 +73,11 @@ class ValueFilter(UpdateFilter):
         return [r.reshape(s) for r, s in zip(self._residuals, self._shapes)]
 
     def threshold(self, round: int) -> float:
-        """init / (round + 1) ** (1 / a); init must be known (given, or after the first encode)."""
+        """init / t ** (1 / a) with t = 1 + round / period; init must be known (given, or after
+        the first encode)."""
         if self.init is None:
             raise ValueError("init is not known before the first encode")
-        return self.init / (round + 1) ** (1.0 / self.a)
+        return self.init / (1 + round / self.period) ** (1.0 / self.a)
 
     def encode(self, round: int, updates: Sequence[Any]) -> EncodedUpdate:
         flat = self._flat(round, updates)

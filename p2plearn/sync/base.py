@@ -27,6 +27,7 @@ from p2plearn.transport import Delivery
 
 HISTORY = 50          # rounds of network history kept for the tolerance policies
 GRACE_S = 0.25        # after a sender's deadline, time for its CLOSE to reach us
+LATE_SENDER = 3.0     # deadlines a receiver waits for a sender that started its round late
 SATURATED = 0.7       # delivered below this share of the paced rate: the link is the bottleneck
 MEASURABLE_S = 0.02   # transfers planned shorter than this are dominated by latency, not bandwidth
 
@@ -100,7 +101,9 @@ class Synchronizer(ABC):
         receivers = [(j, rate) for j, rate in plan["receivers"] if j in members and members[j].engine]
         handle = self.channel.send(rnd, arrays, [(*members[j].engine, rate) for j, rate in receivers],
                                    loss_bounds=to_wire(bounds), deadline=deadline)
-        until = t0 + (deadline + GRACE_S if deadline else self.round_cap_s)
+        # Each sender closes its message by its own deadline, but may start later than this peer
+        # (it was still computing): wait a few deadlines for it, never past the cap.
+        until = t0 + min(self.round_cap_s, LATE_SENDER * deadline + GRACE_S if deadline else self.round_cap_s)
         self._wait_round(rnd, set(plan["senders"]), until)
         sent = handle.wait()
         comm_s = time.monotonic() - t0

@@ -133,7 +133,10 @@ class DecentralizedOptimizer:
         self.sync: Synchronizer = cls([p.numpy() for p in self.params], describe_layers(model), self.channel,
                                       self.runtime.client, selection=self.options.selection,
                                       fanout=self.options.fanout, seed=seed, tolerance=make_policy(self.options),
-                                      value_filter=make_filter("value") if self.options.filter == "value" else None,
+                                      value_filter=make_filter("value", granularity=self.options.filter_granularity,
+                                                                   init_scale=self.options.filter_init_scale,
+                                                                   period=self.options.filter_period)
+                                      if self.options.filter == "value" else None,
                                       start_clock=self.runtime.client.start_clock, **extra)
         self._donations: list[tuple[int, tuple[str, int]]] = []
         self._lock = threading.Lock()
