@@ -44,3 +44,14 @@ asan: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info p2plearn/_p2pcast*.so p2plearn/_p2pcast.c
+
+# Experiments (experiments/*.py, one claim each; results in experiments/results/). Full mode takes
+# hours on 2 cores; testbed ones need root (they say so and skip, or fall back, otherwise).
+EXPERIMENTS := selmcast_vs_random loss_tolerance_vs_tcp layerwise_bounds phase_aware value_filter time_to_accuracy
+
+.PHONY: experiments experiments-quick
+experiments: $(STAMP)
+	cd experiments && for e in $(EXPERIMENTS); do ../$(VPY) $$e.py || exit 1; done
+
+experiments-quick: $(STAMP)
+	cd experiments && for e in $(EXPERIMENTS); do ../$(VPY) $$e.py --quick || exit 1; done

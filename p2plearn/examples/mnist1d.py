@@ -70,6 +70,7 @@ def main(argv: list[str] | None = None) -> None:
               f"loss_bound={opt.options.loss_bound}; {sum(p.numel() for p in model.parameters())} parameters",
               flush=True)
     start = time.monotonic()
+    history: list[tuple[float, float]] = []  # (wall s, this peer's test accuracy) per epoch, for time-to-accuracy
     for epoch in range(args.epochs):
         losses = []
         for x, y in shard(data, args.batch_size, rank=rt.rank, world_size=rt.world_size, epoch=epoch,
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> None:
             losses.append(float(loss.detach()))
         acc = accuracy(model, data.x_test, data.y_test)
         opt.report_accuracy(acc)
+        history.append((time.monotonic() - start, acc))
         print(f"{tag} epoch {epoch + 1}/{args.epochs}: train loss {sum(losses) / len(losses):.3f}, "
               f"test accuracy {acc:.3f}, {time.monotonic() - start:.1f} s", flush=True)
     wall = time.monotonic() - start
@@ -101,7 +103,8 @@ def main(argv: list[str] | None = None) -> None:
             with open(args.json, "w") as f:
                 json.dump({"averaged_accuracy": avg, "own_accuracy": own, "wall_s": wall,
                            "rounds": st.rounds, "average_p": st.average_p, "delivered": st.delivered,
-                           "comm_s": st.comm_s, "compute_s": st.compute_s, "bytes_sent": st.bytes_sent}, f)
+                           "comm_s": st.comm_s, "compute_s": st.compute_s, "bytes_sent": st.bytes_sent,
+                           "history": history, "round_times": st.round_times}, f)
     opt.close()
 
 

@@ -1,0 +1,207 @@
+"""Shared machinery of the experiment scripts: run jobs, repeat over seeds, summarise, write results.
+
+Every script calls `parse_args`, runs its configurations with `repeat` (each run through `train`,
+which starts `p2plearn.launch` around the MNIST-1D example and reads rank 0's JSON), and hands its
+rows to `write_results`, which writes `<out>/<name>.csv` (raw rows), `<name>.md` (setup + table)
+and `<name>.png` (the figure the script draws).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "experiments" / "results"
+PY = sys.executable
+# 8 peers importing torch on 2 shared cores can starve heartbeats for seconds: be lenient.
+LAUNCH_FLAGS = ["--heartbeat", "1", "--dead-after", "20"]
+Row = dict[str, Any]
+
+
+def parse_args(doc: str, argv: list[str] | None = None) -> argparse.Namespace:
+    """--quick, --out, --seeds: the flags every experiment takes."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smallest setup (a minute or two): a smoke test")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="directory for <name>.csv/.md/.png")
+    ap.add_argument("--seeds", type=int, default=None, help="repetitions per configuration (default 1 quick, 3 full)")
+    args = ap.parse_args(argv)
+    args.seeds = args.seeds or (1 if args.quick else 3)
+    args.out.mkdir(parents=True, exist_ok=True)
+    return args
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def train(np_: int, options: dict[str, Any], script: dict[str, Any], *, topology: str | os.PathLike | None = None,
+          testbed: bool = False, timeout: float = 900) -> Row | None:
+    """Run `p2plearn.launch -np N [options] -- python -m p2plearn.examples.mnist1d [script]`; rank 0's
+    JSON, or None (with the tail of the output on stderr) when the job failed."""
+    flags = [*LAUNCH_FLAGS]
+    if topology:
+        flags += ["--topology", str(topology), "--testbed" if testbed else "--emulate"]
+    for key, value in options.items():
+        flags += [f"--{key.replace('_', '-')}", str(value)]
+    with tempfile.TemporaryDirectory(prefix="p2pexp-") as tmp:
+        out = Path(tmp) / "result.json"
+        argv = [PY, "-m", "p2plearn.launch", "-np", str(np_), *flags, "--", PY, "-m", "p2plearn.examples.mnist1d",
+                *args_of(script), "--json", str(out)]
+        return run_json(argv, out, timeout)
+
+
+def args_of(script: dict[str, Any]) -> list[str]:
+    """{"epochs": 2} -> ["--epochs", "2"]."""
+    return [x for k, v in script.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+
+
+def run_json(argv: list[str], out: Path, timeout: float) -> Row | None:
+    """Run argv (cwd = repository root, OMP_NUM_THREADS=1) and read the JSON it writes to `out`."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    try:
+        proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        print(f"  timed out after {timeout:g} s: {' '.join(argv[:8])} ...", file=sys.stderr)
+        return None
+    if proc.returncode or not out.exists():
+        print(f"  failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-1500:]}", file=sys.stderr)
+        return None
+    return json.loads(out.read_text())
+
+
+def repeat(config: Row, seeds: int, run: Callable[[int], Row | None]) -> list[Row]:
+    """`run(seed)` for seeds 0..seeds-1; each result merged into a copy of `config` (a failed run
+    becomes a row with ok=False, so that it shows in the table instead of vanishing)."""
+    rows = []
+    for seed in range(seeds):
+        label = ", ".join(f"{k}={v}" for k, v in config.items())
+        print(f"  {label}, seed {seed} ...", file=sys.stderr, flush=True)
+        result = run(seed)
+        rows.append({**config, "seed": seed, "ok": result is not None, **(result or {})})
+    return rows
+
+
+def time_to_accuracy(history: Iterable[tuple[float, float]], target: float) -> float:
+    """Wall seconds of the first evaluation at or above `target`; nan if never reached."""
+    return next((t for t, acc in history if acc >= target), math.nan)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) by nearest rank; nan for no values."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def summary(values: Iterable[float]) -> tuple[float, float, float]:
+    """(median, min, max) over the finite values; nans when none is."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    if not finite:
+        return math.nan, math.nan, math.nan
+    return statistics.median(finite), min(finite), max(finite)
+
+
+def cell(values: Iterable[float], fmt: str = ".3g") -> str:
+    """'median [min-max]' for a table; '-' when nothing finite (e.g. target never reached)."""
+    values = list(values)
+    med, lo, hi = summary(values)
+    if math.isnan(med):
+        return "-"
+    missing = sum(1 for v in values if v is None or not math.isfinite(v))
+    spread = "" if lo == hi else f" [{lo:{fmt}}-{hi:{fmt}}]"
+    return f"{med:{fmt}}{spread}" + (f" ({missing} n/a)" if missing else "")
+
+
+def groups(rows: list[Row], keys: list[str]) -> dict[tuple, list[Row]]:
+    """Rows grouped by the values of `keys`, in first-seen order."""
+    out: dict[tuple, list[Row]] = {}
+    for row in rows:
+        out.setdefault(tuple(row.get(k) for k in keys), []).append(row)
+    return out
+
+
+def table(rows: list[Row], keys: list[str], metrics: dict[str, Callable[[Row], float]],
+          baseline: tuple | None = None, ratio_of: str | None = None) -> str:
+    """A Markdown table: one line per configuration (`keys`), each metric as median [min-max] over
+    the seeds; with `baseline` (a key tuple) and `ratio_of` (a metric), a column of the ratio of the
+    medians, configuration / baseline."""
+    grouped = groups(rows, keys)
+    header = [*keys, *metrics] + ([f"{ratio_of} / baseline"] if ratio_of else [])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    base = summary(metrics[ratio_of](r) for r in grouped.get(baseline, []))[0] if ratio_of else math.nan
+    for key, rs in grouped.items():
+        cells = [str(k) for k in key] + [cell(f(r) for r in rs) for f in metrics.values()]
+        if ratio_of:
+            med = summary(metrics[ratio_of](r) for r in rs)[0]
+            cells.append(f"{med / base:.2f}" if base and math.isfinite(base) and math.isfinite(med) else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def metric(name: str) -> Callable[[Row], float]:
+    """A metric reading `name` from a row (nan for a failed run)."""
+    return lambda r: float(r[name]) if r.get("ok", True) and r.get(name) is not None else math.nan
+
+
+def write_results(out: Path, name: str, rows: list[Row], title: str, setup: str, tables: str,
+                  draw: Callable[[plt.Axes], None], notes: str = "") -> None:
+    """Write <out>/<name>.csv (every row, list-valued fields as JSON), <name>.md and <name>.png."""
+    fields = list(dict.fromkeys(k for r in rows for k in r))
+    with open(out / f"{name}.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in r.items()})
+    md = f"# {title}\n\n{setup.strip()}\n\n{tables.strip()}\n\n![{name}]({name}.png)\n"
+    (out / f"{name}.md").write_text(md + (f"\n{notes.strip()}\n" if notes else ""))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    draw(ax)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / f"{name}.png", dpi=110)
+    plt.close(fig)
+    print(f"wrote {out / name}.csv/.md/.png", file=sys.stderr)
+    print(md)
+
+
+def bar_chart(ax: plt.Axes, rows: list[Row], keys: list[str], value: Callable[[Row], float], ylabel: str,
+              title: str) -> None:
+    """Bars of the median over seeds per configuration, with min-max error bars."""
+    labels, meds, lows, highs = [], [], [], []
+    for key, rs in groups(rows, keys).items():
+        med, lo, hi = summary(value(r) for r in rs)
+        labels.append("\n".join(str(k) for k in key))
+        meds.append(0.0 if math.isnan(med) else med)
+        lows.append(0.0 if math.isnan(med) else med - lo)
+        highs.append(0.0 if math.isnan(med) else hi - med)
+    ax.bar(range(len(labels)), meds, yerr=[lows, highs], capsize=3, color="tab:blue")
+    ax.set_xticks(range(len(labels)), labels, fontsize=7)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+
+
+def accuracy_curves(ax: plt.Axes, rows: list[Row], keys: list[str], title: str) -> None:
+    """Test accuracy against wall seconds, seed 0 of each configuration (one line each)."""
+    for key, rs in groups(rows, keys).items():
+        hist = next((r["history"] for r in rs if r.get("ok") and r.get("history")), None)
+        if hist:
+            ax.plot([h[0] for h in hist], [h[1] for h in hist], marker="o", label=" ".join(str(k) for k in key))
+    ax.set_xlabel("wall time since training start (s)")
+    ax.set_ylabel("test accuracy (rank 0, per epoch)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7)
