@@ -20,7 +20,6 @@
 #define UDP_GRO 104
 #endif
 
-#define META_FIXED 24
 #define MAX_CHUNK 65472u   /* largest multiple of 8 that fits a 65507-byte datagram with its header */
 #define MIN_CHUNK 64u
 
@@ -207,7 +206,7 @@ static uint64_t align8(uint64_t x) { return (x + 7) & ~7ull; }
 /* Lays out [meta][segments] and fills the meta: the segment table and the application blob. */
 static int build_layout(struct p2p_send *s, const p2p_segment *segs, const p2p_send_options *opt) {
     uint32_t app_len = opt ? opt->app_len : 0;
-    uint64_t meta = align8(META_FIXED + 16ull * s->nseg + app_len);
+    uint64_t meta = align8(META_FIXED + (uint64_t)META_ENTRY * s->nseg + app_len);
     if (meta > 0xFFFFull * 8) return set_error(EINVAL, "too many segments or too large an app descriptor");
     s->meta_len = (uint32_t)meta;
     uint64_t off = meta;
@@ -231,10 +230,11 @@ static int build_layout(struct p2p_send *s, const p2p_segment *segs, const p2p_s
     put64(m + 8, s->total - meta);
     put32(m + 16, app_len);
     for (uint32_t i = 0; i < s->nseg; i++) {
-        put64(m + META_FIXED + 16 * i, s->seg_flat[i] - meta);
-        put64(m + META_FIXED + 16 * i + 8, s->seg_len[i]);
+        put64(m + META_FIXED + META_ENTRY * i, s->seg_flat[i] - meta);
+        put64(m + META_FIXED + META_ENTRY * i + 8, s->seg_len[i]);
+        put64(m + META_FIXED + META_ENTRY * i + 16, s->seg_need[i]);
     }
-    if (app_len) memcpy(m + META_FIXED + 16 * s->nseg, opt->app, app_len);
+    if (app_len) memcpy(m + META_FIXED + META_ENTRY * s->nseg, opt->app, app_len);
     return 0;
 }
 
@@ -386,7 +386,7 @@ int p2p_send_wait(p2p_send *s, int timeout_ms) {
 }
 
 /* Bytes of each segment covered by the chunks set in bitmap: one walk over chunks and segments. */
-static void segment_coverage(const uint8_t *bitmap, uint32_t nchunks, uint32_t chunk, uint64_t meta_len,
+void segment_coverage(const uint8_t *bitmap, uint32_t nchunks, uint32_t chunk, uint64_t meta_len,
                              const uint64_t *seg_off, const uint64_t *seg_len, uint32_t nseg, uint64_t *out) {
     uint32_t seg = 0;
     memset(out, 0, sizeof(uint64_t) * nseg);
@@ -419,7 +419,8 @@ int p2p_send_receiver_stats(p2p_send *s, uint32_t i, p2p_receiver_stats *out, do
     out->datagrams_retransmitted = r->retrans;
     out->datagrams_received = r->peer_total;
     out->passes = r->passes;
-    out->delivered = s->nchunks ? (double)r->nacked / s->nchunks : 1.0;
+    uint32_t got = r->peer_chunks > r->nacked ? r->peer_chunks : r->nacked;
+    out->delivered = s->nchunks ? (double)got / s->nchunks : 1.0;
     uint64_t end = r->done_ns ? r->done_ns : now_ns();
     out->elapsed_s = (double)(end - s->start_ns) / 1e9;
     double acked_bytes = (double)r->nacked * s->chunk;

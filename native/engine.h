@@ -32,6 +32,7 @@ struct txr {
     uint64_t last_ack_ns, last_heard_ns, probe_ns, srtt_ns, rto_ns, done_ns;
     uint32_t tries, passes;
     uint64_t sent, retrans, peer_total;
+    uint32_t peer_chunks;         /* chunks the receiver reported at DONE */
 };
 
 struct p2p_send {
@@ -105,6 +106,8 @@ struct p2p_engine {
 };
 
 uint64_t now_ns(void);
+void segment_coverage(const uint8_t *bitmap, uint32_t nchunks, uint32_t chunk, uint64_t meta_len,
+                      const uint64_t *seg_off, const uint64_t *seg_len, uint32_t nseg, uint64_t *out);
 int set_error(int err, const char *fmt, ...);
 void engine_unref(p2p_engine *eng);
 

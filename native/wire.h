@@ -7,6 +7,9 @@
  *  16  u32 chunk count            20  u16 chunk size / 8  22  u16 meta length / 8
  *  24  u64 tag: SipHash-2-4(key, job id || header with tag zeroed || body); with an all-zero
  *      key the tag is the job id itself (no authentication, but jobs stay apart).
+ * A message's meta (its first bytes, always delivered exactly): u32 meta length, u32 segment count,
+ * u64 data length, u32 app length, u32 0, then per segment (u64 offset, u64 length, u64 bytes that
+ * must arrive), then the app blob. Knowing what must arrive lets a receiver close by itself.
  * Bodies: DATA = the chunk's payload; ACK = struct ack_body + bitmap; PROBE = u16 pass + pad;
  * CLOSE = empty; DONE = struct done_body.
  */
@@ -41,6 +44,8 @@ struct ack_body {        /* 24 bytes, then ceil(nbits/8) bitmap bytes */
 };
 #define ACK_BODY 24
 
+#define META_FIXED 24
+#define META_ENTRY 24
 #define DONE_COMPLETE 1u
 struct done_body { uint32_t flags, total, chunks; };
 #define DONE_BODY 12

@@ -104,7 +104,9 @@ def main(argv: list[str] | None = None) -> None:
                 json.dump({"averaged_accuracy": avg, "own_accuracy": own, "wall_s": wall,
                            "rounds": st.rounds, "average_p": st.average_p, "delivered": st.delivered,
                            "comm_s": st.comm_s, "compute_s": st.compute_s, "bytes_sent": st.bytes_sent,
-                           "history": history, "round_times": st.round_times}, f)
+                           "history": history, "round_times": st.round_times,
+                           "send_times": st.send_times,
+                           "retransmitted": st.retransmitted}, f)
     opt.close()
 
 

@@ -44,7 +44,9 @@ class RoundStats:
     fanout: float               # the plan's average p
     planned_s: float            # T of the plan
     comm_s: float               # wall time of the round's communication
+    send_s: float               # this peer's own transfer: until its slowest receiver closed
     bytes_sent: int
+    retransmitted: int          # datagrams this peer sent again (loss it did not tolerate)
     results: dict[str, int] = field(default_factory=dict)  # per-receiver send results, counted
 
 
@@ -115,8 +117,10 @@ class Synchronizer(ABC):
         results: dict[str, int] = {}
         for st in sent:
             results[st.result] = results.get(st.result, 0) + 1
+        send_s = max((st.elapsed_s for st in sent), default=0.0)
         return RoundStats(rnd, [j for j, _ in receivers], plan["senders"], merged, delivered, plan["fanout"],
-                          plan["planned_time"], comm_s, self.network.expected_bytes * len(receivers), results)
+                          plan["planned_time"], comm_s, send_s, self.network.expected_bytes * len(receivers),
+                          sum(st.retransmitted for st in sent), results)
 
     @abstractmethod
     def _wait_round(self, rnd: int, senders: set[int], until: float) -> None:

@@ -38,6 +38,7 @@ class TrainingStats:
     rounds: int = 0
     bytes_sent: int = 0
     bytes_received: int = 0
+    retransmitted: int = 0          # datagrams sent again: the loss the bounds did not tolerate
     average_p: float = 0.0          # the plans' average fanout
     receivers_per_round: float = 0.0  # this peer's own receivers per round
     delivered: float = 1.0          # mean fraction of merged messages that arrived
@@ -45,6 +46,7 @@ class TrainingStats:
     comm_s: float = 0.0             # wall time in communication rounds
     compute_s: float = 0.0          # wall time outside them (forward, backward, local step, data)
     round_times: list[float] = field(default_factory=list)
+    send_times: list[float] = field(default_factory=list)  # per round, this peer's own transfer
 
 
 def describe_layers(model: torch.nn.Module) -> list[Layer]:
@@ -185,12 +187,14 @@ class DecentralizedOptimizer:
         st.comm_s += rs.comm_s
         st.rounds += 1
         st.bytes_sent += rs.bytes_sent
+        st.retransmitted += rs.retransmitted
         n = st.rounds
         st.average_p += (rs.fanout - st.average_p) / n
         st.receivers_per_round += (len(rs.receivers) - st.receivers_per_round) / n
         st.merged_per_round += (rs.merged - st.merged_per_round) / n
         st.delivered += (rs.delivered - st.delivered) / n
         st.round_times.append(rs.comm_s)
+        st.send_times.append(rs.send_s)
         self._last_step_end = t1
         return rs
 

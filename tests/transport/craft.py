@@ -52,7 +52,7 @@ def datagram(type_: int, *, sender: int = 1, msg: int = 1, chunk: int = 0, nchun
 def message_chunks(arrays_bytes: list[bytes], descriptor: list, chunk_size: int) -> tuple[list[bytes], int]:
     """The flat [meta][segments] of a message cut in chunks, exactly as the engine lays it out."""
     app = json.dumps(descriptor, separators=(",", ":")).encode()
-    meta_len = (24 + 16 * len(arrays_bytes) + len(app) + 7) // 8 * 8
+    meta_len = (24 + 24 * len(arrays_bytes) + len(app) + 7) // 8 * 8
     offs, off = [], meta_len
     for b in arrays_bytes:
         off = (off + 7) // 8 * 8
@@ -61,9 +61,9 @@ def message_chunks(arrays_bytes: list[bytes], descriptor: list, chunk_size: int)
     flat = bytearray(off)
     struct.pack_into("<IIQII", flat, 0, meta_len, len(arrays_bytes), off - meta_len, len(app), 0)
     for i, (o, b) in enumerate(zip(offs, arrays_bytes)):
-        struct.pack_into("<QQ", flat, 24 + 16 * i, o - meta_len, len(b))
+        struct.pack_into("<QQQ", flat, 24 + 24 * i, o - meta_len, len(b), len(b))  # exact: need = len
         flat[o:o + len(b)] = b
-    flat[24 + 16 * len(arrays_bytes):24 + 16 * len(arrays_bytes) + len(app)] = app
+    flat[24 + 24 * len(arrays_bytes):24 + 24 * len(arrays_bytes) + len(app)] = app
     n = math.ceil(len(flat) / chunk_size)
     return [bytes(flat[k * chunk_size:(k + 1) * chunk_size]) for k in range(n)], meta_len
 
