@@ -7,6 +7,7 @@ BENCHES = {
     "transport": "p2plearn.bench.transport",
     "rounds": "p2plearn.bench.rounds",
     "selection": "p2plearn.bench.selection",
+    "sim": "p2plearn.bench.sim",
 }
 
 

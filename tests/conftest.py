@@ -1,6 +1,5 @@
-"""Tests marked ``root`` build network namespaces: skipped, with the reason, without root
-or without ip/tc/iptables."""
-
+"""Tests marked ``root`` build network namespaces (testbed, simulator validation, experiments): skipped,
+with the reason, without root or without ip/tc/iptables."""
 import pytest
 
 from p2plearn.testbed import TestbedError
