@@ -423,9 +423,10 @@ int p2p_send_receiver_stats(p2p_send *s, uint32_t i, p2p_receiver_stats *out, do
     out->delivered = s->nchunks ? (double)got / s->nchunks : 1.0;
     uint64_t end = r->done_ns ? r->done_ns : now_ns();
     out->elapsed_s = (double)(end - s->start_ns) / 1e9;
-    double acked_bytes = (double)r->nacked * s->chunk;
-    if (acked_bytes > (double)s->total) acked_bytes = (double)s->total;
-    out->delivery_rate = out->elapsed_s > 0 ? acked_bytes / out->elapsed_s : 0;
+    /* What reached the receiver, retransmissions included: random loss leaves it near the paced
+     * rate, while a link slower than the pacing caps it (what bandwidth estimates need). */
+    double arrived = (double)r->peer_total * s->chunk;
+    out->delivery_rate = out->elapsed_s > 0 ? arrived / out->elapsed_s : 0;
     out->loss_rate = r->sent ? 1.0 - (double)r->peer_total / (double)r->sent : 0;
     if (out->loss_rate < 0) out->loss_rate = 0;
     out->rtt_s = (double)r->srtt_ns / 1e9;

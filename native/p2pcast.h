@@ -80,7 +80,7 @@ typedef struct {
     uint32_t passes;              /* transmission passes (1 = no retransmission) */
     double delivered;             /* fraction of the message's chunks acknowledged */
     double elapsed_s;
-    double delivery_rate;         /* acknowledged bytes per second */
+    double delivery_rate;         /* bytes per second that reached the receiver (every pass) */
     double loss_rate;             /* 1 - received/sent datagrams */
     double rtt_s;                 /* smoothed probe round trip */
 } p2p_receiver_stats;

@@ -28,7 +28,7 @@ from p2plearn.transport import Delivery
 HISTORY = 50          # rounds of network history kept for the tolerance policies
 GRACE_S = 0.25        # after a sender's deadline, time for its CLOSE to reach us
 LATE_SENDER = 3.0     # deadlines a receiver waits for a sender that started its round late
-SATURATED = 0.7       # delivered below this share of the paced rate: the link is the bottleneck
+SATURATED = 0.5       # delivered below half the paced rate: the link, not random loss, is the bottleneck
 MEASURABLE_S = 0.02   # transfers planned shorter than this are dominated by latency, not bandwidth
 
 

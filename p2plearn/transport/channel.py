@@ -45,7 +45,7 @@ class ReceiverStats:
     datagrams_received: int
     passes: int
     elapsed_s: float
-    delivery_rate: float        # bytes/s
+    delivery_rate: float        # bytes/s that reached the receiver, every pass
     loss_rate: float
     rtt_s: float
 
