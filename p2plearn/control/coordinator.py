@@ -265,18 +265,16 @@ class Coordinator:
                 "fanout": sum(len(rs) for rs in plan.values()) / max(1, len(plan))}
 
     def _make_plan(self, rnd: int, body: dict) -> tuple[dict[int, list[tuple[int, float]]], float]:
-        from p2plearn.selection import NetworkView, make_policy, plan_time  # selection is the sync layer's peer
+        from p2plearn.selection import NetworkView, make_policy, plan_flows, plan_time  # the sync layer's peer
 
         view = self._view()
         default = float(body["bytes"])
         sizes = np.array([self._message_bytes.get(r, default) for r in range(view.size)])
         net = NetworkView.from_global(view, sizes)
         plan = make_policy(str(body["policy"]), seed=int(body["seed"])).plan(net, int(body["fanout"]), rnd)
-        indegree = np.zeros(view.size)
-        for rs in plan.values():
-            indegree[list(rs)] += 1
-        rates = {i: [(int(j), float(min(net.downlink[j] / indegree[j], net.uplink[i] / len(rs)))) for j in rs]
-                 for i, rs in plan.items()}
+        rates: dict[int, list[tuple[int, float]]] = {i: [] for i in plan}
+        for i, j, rate in zip(*plan_flows(net, plan)):
+            rates[int(i)].append((int(j), float(rate)))
         return rates, plan_time(net, plan)
 
     def _on_leave(self, body: dict) -> dict:

@@ -6,9 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from p2plearn.selection import NetworkView, average_fanout, make_policy, plan_time
+from p2plearn.selection import NetworkView, average_fanout, make_policy, plan_flows, plan_time
 from p2plearn.sim.fairness import RTOL, max_min_rates
-from p2plearn.sim.flows import plan_flows
 from p2plearn.topology import Topology
 
 # The engine's datagram on a 1500-byte MTU: 1440 bytes of data, a 32-byte header, and 42 bytes of
