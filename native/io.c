@@ -726,13 +726,11 @@ static void on_data(p2p_engine *eng, const struct wire_hdr *h, const struct sock
     if (!geometry_ok(eng, h)) return;
     if (h->chunk >= h->nchunks) { CNT(eng, drop_bad_index, 1); return; }
     uint64_t off = (uint64_t)h->chunk * h->chunk_size;
-    uint64_t cap = (uint64_t)h->nchunks * h->chunk_size;
     int last = h->chunk == h->nchunks - 1;
     if (len == 0 || len > h->chunk_size || (!last && len != h->chunk_size) || (last && off + len < h->meta_len)) {
         CNT(eng, drop_bad_length, 1);
         return;
     }
-    (void)cap;
     struct rx *m = find_rx(eng, h->sender, h->msg, src);
     if (!m) {
         if (find_tomb(eng, h->sender, h->msg, src, now)) { CNT(eng, drop_stale, 1); return; }

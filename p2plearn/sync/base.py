@@ -84,10 +84,6 @@ class Synchronizer(ABC):
         self.training = TrainingState()
         self._previous = [p.copy() for p in params]
 
-    @property
-    def rank(self) -> int:
-        return self.client.rank
-
     def step(self, loss: float | None = None) -> RoundStats:
         """Run one round; returns its stats. Call it after each local optimizer step."""
         rnd = self.clock
@@ -218,6 +214,3 @@ class Synchronizer(ABC):
                              message_bytes=self.network.expected_bytes)
         self.network.history.append(record)
         del self.network.history[:-HISTORY]
-
-    def close(self) -> None:
-        """Nothing of its own to release: the channel and client belong to the caller."""

@@ -77,7 +77,10 @@ def test_joining_peer_receives_the_state_and_takes_part(job):
     for w in workers:
         w.start()
     try:
-        time.sleep(0.5)
+        deadline = time.monotonic() + 30
+        while min(o.sync.clock for o in opts) < 3:  # the job is running before anyone joins
+            assert time.monotonic() < deadline and not errors, errors or "the job made no rounds"
+            time.sleep(0.01)
         newcomer = model(123)  # a different initialisation: must be replaced by the donor's state
         before = [p.detach().clone() for p in newcomer.parameters()]
         joiner = optimizer(runtime(None, join=True), newcomer)
