@@ -2,7 +2,7 @@
 DDP (gloo all_reduce of the gradients every step), one process per rank.
 
     RANK=r WORLD_SIZE=n MASTER_ADDR=a MASTER_PORT=p [GLOO_SOCKET_IFNAME=if] \\
-        python experiments/ddp_mnist1d.py --epochs 6 --width 128 --json out.json
+        python experiments/ddp_mnist1d.py --epochs 6 --model mlp --json out.json
 
 Same flags and JSON fields as `p2plearn.examples.mnist1d` where they apply (rank 0 writes them).
 """
@@ -17,22 +17,19 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from p2plearn.examples.mnist1d import CNN
+from p2plearn.examples.mnist1d import add_model_arguments, make_model
 from p2plearn.train.data import accuracy, mnist1d, shard
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for flag, kind, default in (("--epochs", int, 6), ("--batch-size", int, 32), ("--lr", float, 0.1),
-                                ("--width", int, 32), ("--samples", int, 12000), ("--seed", int, 0)):
-        ap.add_argument(flag, type=kind, default=default)
-    ap.add_argument("--json")
+    add_model_arguments(ap)
     args = ap.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(args.seed)
-    model = DistributedDataParallel(CNN(args.width))
+    model = DistributedDataParallel(make_model(args))
     data = mnist1d(args.samples)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     dist.barrier()

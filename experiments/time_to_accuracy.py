@@ -1,13 +1,14 @@
-"""Claim: p2plearn (best settings: SSP s=2, selmcast p=2, adaptive tolerance) reaches a target
-accuracy sooner in wall time than torch DDP (gloo all_reduce every step) on the same network and data.
+"""Claim: p2plearn (best settings: SSP s=2, selmcast p=1, adaptive tolerance, value filter) reaches a
+target accuracy sooner in wall time than torch DDP (gloo all_reduce every step) on the same network and data.
 
     sudo python experiments/time_to_accuracy.py [--quick] [--seeds N] [--out DIR]
 
 As root both run on the testbed (homogeneous-4: 4 namespaces at 100 Mbit/s; DDP with
 GLOO_SOCKET_IFNAME and MASTER_ADDR = rank 0's testbed address). Not root: p2plearn `--emulate`
-against DDP on loopback (unshaped: favours DDP), said in the table. Same model (MNIST-1D CNN width
-128, ~110k parameters, 0.45 MB), same samples and shards per rank, same optimizer.
-Full: 6 epochs, 12000 samples, 3 seeds (~6 min). Quick: 2 epochs, 4000 samples, 1 seed (~1.5 min).
+against DDP on loopback (unshaped: favours DDP), said in the table. Same model (MNIST-1D MLP, 2 hidden layers
+of 1536, 2.4M parameters, 9.7 MB), same samples and shards per rank, same optimizer; at 100 Mbit/s
+one exchange of the whole model costs far more than a step's compute, so communication matters.
+Full: 6 epochs, 12000 samples, 3 seeds (~12 min). Quick: 2 epochs, 4000 samples, 1 seed (~1.5 min).
 """
 from __future__ import annotations
 
@@ -21,8 +22,17 @@ from pathlib import Path
 import common as c
 
 NAME = "time_to_accuracy"
+HIDDEN = 1536  # MLP: 2.4M parameters, 9.7 MB: at 100 Mbit/s an exchange costs ~100x the step's compute
+BATCH = 128
 TOPOLOGY = "topology/homogeneous-4.json"
-BEST = {"sync": "ssp", "staleness": 2, "selection": "selmcast", "fanout": 2, "tolerance": "adaptive"}
+BEST = {"sync": "ssp", "staleness": 2, "selection": "selmcast", "fanout": 1, "tolerance": "adaptive",
+        "filter": "value"}
+
+
+def mlp_size() -> int:
+    from p2plearn.examples.mnist1d import MLP
+
+    return sum(p.numel() for p in MLP(HIDDEN).parameters())
 
 
 def ddp(n: int, script: dict, testbed: bool, port: int) -> c.Row | None:
@@ -48,10 +58,11 @@ def ddp(n: int, script: dict, testbed: bool, port: int) -> c.Row | None:
 def main(argv: list[str] | None = None) -> None:
     args = c.parse_args(__doc__, argv)
     testbed = c.is_root()
-    script = {"epochs": 2 if args.quick else 6, "samples": 4000 if args.quick else 12000, "width": 128}
-    target = 0.3 if args.quick else 0.6
+    script = {"model": "mlp", "hidden": HIDDEN, "batch_size": BATCH, "epochs": 2 if args.quick else 6,
+              "samples": 4000 if args.quick else 12000}
+    target = 0.25 if args.quick else 0.5
     rows = []
-    rows += c.repeat({"system": "p2plearn", "settings": "ssp s=2, selmcast p=2, adaptive"}, args.seeds,
+    rows += c.repeat({"system": "p2plearn", "settings": "ssp s=2, selmcast p=1, adaptive, value filter"}, args.seeds,
                      lambda seed: c.train(4, BEST, {**script, "seed": seed}, topology=TOPOLOGY, testbed=testbed))
     rows += c.repeat({"system": "ddp", "settings": "gloo all_reduce per step"}, args.seeds,
                      lambda seed: ddp(4, {**script, "seed": seed}, testbed, 29500 + seed))
@@ -61,8 +72,9 @@ def main(argv: list[str] | None = None) -> None:
             r["mb_sent"] = r["bytes_sent"] / 1e6
     where = ("Testbed (root; 4 network namespaces shaped to 100 Mbit/s by tbf; both systems)" if testbed else
              "Fallback (not root): p2plearn `--emulate` (paced to 100 Mbit/s) vs DDP on unshaped loopback")
-    setup = (f"{where}; `{TOPOLOGY}`, MNIST-1D CNN width {script['width']}, {script['epochs']} epochs, "
-             f"{script['samples']} samples, batch 32 per rank, SGD lr 0.1 momentum 0.9, {args.seeds} seed(s); "
+    setup = (f"{where}; `{TOPOLOGY}`, MNIST-1D MLP (2 hidden layers of {HIDDEN}, "
+             f"{mlp_size() / 1e6:.1f}M parameters), {script['epochs']} epochs, {script['samples']} samples, "
+             f"batch {BATCH} per rank, SGD lr 0.1 momentum 0.9, {args.seeds} seed(s); "
              f"median [min-max]. p2plearn accuracy: rank 0's own model per epoch (final: the averaged model); "
              f"DDP: the (identical) model of rank 0. MB sent: rank 0 (DDP: ring all_reduce estimate). "
              f"Ratio: time to {target:.0%} / DDP's.")

@@ -1,4 +1,4 @@
-"""Decentralized training of a small CNN on MNIST-1D (generated offline), one process per peer.
+"""Decentralized training of a small CNN (or a wide MLP) on MNIST-1D (generated offline), one process per peer.
 
     p2plearn-run -np 4 --topology topology/heterogeneous-4.json --emulate -- \\
         python -m p2plearn.examples.mnist1d --sync bsp
@@ -40,16 +40,42 @@ class CNN(nn.Module):
         return self.head(x.flatten(1))
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p2plearn.add_arguments(ap)
+class MLP(nn.Module):
+    """Two hidden layers of `hidden` units: ~hidden^2 parameters, so that communication dominates
+    (hidden 1536: 2.4M parameters, 9.7 MB per message) while compute stays small."""
+
+    def __init__(self, hidden: int = 1536, length: int = 40, classes: int = 10):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(length, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                                    nn.Linear(hidden, classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers(x)
+
+
+def make_model(args: argparse.Namespace) -> nn.Module:
+    """The model the flags name (--model, --width, --hidden)."""
+    return CNN(args.width) if args.model == "cnn" else MLP(args.hidden)
+
+
+def add_model_arguments(ap: argparse.ArgumentParser) -> None:
+    """The flags shared with the DDP baseline (experiments/ddp_mnist1d.py): model, data, optimizer."""
+    ap.add_argument("--model", choices=("cnn", "mlp"), default="cnn",
+                    help="cnn: compute-heavy, small messages; mlp: few FLOPs, large messages")
+    ap.add_argument("--width", type=int, default=32, help="CNN channels: larger = more bytes per round")
+    ap.add_argument("--hidden", type=int, default=1536, help="MLP hidden units: parameters grow as hidden^2")
     ap.add_argument("--epochs", type=int, default=6)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=0.1)
-    ap.add_argument("--width", type=int, default=32, help="CNN channels: larger = more bytes per round")
     ap.add_argument("--samples", type=int, default=12000, help="MNIST-1D samples generated (80%% train)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", metavar="FILE", help="rank 0 writes the results here")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p2plearn.add_arguments(ap)
+    add_model_arguments(ap)
     return ap.parse_args(argv)
 
 
@@ -59,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     options = Options.from_args(args)
     rt = p2plearn.init(**{f.name: getattr(options, f.name) for f in dataclasses.fields(options)})
     torch.manual_seed(args.seed)  # every peer starts from the same model
-    model = CNN(args.width)
+    model = make_model(args)
     data = mnist1d(args.samples)
     opt = p2plearn.DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9), model, rt,
                                           seed=args.seed)
