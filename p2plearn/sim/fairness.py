@@ -8,15 +8,16 @@ RTOL = 1e-9
 
 
 def max_min_rates(src: np.ndarray, dst: np.ndarray, uplink: np.ndarray, downlink: np.ndarray,
-                  cap: np.ndarray | None = None) -> np.ndarray:
+                  cap: np.ndarray | None = None, shared: float = np.inf) -> np.ndarray:
     """The max-min fair rate of each flow src[k] -> dst[k] (bytes/s).
 
     Each flow crosses its sender's uplink and its receiver's downlink; `cap` (per flow, inf = none)
-    is an upper bound of its own, such as the pacing rate. Progressive filling: all unfrozen flows
-    rise together; each iteration either freezes every flow whose cap lies below the lowest level at
-    which a link would fill, or fills that link and freezes its flows, so it ends within
-    (links + 1) iterations, each O(flows) with np.bincount. When the caps already fit every link
-    (the paced case) one iteration does.
+    is an upper bound of its own, such as the pacing rate. `shared` is the capacity of one more
+    link that every flow crosses (the CPUs of a single host that emulates all peers).
+    Progressive filling: all unfrozen flows rise together; each iteration either freezes every flow
+    whose cap lies below the lowest level at which a link would fill, or fills that link and freezes
+    its flows, so it ends within (links + 2) iterations, each O(flows) with np.bincount. When the
+    caps already fit every link (the paced case) one iteration does.
     """
     src = np.asarray(src, dtype=np.int64)
     dst = np.asarray(dst, dtype=np.int64)
@@ -33,7 +34,8 @@ def max_min_rates(src: np.ndarray, dst: np.ndarray, uplink: np.ndarray, downlink
         used = np.bincount(link, weights=np.concatenate([rate, rate]) * ~both, minlength=2 * n)
         with np.errstate(divide="ignore", invalid="ignore"):
             level = np.where(count > 0, (capacity - used) / count, np.inf)
-        fill = level.min()
+        shared_level = (shared - rate[~free].sum()) / free.sum()
+        fill = min(level.min(), shared_level)
         capped = free & (cap <= fill * (1 + RTOL))
         if capped.any():
             # Flows capped below every link's fill level stop at their caps first; freeing what
@@ -42,7 +44,7 @@ def max_min_rates(src: np.ndarray, dst: np.ndarray, uplink: np.ndarray, downlink
             free &= ~capped
             continue
         full = level <= fill * (1 + RTOL)
-        hit = free & (full[link[:f]] | full[link[f:]])
+        hit = free & (full[link[:f]] | full[link[f:]] | (shared_level <= fill * (1 + RTOL)))
         rate[hit] = max(fill, 0.0)
         free &= ~hit
     return rate

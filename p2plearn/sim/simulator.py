@@ -84,13 +84,16 @@ class Simulator:
     efficiency: payload bytes per byte on the link (WIRE_EFFICIENCY for 1500-byte frames).
     latency_s: fixed time a peer's send takes beyond moving its bytes (the close handshake, thread
         wake-ups; grows with a loaded host): `p2plearn.sim.validate` measures it with tiny messages.
+    host_rate: bytes/s that all flows together can move (None: unlimited, peers on their own
+        machines); set it to model a testbed where one host's CPUs carry every peer's traffic
+        (`p2plearn.sim.validate` measures it with all-to-all rounds on unshaped links).
     """
 
     def __init__(self, view: NetworkView, *, loss: float | np.ndarray = 0.0, policy: str = "selmcast",
                  p: int = 2, seed: int = 0, policy_kw: dict | None = None, sync: str = "bsp",
                  staleness: int = 0, compute_s: float = 0.0, compute_spread: float = 0.0, jitter: float = 0.0,
                  bound: float = 0.0, deadline: float | None = None, paced: bool = True,
-                 efficiency: float = WIRE_EFFICIENCY, latency_s: float = 0.0):
+                 efficiency: float = WIRE_EFFICIENCY, latency_s: float = 0.0, host_rate: float | None = None):
         if sync not in ("bsp", "ssp"):
             raise ValueError(f"sync must be bsp or ssp, got {sync!r}")
         if not 0 <= bound < 1:
@@ -102,6 +105,7 @@ class Simulator:
         self.staleness = 0 if sync == "bsp" else staleness
         self.bound, self.deadline, self.paced, self.efficiency = bound, deadline, paced, efficiency
         self.latency_s = latency_s
+        self.host_rate = np.inf if host_rate is None else float(host_rate)
         rng = np.random.default_rng(seed)
         self._speed = compute_s * np.exp(rng.normal(0.0, compute_spread, view.n)) if compute_spread else \
             np.full(view.n, float(compute_s))
@@ -234,11 +238,12 @@ class _Run:
         up_load = np.bincount(f["src"], weights=f["cap"], minlength=n)
         down_load = np.bincount(f["dst"], weights=f["cap"], minlength=n)
         # Caps that fit every link are the max-min rates themselves (the usual, paced case).
-        if (up_load <= view.uplink * (1 + RTOL)).all() and (down_load <= view.downlink * (1 + RTOL)).all():
+        if ((up_load <= view.uplink * (1 + RTOL)).all() and (down_load <= view.downlink * (1 + RTOL)).all()
+                and f["cap"].sum() <= self.sim.host_rate * (1 + RTOL)):
             f["rate"] = f["cap"].copy()
             self.feasible = True
         else:
-            f["rate"] = max_min_rates(f["src"], f["dst"], view.uplink, view.downlink, f["cap"])
+            f["rate"] = max_min_rates(f["src"], f["dst"], view.uplink, view.downlink, f["cap"], self.sim.host_rate)
             self.feasible = False
         self.dirty = False
 

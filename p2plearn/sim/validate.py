@@ -9,12 +9,16 @@ for its sends and its expected inputs, and reports; the next round starts when e
 (a barrier kept by this process through the peers' pipes). A round's measured time runs from the
 "go" to the last peer's report. Before them, CALIBRATION rounds of a 1 KB message measure the fixed
 cost of a round on this host (handshakes, wake-ups of 8 processes on 2 cores): the simulator gets
-their median as its latency_s. The CLI writes sim_validation.csv/.md/.png for CASES.
+their median as its latency_s. `host_rate(n)` measures, once per process, how many bytes/s this
+host's CPUs move between n namespaces when every peer sends to all others over links shaped far
+above that (the testbed's own ceiling: 8 peers at 1 Gbit/s ask for more than 2 cores can carry);
+the simulator gets it as its host_rate. The CLI writes sim_validation.csv/.md/.png for CASES.
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import os
 import statistics
@@ -25,13 +29,16 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from p2plearn.sim.simulator import Simulator
+from p2plearn.sim.simulator import WIRE_EFFICIENCY, Simulator
 from p2plearn.testbed import Testbed
 from p2plearn.topology import Topology, load, save
+from p2plearn.topology.generators import homogeneous
 
 PORT = 47300
 CALIBRATION = 3          # rounds of TINY bytes before the measured ones
 TINY = 1000
+HOST_LINK_MBIT = 10_000  # links of the host-rate rounds: far above what 2 cores move in all
+HOST_BYTES = 4_000_000   # message of the host-rate rounds: rounds of ~1 s, so the fixed cost is small
 TOPOLOGY_DIR = Path(__file__).resolve().parents[2] / "topology"
 # (topology, policy, p, message bytes): bandwidth dominates each (rounds of 0.1-1 s on 2 cores).
 CASES = [("homogeneous-8", "random", 2, 2_000_000), ("homogeneous-8", "selmcast", 2, 2_000_000),
@@ -52,6 +59,7 @@ class Comparison:
     measured_s: float
     measured_rounds: list[float]
     latency_s: float
+    host_rate: float
 
     @property
     def error(self) -> float:
@@ -59,9 +67,10 @@ class Comparison:
 
 
 def simulate(topology: Topology, policy: str, p: int, message_bytes: int, rounds: int, seed: int = 0,
-             latency_s: float = 0.0) -> list[float]:
+             latency_s: float = 0.0, host_rate: float | None = None) -> list[float]:
     """Per-round times the simulator predicts (no compute, exact delivery)."""
-    sim = Simulator.from_topology(topology, message_bytes, policy=policy, p=p, seed=seed, latency_s=latency_s)
+    sim = Simulator.from_topology(topology, message_bytes, policy=policy, p=p, seed=seed, latency_s=latency_s,
+                                  host_rate=host_rate)
     return [r.time_s for r in sim.run(rounds).rounds]
 
 
@@ -95,6 +104,15 @@ def measure(topology: Topology, policy: str, p: int, message_bytes: int, rounds:
         return times[:CALIBRATION], times[CALIBRATION:]
 
 
+@functools.cache
+def host_rate(n: int) -> float:
+    """Bytes/s (frames included) that this host moves between n namespaces, all flows together: all-to-all
+    rounds of HOST_BYTES on HOST_LINK_MBIT links, less the fixed cost of a round (tiny rounds)."""
+    tiny, rounds = measure(homogeneous(n, HOST_LINK_MBIT), "all", n - 1, HOST_BYTES, 3)
+    busy = statistics.median(rounds) - statistics.median(tiny)
+    return n * (n - 1) * HOST_BYTES / WIRE_EFFICIENCY / busy
+
+
 def _expect(peer: subprocess.Popen, rank: int, start: str) -> str:
     line = peer.stdout.readline()
     if not line.startswith(start):
@@ -108,9 +126,10 @@ def compare(topology: Topology | str, policy: str, p: int, message_bytes: int, r
     topo = topology if isinstance(topology, Topology) else load(topology)
     tiny, measured = measure(topo, policy, p, message_bytes, rounds, seed)
     latency = statistics.median(tiny)
-    simulated = simulate(topo, policy, p, message_bytes, rounds, seed, latency)
+    host = host_rate(len(topo.peers))
+    simulated = simulate(topo, policy, p, message_bytes, rounds, seed, latency, host)
     return Comparison(topo.name, policy, p, message_bytes, rounds, statistics.median(simulated),
-                      statistics.median(measured), measured, latency)
+                      statistics.median(measured), measured, latency, host)
 
 
 def write(results: list[Comparison], out: Path) -> None:
@@ -118,22 +137,25 @@ def write(results: list[Comparison], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "sim_validation.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["topology", "policy", "p", "message_bytes", "rounds", "latency_s", "simulated_s", "measured_s",
-                    "error"])
+        w.writerow(["topology", "policy", "p", "message_bytes", "rounds", "latency_s", "host_rate_Bps", "simulated_s",
+                    "measured_s", "error"])
         for r in results:
-            w.writerow([r.topology, r.policy, r.p, r.message_bytes, r.rounds, f"{r.latency_s:.4f}", f"{r.simulated_s:.4f}",
-                        f"{r.measured_s:.4f}", f"{r.error:+.3f}"])
+            w.writerow([r.topology, r.policy, r.p, r.message_bytes, r.rounds, f"{r.latency_s:.4f}",
+                        f"{r.host_rate:.0f}", f"{r.simulated_s:.4f}", f"{r.measured_s:.4f}", f"{r.error:+.3f}"])
     lines = ["# Simulator vs testbed: median round time", "",
              "8 peers in network namespaces (tbf-shaped veths on one bridge, 2-core host); every peer sends "
              "one message per round to its receivers of the plan, paced at min(D_j/indegree_j, U_i/|R_i|); "
              "barrier between rounds. Simulated: `p2plearn.sim.Simulator` on the same plans "
              "(`python -m p2plearn.sim.validate`), with the fixed round cost measured by 1 KB rounds "
-             "on the same testbed as its latency.", "",
-             "| topology | policy | p | MB | rounds | latency s (1 KB rounds) | simulated s | measured s | sim/measured - 1 |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "on the same testbed as its latency, and the host's CPU ceiling (all peers' traffic together, "
+             f"measured by all-to-all rounds of {HOST_BYTES / 1e6:g} MB on {HOST_LINK_MBIT / 1000:g} Gbit/s links) "
+             "as its host rate.", "",
+             "| topology | policy | p | MB | rounds | latency s (1 KB rounds) | host Gbit/s | simulated s | measured s "
+             "| sim/measured - 1 |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r.topology} | {r.policy} | {r.p} | {r.message_bytes / 1e6:g} | {r.rounds} | {r.latency_s:.3f} "
-              f"| {r.simulated_s:.3f} "
-              f"| {r.measured_s:.3f} | {r.error:+.1%} |" for r in results]
+              f"| {r.host_rate * 8 / 1e9:.2f} | {r.simulated_s:.3f} | {r.measured_s:.3f} | {r.error:+.1%} |"
+              for r in results]
     (out / "sim_validation.md").write_text("\n".join(lines) + "\n")
 
     import matplotlib

@@ -31,6 +31,24 @@ def test_flow_limited_by_its_cap():
     assert rates == pytest.approx([2, 8])
 
 
+def test_shared_link_caps_the_sum_and_leaves_slower_flows_alone():
+    # Flow 0->1 is held at 2 by its uplink; a shared link of 12 leaves 10 for the other two: 5 each.
+    up = np.array([2.0, 100, 100, 100])
+    rates = max_min_rates([0, 2, 3], [1, 0, 1], up, np.full(4, 100.0), shared=12.0)
+    assert rates == pytest.approx([2, 5, 5])
+
+
+def test_host_rate_slows_a_round_only_when_it_binds():
+    # 16 peers, p=3 at 12.5 MB/s each: the paced flows move 200 MB/s in all.
+    view = NetworkView.uniform(16, 12.5e6, 2e6)
+    free = Simulator(view, policy="random", p=3).run(2).rounds[0].time_s
+    loose = Simulator(view, policy="random", p=3, host_rate=400e6).run(2).rounds[0].time_s
+    tight = Simulator(view, policy="random", p=3, host_rate=100e6).run(2).rounds[0].time_s
+    assert loose == pytest.approx(free)
+    # Every flow then gets 100/48 MB/s: the round moves 16 x 3 x 2 MB of frames at 100 MB/s.
+    assert tight == pytest.approx(16 * 3 * 2e6 / WIRE_EFFICIENCY / 100e6)
+
+
 class Star(SelectionPolicy):
     """Everyone sends to peer 0 (a star into one downlink)."""
 
