@@ -5,7 +5,7 @@ average p, and reaches a target accuracy sooner, under BSP and SSP on a heteroge
 
 Full: heterogeneous-8 (emulated: each engine paced to its topology uplink), BSP and SSP (s = 1, 2, 4)
 x selmcast, random p = 1, 2, 3 and all, 6 epochs, 3 seeds: about 20 configurations x 3 x ~35 s
-(~40 min on 2 cores). Quick: heterogeneous-4, BSP x selmcast / random p=2 / all and SSP s=2 x
+(~90 min on 2 cores). Quick: heterogeneous-4, BSP x selmcast / random p=2 / all and SSP s=2 x
 selmcast, 1 seed, 2 epochs (~2 min).
 """
 from __future__ import annotations
