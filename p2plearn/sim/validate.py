@@ -11,8 +11,8 @@ for its sends and its expected inputs, and reports; the next round starts when e
 cost of a round on this host (handshakes, wake-ups of 8 processes on 2 cores): the simulator gets
 their median as its latency_s. `host_rate(n)` measures, once per process, how many bytes/s this
 host's CPUs move between n namespaces when every peer sends to all others over links shaped far
-above that (the testbed's own ceiling: 8 peers at 1 Gbit/s ask for more than 2 cores can carry);
-the simulator gets it as its host_rate. The CLI writes sim_validation.csv/.md/.png for CASES.
+above that (the testbed's own ceiling: 8 peers at 1 Gbit/s may ask for 8 Gbit/s, and this 2-core
+host carries 9.7); the simulator gets it as its host_rate. The CLI writes sim_validation.csv/.md/.png for CASES.
 """
 from __future__ import annotations
 
