@@ -86,7 +86,7 @@ class Simulator:
         wake-ups; grows with a loaded host): `p2plearn.sim.validate` measures it with tiny messages.
     host_rate: bytes/s that all flows together can move (None: unlimited, peers on their own
         machines); set it to model a testbed where one host's CPUs carry every peer's traffic
-        (`p2plearn.sim.validate` measures it with all-to-all rounds on unshaped links).
+        (`p2plearn.sim.validate` measures it with all-to-all rounds on 10 Gbit/s links).
     """
 
     def __init__(self, view: NetworkView, *, loss: float | np.ndarray = 0.0, policy: str = "selmcast",

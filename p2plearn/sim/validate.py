@@ -11,8 +11,8 @@ for its sends and its expected inputs, and reports; the next round starts when e
 cost of a round on this host (handshakes, wake-ups of 8 processes on 2 cores): the simulator gets
 their median as its latency_s. `host_rate(n)` measures, once per process, how many bytes/s this
 host's CPUs move between n namespaces when every peer sends to all others over links shaped far
-above that (the testbed's own ceiling: 8 peers at 1 Gbit/s may ask for 8 Gbit/s, and this 2-core
-host carries 9.7); the simulator gets it as its host_rate. The CLI writes sim_validation.csv/.md/.png for CASES.
+above that (the testbed's own ceiling: 8 peers at 1 Gbit/s may ask for 8 Gbit/s, near what a 2-core
+host carries); the simulator gets it as its host_rate. The CLI writes sim_validation.csv/.md/.png for CASES.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ PORT = 47300
 CALIBRATION = 3          # rounds of TINY bytes before the measured ones
 TINY = 1000
 HOST_LINK_MBIT = 10_000  # links of the host-rate rounds: far above what 2 cores move in all
-HOST_BYTES = 4_000_000   # message of the host-rate rounds: rounds of ~1 s, so the fixed cost is small
+HOST_BYTES = 4_000_000   # message of the host-rate rounds: 224 MB per round for 8 peers, so the fixed cost is small
 TOPOLOGY_DIR = Path(__file__).resolve().parents[2] / "topology"
 # (topology, policy, p, message bytes): bandwidth dominates each (rounds of 0.1-1 s on 2 cores).
 CASES = [("homogeneous-8", "random", 2, 2_000_000), ("homogeneous-8", "selmcast", 2, 2_000_000),
