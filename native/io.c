@@ -28,7 +28,9 @@
 #define STAGE_SLOTS 64
 #define RECV_SLOTS 32
 #define ACK_EVERY 32              /* datagrams between receiver ACKs */
-#define ACK_DELAY_NS 500000ull
+/* A timer ACK only reports a stream that paused (a pass ends with a probe, answered at once); a
+ * shorter delay ACKs every datagram of a slow flow, and those ACKs crowd the receiver's own uplink. */
+#define ACK_DELAY_NS 20000000ull
 #define SWEEP_NS 20000000ull
 #define RTO_MIN_NS 5000000ull
 #define RTO_MAX_NS 1000000000ull
@@ -208,11 +210,11 @@ static int window_open(const p2p_engine *eng, const struct p2p_send *s, const st
     return r->ppos < below || r->ppos - below < window_chunks(eng, s);
 }
 
-/* Bucket depth: about 2 ms at the rate, so late wake-ups lose no tokens, but at most 32 KB so a
+/* Bucket depth: about 2 ms at the rate, so late wake-ups lose no tokens, but at most 64 KB so a
  * shallow switch queue is not overrun; never below a few datagrams. */
 static double burst_of(double rate, double dgram) {
     double b = rate * 0.002;
-    if (b > 64 * 1024) b = 64 * 1024;
+    if (b > 32 * 1024) b = 32 * 1024;
     return b < 4 * dgram ? 4 * dgram : b;
 }
 
