@@ -5,6 +5,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# Senders pace at this fraction of the planned share: the rest of each link carries the reverse
+# traffic (ACKs, probes) and absorbs timing jitter, so shaped queues drain instead of overflowing.
+# At 1.0 the paced flows fill a link exactly, any extra byte queues, and a shallow switch buffer drops.
+PACING_HEADROOM = 0.95
+
 
 @dataclass(frozen=True)
 class NetworkView:
@@ -71,9 +76,9 @@ def average_fanout(plan: dict[int, list[int]]) -> float:
 def plan_flows(view: NetworkView, plan: dict[int, list[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(src, dst, rate) per flow of `plan`, in plan order (senders as listed, receivers as listed).
 
-    rate = min(D_j / indegree_j, U_i / |R_i|) bytes/s: the receiver's downlink shared by the senders
-    that chose it, capped by the sender's uplink share; the coordinator paces each send this way
-    and the simulator models it.
+    rate = PACING_HEADROOM * min(D_j / indegree_j, U_i / |R_i|) bytes/s: the receiver's downlink shared
+    by the senders that chose it, capped by the sender's uplink share; the coordinator paces each
+    send this way and the simulator models it.
     """
     fanout = np.array([len(rs) for rs in plan.values()], dtype=np.int64)
     src = np.repeat(np.fromiter(plan.keys(), dtype=np.int64, count=len(plan)), fanout)
@@ -82,4 +87,4 @@ def plan_flows(view: NetworkView, plan: dict[int, list[int]]) -> tuple[np.ndarra
     outdegree = np.bincount(src, minlength=view.n)
     rate = np.minimum(np.asarray(view.downlink, float)[dst] / indegree[dst],
                       np.asarray(view.uplink, float)[src] / outdegree[src])
-    return src, dst, rate
+    return src, dst, rate * PACING_HEADROOM

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from p2plearn.selection import NetworkView, SelectionPolicy
+from p2plearn.selection.view import PACING_HEADROOM
 from p2plearn.selection import POLICIES
 from p2plearn.sim import WIRE_EFFICIENCY, Simulator, max_min_rates
 from p2plearn.topology import heterogeneous
@@ -43,10 +44,11 @@ def test_host_rate_slows_a_round_only_when_it_binds():
     view = NetworkView.uniform(16, 12.5e6, 2e6)
     free = Simulator(view, policy="random", p=3).run(2).rounds[0].time_s
     loose = Simulator(view, policy="random", p=3, host_rate=400e6).run(2).rounds[0].time_s
-    tight = Simulator(view, policy="random", p=3, host_rate=100e6).run(2).rounds[0].time_s
+    tight = Simulator(view, policy="random", p=3, host_rate=60e6).run(2).rounds[0].time_s
     assert loose == pytest.approx(free)
-    # Every flow then gets 100/48 MB/s: the round moves 16 x 3 x 2 MB of frames at 100 MB/s.
-    assert tight == pytest.approx(16 * 3 * 2e6 / WIRE_EFFICIENCY / 100e6)
+    # Every flow then gets 60/48 MB/s, below every pacing cap: the round moves 16 x 3 x 2 MB of
+    # frames at 60 MB/s.
+    assert tight == pytest.approx(16 * 3 * 2e6 / WIRE_EFFICIENCY / 60e6)
 
 
 class Star(SelectionPolicy):
@@ -69,20 +71,20 @@ def _view(up, down, size):
 
 
 def test_bsp_round_is_the_slowest_flow_on_a_star(star):
-    # Senders 1..3 with uplinks 1, 2, 4 MB/s into a 6 MB/s downlink (paced at 2 each): unpaced,
-    # max-min gives 1, 2.5, 2.5; the slowest flow (1 MB at 1 MB/s) sets the round.
+    # Senders 1..3 with uplinks 1, 2, 4 MB/s into a 6 MB/s downlink (paced at 2 each, less the
+    # headroom): unpaced, max-min gives 1, 2.5, 2.5; the slowest flow (1 MB at 1 MB/s) sets the round.
     view = _view([10e6, 1e6, 2e6, 4e6], [6e6] * 4, 1e6)
     unpaced = Simulator(view, policy="star", paced=False).run(3)
     assert [r.time_s for r in unpaced.rounds] == pytest.approx([1 / WIRE_EFFICIENCY] * 3)
     paced = Simulator(view, policy="star").run(1)
-    assert paced.rounds[0].time_s == pytest.approx(1e6 / 1e6 / WIRE_EFFICIENCY)
+    assert paced.rounds[0].time_s == pytest.approx(1e6 / (PACING_HEADROOM * 1e6) / WIRE_EFFICIENCY)
 
 
 def test_paced_homogeneous_matches_plan_time():
     view = NetworkView.uniform(16, 12.5e6, 2e6)
     result = Simulator(view, policy="random", p=3).run(4)
     for r in result.rounds:
-        assert r.time_s == pytest.approx(r.planned_s / WIRE_EFFICIENCY)
+        assert r.time_s == pytest.approx(r.planned_s / PACING_HEADROOM / WIRE_EFFICIENCY)
         assert r.average_p == 3 and r.delivered == 1.0
 
 
@@ -107,10 +109,10 @@ def test_early_close_shortens_rounds_under_loss():
 
 
 def test_deadline_cuts_and_reports_the_fraction():
-    view = NetworkView.uniform(4, 1e6, 1e6)          # 1 MB at 1 MB/s: about 1.05 s on the wire
+    view = NetworkView.uniform(4, 1e6, 1e6)          # 1 MB paced at 0.95 MB/s: about 1.1 s on the wire
     result = Simulator(view, policy="ring", p=1, deadline=0.5).run(2)
     assert result.rounds[0].time_s == pytest.approx(0.5)
-    assert result.rounds[0].delivered == pytest.approx(0.5 * WIRE_EFFICIENCY)
+    assert result.rounds[0].delivered == pytest.approx(0.5 * PACING_HEADROOM * WIRE_EFFICIENCY)
 
 
 def test_thousand_peers_smoke():
