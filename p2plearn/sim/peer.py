@@ -50,8 +50,11 @@ def main(argv: list[str]) -> None:
                 if d.msg_id == rnd:
                     got.append(d.delivered)
             stats = handle.wait(60)
+            # Per flow: where a round's time goes (pacing, retransmission passes, the close handshake).
+            flows = [{"to": hosts.index(s.receiver[0]), "elapsed_s": s.elapsed_s, "sent": s.datagrams_sent,
+                      "retransmitted": s.retransmitted, "passes": s.passes, "rtt_s": s.rtt_s} for s in stats]
             print(json.dumps({"round": rnd, "elapsed_s": time.monotonic() - t0,
-                              "send_s": max((s.elapsed_s for s in stats), default=0.0)}), flush=True)
+                              "send_s": max((s.elapsed_s for s in stats), default=0.0), "flows": flows}), flush=True)
 
 
 if __name__ == "__main__":
