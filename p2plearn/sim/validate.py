@@ -60,6 +60,7 @@ class Comparison:
     measured_rounds: list[float]
     latency_s: float
     host_rate: float
+    resent: float               # retransmitted / sent datagrams over the measured rounds
 
     @property
     def error(self) -> float:
@@ -75,8 +76,9 @@ def simulate(topology: Topology, policy: str, p: int, message_bytes: int, rounds
 
 
 def measure(topology: Topology, policy: str, p: int, message_bytes: int, rounds: int,
-            seed: int = 0) -> tuple[list[float], list[float]]:
-    """Wall times of the CALIBRATION tiny rounds and of the `rounds` rounds on the testbed (root)."""
+            seed: int = 0) -> tuple[list[float], list[float], float]:
+    """Wall times of the CALIBRATION tiny rounds and of the `rounds` rounds on the testbed (root), and
+    the fraction of the measured rounds' datagrams that were retransmissions."""
     with tempfile.TemporaryDirectory() as tmp, Testbed(topology) as tb:
         path = os.path.join(tmp, "topology.json")
         save(topology, path)
@@ -87,7 +89,7 @@ def measure(topology: Topology, policy: str, p: int, message_bytes: int, rounds:
                  for i in range(len(tb.peers))]
         for i, peer in enumerate(peers):
             _expect(peer, i, "ready")
-        times = []
+        times, sent, resent = [], 0, 0
         # The tiny rounds use plans of other round numbers, so the measured rounds are 0..rounds-1.
         schedule = [(rounds + k, TINY) for k in range(CALIBRATION)] + [(r, message_bytes) for r in range(rounds)]
         for rnd, size in schedule:
@@ -96,19 +98,22 @@ def measure(topology: Topology, policy: str, p: int, message_bytes: int, rounds:
                 peer.stdin.write(f"go {rnd} {size}\n")
                 peer.stdin.flush()
             for i, peer in enumerate(peers):
-                json.loads(_expect(peer, i, "{"))
+                flows = json.loads(_expect(peer, i, "{"))["flows"]
+                if size == message_bytes:
+                    sent += sum(f["sent"] for f in flows)
+                    resent += sum(f["retransmitted"] for f in flows)
             times.append(time.monotonic() - t0)
         for peer in peers:
             peer.stdin.close()
             peer.wait(10)
-        return times[:CALIBRATION], times[CALIBRATION:]
+        return times[:CALIBRATION], times[CALIBRATION:], resent / sent if sent else 0.0
 
 
 @functools.cache
 def host_rate(n: int) -> float:
     """Bytes/s (frames included) that this host moves between n namespaces, all flows together: all-to-all
     rounds of HOST_BYTES on HOST_LINK_MBIT links, less the fixed cost of a round (tiny rounds)."""
-    tiny, rounds = measure(homogeneous(n, HOST_LINK_MBIT), "all", n - 1, HOST_BYTES, 3)
+    tiny, rounds, _ = measure(homogeneous(n, HOST_LINK_MBIT), "all", n - 1, HOST_BYTES, 3)
     busy = statistics.median(rounds) - statistics.median(tiny)
     return n * (n - 1) * HOST_BYTES / WIRE_EFFICIENCY / busy
 
@@ -124,12 +129,12 @@ def compare(topology: Topology | str, policy: str, p: int, message_bytes: int, r
             seed: int = 0) -> Comparison:
     """Simulated against measured median round time for one setting."""
     topo = topology if isinstance(topology, Topology) else load(topology)
-    tiny, measured = measure(topo, policy, p, message_bytes, rounds, seed)
+    tiny, measured, resent = measure(topo, policy, p, message_bytes, rounds, seed)
     latency = statistics.median(tiny)
     host = host_rate(len(topo.peers))
     simulated = simulate(topo, policy, p, message_bytes, rounds, seed, latency, host)
     return Comparison(topo.name, policy, p, message_bytes, rounds, statistics.median(simulated),
-                      statistics.median(measured), measured, latency, host)
+                      statistics.median(measured), measured, latency, host, resent)
 
 
 def write(results: list[Comparison], out: Path) -> None:
@@ -137,24 +142,24 @@ def write(results: list[Comparison], out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "sim_validation.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["topology", "policy", "p", "message_bytes", "rounds", "latency_s", "host_rate_Bps", "simulated_s",
-                    "measured_s", "error"])
+        w.writerow(["topology", "policy", "p", "message_bytes", "rounds", "latency_s", "host_rate_Bps", "resent",
+                    "simulated_s", "measured_s", "error"])
         for r in results:
             w.writerow([r.topology, r.policy, r.p, r.message_bytes, r.rounds, f"{r.latency_s:.4f}",
-                        f"{r.host_rate:.0f}", f"{r.simulated_s:.4f}", f"{r.measured_s:.4f}", f"{r.error:+.3f}"])
+                        f"{r.host_rate:.0f}", f"{r.resent:.4f}", f"{r.simulated_s:.4f}", f"{r.measured_s:.4f}", f"{r.error:+.3f}"])
     lines = ["# Simulator vs testbed: median round time", "",
              "8 peers in network namespaces (tbf-shaped veths on one bridge, 2-core host); every peer sends "
-             "one message per round to its receivers of the plan, paced at min(D_j/indegree_j, U_i/|R_i|); "
+             "one message per round to its receivers of the plan, paced at 0.95 min(D_j/indegree_j, U_i/|R_i|) (`plan_flows`); "
              "barrier between rounds. Simulated: `p2plearn.sim.Simulator` on the same plans "
              "(`python -m p2plearn.sim.validate`), with the fixed round cost measured by 1 KB rounds "
              "on the same testbed as its latency, and the host's CPU ceiling (all peers' traffic together, "
              f"measured by all-to-all rounds of {HOST_BYTES / 1e6:g} MB on {HOST_LINK_MBIT / 1000:g} Gbit/s links) "
              "as its host rate.", "",
-             "| topology | policy | p | MB | rounds | latency s (1 KB rounds) | host Gbit/s | simulated s | measured s "
-             "| sim/measured - 1 |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| topology | policy | p | MB | rounds | latency s (1 KB rounds) | host Gbit/s | datagrams resent "
+             "| simulated s | measured s | sim/measured - 1 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r.topology} | {r.policy} | {r.p} | {r.message_bytes / 1e6:g} | {r.rounds} | {r.latency_s:.3f} "
-              f"| {r.host_rate * 8 / 1e9:.2f} | {r.simulated_s:.3f} | {r.measured_s:.3f} | {r.error:+.1%} |"
+              f"| {r.host_rate * 8 / 1e9:.2f} | {r.resent:.1%} | {r.simulated_s:.3f} | {r.measured_s:.3f} | {r.error:+.1%} |"
               for r in results]
     (out / "sim_validation.md").write_text("\n".join(lines) + "\n")
 
@@ -185,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, policy, p, size in CASES:
         r = compare(TOPOLOGY_DIR / f"{name}.json", policy, p, size, args.rounds)
         print(f"{name:16s} {policy:9s} p={p} {size / 1e6:g} MB: simulated {r.simulated_s:.3f} s, "
-              f"measured {r.measured_s:.3f} s ({r.error:+.1%}), latency {r.latency_s:.3f} s  rounds {[round(t, 3) for t in r.measured_rounds]}",
+              f"measured {r.measured_s:.3f} s ({r.error:+.1%}), latency {r.latency_s:.3f} s, {r.resent:.1%} resent, "
+              f"rounds {[round(t, 3) for t in r.measured_rounds]}",
               flush=True)
         results.append(r)
     write(results, args.out)
