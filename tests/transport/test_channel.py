@@ -237,6 +237,18 @@ def test_deadline_closes_with_what_arrived(channels):
         assert d.reason == Reason.CLOSED and not d.complete
 
 
+def test_slow_flow_is_acked_in_batches_not_per_datagram(channels):
+    # 1 MB paced at 1 MB/s: a datagram every 1.4 ms. ACKing each would put one ACK per datagram on
+    # the receiver's uplink, crowding its own sends where that uplink is slow.
+    a, b = channels(sender_id=1, max_datagram=1472), channels()
+    h = a.send(1, [np.zeros(1_000_000, np.uint8)], [(*b.address, 1e6)])
+    d = recv_one(b)
+    (st,) = h.wait(10)
+    assert d.complete and st.result == "exact"
+    chunks = st.datagrams_sent
+    assert b.stats()["datagrams_sent"] < chunks / 4, (b.stats(), chunks)
+
+
 def test_close_with_sends_in_flight(channels):
     a = channels(sender_id=1, uplink_rate=2e6)  # 2 MB/s: the send below needs seconds
     b = channels()
