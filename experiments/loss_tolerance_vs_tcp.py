@@ -10,7 +10,7 @@ not root it writes a note and exits. A round is a synthetic model-sized exchange
 (the same for every transport), then waits for its own send and for every message addressed to it
 (a barrier). gloo instead all-reduces M bytes (ring: ~2M(n-1)/n sent per peer).
 Full: incast-8 (1 Gbit/s, 48 KB queues, M = 4 MB) and microburst-8 (100 Mbit/s, M = 1 MB), p = 3,
-50 rounds, engine bounds 0 / 0.01 / 0.05 / adaptive, TcpChannel, gloo; 3 seeds (~10 min).
+50 rounds, engine bounds 0 / 0.01 / 0.05 / adaptive, TcpChannel, gloo; 3 seeds (~30 min).
 Quick: 4-peer versions of both, 10 rounds, bounds 0 / 0.05, tcp, gloo, 1 seed (~1.5 min).
 """
 from __future__ import annotations
