@@ -210,7 +210,7 @@ static int window_open(const p2p_engine *eng, const struct p2p_send *s, const st
     return r->ppos < below || r->ppos - below < window_chunks(eng, s);
 }
 
-/* Bucket depth: about 2 ms at the rate, so late wake-ups lose no tokens, but at most 64 KB so a
+/* Bucket depth: about 2 ms at the rate, so late wake-ups lose no tokens, but at most 32 KB so a
  * shallow switch queue is not overrun; never below a few datagrams. */
 static double burst_of(double rate, double dgram) {
     double b = rate * 0.002;
