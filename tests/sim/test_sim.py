@@ -4,9 +4,7 @@ import time
 import numpy as np
 import pytest
 
-from p2plearn.selection import NetworkView, SelectionPolicy
-from p2plearn.selection.view import PACING_HEADROOM
-from p2plearn.selection import POLICIES
+from p2plearn.selection import PACING_HEADROOM, POLICIES, NetworkView, SelectionPolicy
 from p2plearn.sim import WIRE_EFFICIENCY, Simulator, max_min_rates
 from p2plearn.topology import heterogeneous
 
