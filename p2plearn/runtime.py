@@ -8,9 +8,12 @@ Rank and size come from the first launcher whose variables are set:
 4. ``SLURM_PROCID`` / ``SLURM_NTASKS`` / ``SLURM_LOCALID`` (srun)
 
 otherwise a single peer (rank 0 of 1). The coordinator is ``P2PLEARN_COORDINATOR`` when set (the
-launcher hosts it); else rank 0 hosts it on ``MASTER_PORT + 1`` (torchrun's own store owns
-``MASTER_PORT``) or on ``DEFAULT_PORT``, at ``MASTER_ADDR``, the first Slurm node, or 127.0.0.1,
-and the other ranks connect there.
+launcher started it); else rank 0 starts it, in a process of its own, on ``MASTER_PORT + 1``
+(torchrun's own store owns ``MASTER_PORT``) or on ``DEFAULT_PORT``, at the address
+``p2plearn.launch.discover.coordinator_host`` finds (``P2PLEARN_COORDINATOR_HOST``,
+``MASTER_ADDR``, the first Slurm node, 127.0.0.1 when every rank is on this host, or mpi4py), and
+the other ranks connect there. Should that process or its host die, the live peer of lowest rank
+starts a successor and the others follow it (see ``p2plearn.control.Client``).
 
 Registration: ``init()`` registers this peer and waits until all ``world_size`` peers have
 (the rendezvous). The data engine is created later by the training API; give its address
@@ -29,8 +32,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .control import Client, ControlError, Coordinator, Member
-from .control.estimator import rates_from_file
+from .control import Client, ControlError, Member
+from .control.server import ServerProcess, spawn
 from .options import Options
 
 DEFAULT_PORT = 29450
@@ -50,8 +53,8 @@ _JOB_IDS = ["P2PLEARN_JOB_ID", "TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid",
 class Runtime:
     """This peer's place in the job and its control-plane client.
 
-    ``coordinator`` is set on the rank that hosts it (rank 0 without a launcher): that process
-    must outlive the job, or the others see the coordinator die.
+    ``coordinator`` is set on the rank that started the coordinator's process (rank 0 without a
+    launcher); the process outlives a crash of that rank, and the others fail over if it dies.
     """
 
     rank: int
@@ -61,7 +64,7 @@ class Runtime:
     options: Options
     job_id: str
     client: Client
-    coordinator: Coordinator | None = None
+    coordinator: ServerProcess | None = None
 
     def register(self, engine_address: tuple[str, int] | None) -> dict[int, Member]:
         """Publish (or change) the address of this peer's data engine; returns the members."""
@@ -70,8 +73,8 @@ class Runtime:
     def close(self, leave: bool = True, linger: float = 10.0) -> None:
         """Deregister (unless ``leave`` is False) and stop the client.
 
-        The rank hosting the coordinator first waits up to ``linger`` seconds for the others to
-        leave or be declared dead, so that a peer finishing a moment later still finds it.
+        The rank that started the coordinator first waits up to ``linger`` seconds for the others
+        to leave or be declared dead, so that a peer finishing a moment later still finds it.
         """
         try:
             if leave:
@@ -82,9 +85,15 @@ class Runtime:
             self.client.close()
             if self.coordinator is not None:
                 deadline = time.monotonic() + linger
-                while self.coordinator.members() and time.monotonic() < deadline:
+                while self._others_remain() and time.monotonic() < deadline:
                     time.sleep(0.05)
                 self.coordinator.stop()
+
+    def _others_remain(self) -> bool:
+        try:
+            return bool(self.client.members) and self.client.following
+        except ControlError:
+            return False
 
     def __enter__(self) -> Runtime:
         return self
@@ -116,14 +125,15 @@ def init(engine_address: tuple[str, int] | None = None, *, join: bool = False, t
     address = env.get("P2PLEARN_COORDINATOR")
     coordinator = None
     if not address:
-        host = env.get("MASTER_ADDR") or _first_slurm_node(env.get("SLURM_NODELIST", "")) or "127.0.0.1"
+        from .launch.discover import coordinator_host
+
+        host = coordinator_host(env, rank, world_size, local_world_size)
         port = int(env["MASTER_PORT"]) + 1 if env.get("MASTER_PORT") else DEFAULT_PORT
         address = f"{host}:{port}"
-        if rank == 0:
-            rates = rates_from_file(options.topology) if options.topology else None
-            coordinator = Coordinator(job_id, key, world_size=world_size, bind=f"tcp://0.0.0.0:{port}",
-                                      advertise=host, heartbeat=options.heartbeat,
-                                      dead_after=options.dead_after, rates=rates).start()
+        if rank == 0 and not join:
+            coordinator = spawn(job_id, key, bind=f"tcp://0.0.0.0:{port}", advertise=host, world_size=world_size,
+                                heartbeat=options.heartbeat, phi_threshold=options.phi_threshold,
+                                topology=options.topology, timeout=timeout)
     try:
         client = Client(address, job_id, key, rank=None if join else rank, connect_timeout=timeout)
     except BaseException:
@@ -163,9 +173,3 @@ def _int(environ: Mapping[str, str], name: str) -> int:
         return int(environ[name])
     except ValueError:
         raise ValueError(f"{name}={environ[name]!r} is not an integer") from None
-
-
-def _first_slurm_node(nodelist: str) -> str | None:
-    """``node[03-05,9],gpu1`` -> ``node03``."""
-    match = re.match(r"([^,\[]+)(?:\[([^],-]+))?", nodelist)
-    return match.group(1) + (match.group(2) or "") if match else None

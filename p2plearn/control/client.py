@@ -1,27 +1,42 @@
-"""The control-plane client that lives in every peer.
+"""The control-plane client that lives in every peer (and in the launcher, as an observer).
 
 Two threads touch ZeroMQ: the caller's (requests, under a lock) and a background thread that
 sends heartbeats, receives the coordinator's pushed events (membership, slowest clock, global
-view, donor requests) and notices a dead coordinator. Every call has a timeout; once the
-coordinator is known dead every call raises CoordinatorDead instead of waiting.
+view, donor requests, progress) and watches the coordinator with a phi-accrual detector.
+
+Nothing on a training step waits for an answer: the synchronizer plans from the views pushed here
+(``view_for``), reads the membership pushed here, and reports one-way. When the coordinator
+falls silent the background thread finds its successor: the live member of lowest rank hosts a
+new coordinator process at the ``standby`` endpoint it registered, every client re-registers
+there (the first one hands over the membership and the view it held), and training goes on with
+the last view meanwhile. Only when no coordinator can be reached for ``give_up`` seconds does the
+client give up (``CoordinatorDead``).
 """
 
 from __future__ import annotations
 
 import itertools
+import os
 import queue
 import socket
+import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from . import protocol as p
+from .coordinator import Progress, set_transport_heartbeat
+from .detector import PhiAccrualDetector
 from .membership import Event, Member
 from .view import GlobalView
+
+VIEWS_KEPT = 16        # views held at once (a new one may apply a few rounds ahead)
+OLD_COORDINATOR_S = 1.0  # how long a suspected coordinator is asked again before looking for a successor
 
 
 class ControlError(RuntimeError):
@@ -33,47 +48,67 @@ class Refused(ControlError):
 
 
 class CoordinatorDead(ControlError):
-    """The coordinator stopped answering (no tick for ``dead_after`` heartbeats)."""
+    """No coordinator, not even a successor, answered for the client's ``give_up`` seconds."""
 
 
 class Client:
     """Connect a peer to the coordinator at ``address`` (``host:port``, ``tcp://...`` or ``ipc://...``).
 
     - ``job_id`` / ``key``: from ``P2PLEARN_JOB_ID`` / ``P2PLEARN_JOB_KEY``; a mismatch is refused.
-    - ``rank``: this peer's rank; None for a joining peer that lets the coordinator choose.
+    - ``rank``: this peer's rank; None for a joining peer that lets the coordinator choose, or for
+      an observer that never registers (the launcher).
     - ``timeout``: seconds any single request may take before ControlError; raise it only on
       a very slow network (requests are small).
-    - ``connect_timeout``: how long to keep trying to reach a coordinator that is still starting
-      (rank 0 may start it a moment after the others).
+    - ``connect_timeout``: how long to keep trying to reach a coordinator that is still starting.
     - ``host``: the host name reported to others (default: this machine's name).
-    The heartbeat period and the number of missed heartbeats are the coordinator's settings.
+    - ``standby``: where this peer would host a successor coordinator (default: a free port on the
+      address it reaches the coordinator from, or a unix socket next to an ``ipc://`` coordinator).
+    - ``successor_wait``: seconds to wait for one successor candidate before trying the next;
+      it must cover a candidate noticing the death and starting a process (a few seconds).
+    - ``give_up``: seconds without any coordinator after which every call raises CoordinatorDead.
+    The heartbeat period and the detector's threshold are the coordinator's settings.
     """
 
     def __init__(self, address: str, job_id: str, key: str | bytes, *, rank: int | None = None,
-                 timeout: float = 5.0, connect_timeout: float = 30.0, host: str | None = None) -> None:
+                 timeout: float = 5.0, connect_timeout: float = 30.0, host: str | None = None,
+                 standby: str | None = None, successor_wait: float = 5.0, give_up: float = 60.0) -> None:
         self.job_id = job_id
         self.rank = rank
         self.timeout = timeout
         self.host = host or socket.gethostname()
+        self.successor_wait = successor_wait
+        self.give_up = give_up
         self.events: queue.Queue[Event] = queue.Queue()
         self.donor: Member | None = None
         self.start_clock = 0
-        self._endpoint = p.endpoint(address)
+        self.dropped_reports = 0  # reports sent while no coordinator was reachable (lost, harmlessly)
+        self.coordinator_changes = 0
+        self._standby = standby
         self._key = p.job_key(key)
         self._session = uuid.uuid4().hex
         self._ids = itertools.count()
+        self._beats = itertools.count()
+        self._next_beat_id = 0
+        self._rejoined_from_beat = 0  # expelled answers to heartbeats sent before a rejoin are stale
         self._callbacks: list[Callable[[Event], None]] = []
         self._members: dict[int, Member] = {}
         self._epoch = -1
         self._gap = False
         self._min_clock = 0
-        self._view: GlobalView | None = None
+        self._clock = 0           # the last clock this peer reported
+        self._views: list[GlobalView] = []
+        self._progress: Progress | None = None
+        self._engine: tuple[str, int] | None = None
         self._registered = False
+        self._failing_over = False
+        self._moved_to: str | None = None
+        self._spawned: Any = None  # the coordinator process this peer started as a successor
         self._dead = False
         self._closed = threading.Event()
         self._cond = threading.Condition()
         self._req_lock = threading.Lock()
         self._ctx = zmq.Context.instance()
+        self._endpoint = p.endpoint(address)
         self._req = self._socket(zmq.DEALER, self._endpoint)
         try:
             hello = self._hello(connect_timeout)
@@ -81,10 +116,11 @@ class Client:
             self._req.close()
             raise
         self.heartbeat = float(hello["heartbeat"])
-        self.dead_after = int(hello["dead_after"])
         self.world_size = int(hello["world_size"])
+        self._settings = {k: hello[k] for k in ("phi_threshold", "startup_grace") if k in hello}
+        self._term = int(hello.get("term", 0))
         self._pub_endpoint = _reachable(hello["pub"], self._endpoint)
-        self._last_heard = time.monotonic()
+        self._detector = self._new_detector()
         self._subscribed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="p2plearn-control-client", daemon=True)
         self._thread.start()
@@ -96,47 +132,55 @@ class Client:
         sock.connect(endpoint)
         return sock
 
+    def _new_detector(self) -> PhiAccrualDetector:
+        # Ticks come from a process of its own, so no start-up grace beyond a few heartbeats; the
+        # extra pause tolerated costs a failover a second, and saves one on a stall of this process.
+        return PhiAccrualDetector(self.heartbeat, threshold=float(self._settings.get("phi_threshold", 8.0)),
+                                  acceptable_pause=max(1.0, 2 * self.heartbeat), grace=max(3.0, 6 * self.heartbeat))
+
     # -- requests ---------------------------------------------------------------------------
 
-    def _send(self, sock: zmq.Socket, body: dict[str, Any]) -> None:
-        sock.send_multipart(p.pack(self._key, self.job_id, body), flags=zmq.NOBLOCK)
+    def _send(self, sock: zmq.Socket, body: dict[str, Any], blobs: list[bytes] | None = None) -> None:
+        sock.send_multipart(p.pack(self._key, self.job_id, body, blobs), flags=zmq.NOBLOCK)
 
-    def _request(self, body: dict[str, Any], timeout: float | None = None) -> tuple[dict, list[bytes]]:
+    def _request(self, body: dict[str, Any], timeout: float | None = None, *, sock: zmq.Socket | None = None,
+                 blobs: list[bytes] | None = None) -> tuple[dict, list[bytes]]:
         """Send ``body`` and wait for its reply; raises ControlError on refusal or timeout."""
         self._check()
         timeout = self.timeout if timeout is None else timeout
         rid = next(self._ids)
         with self._req_lock:
+            sock = sock or self._req
             try:
-                self._send(self._req, {**body, "id": rid, "session": self._session})
+                self._send(sock, {**body, "id": rid, "session": self._session}, blobs)
             except zmq.Again:
                 raise ControlError(f"cannot send {body['type']} to the coordinator at {self._endpoint}") from None
             deadline = time.monotonic() + timeout
             while (left := deadline - time.monotonic()) > 0:
-                if not self._req.poll(left * 1000):
+                if not sock.poll(left * 1000):
                     break
-                frames = self._req.recv_multipart()
+                frames = sock.recv_multipart()
                 refusal = p.parse_refusal(frames)
                 if refusal is not None and refusal.get("id") == rid:
                     raise Refused(f"coordinator at {self._endpoint} refused {body['type']}: {refusal['reason']}")
                 try:
-                    reply, blobs = p.unpack(self._key, self.job_id, frames)
+                    reply, blobs_in = p.unpack(self._key, self.job_id, frames)
                 except p.AuthError:
                     continue  # not from our coordinator: ignore, do not trust
                 if reply.get("id") != rid:
                     continue  # a late reply to an earlier request that timed out
                 if reply["type"] == p.ERROR:
                     raise ControlError(f"coordinator refused {body['type']}: {reply['reason']}")
-                return reply, blobs
+                return reply, blobs_in
         self._check()
         raise ControlError(f"no reply to {body['type']} from the coordinator at {self._endpoint} in {timeout:g} s")
 
-    def _hello(self, connect_timeout: float) -> dict:
+    def _hello(self, connect_timeout: float, sock: zmq.Socket | None = None) -> dict:
         """Reach the coordinator, retrying while it may still be starting."""
         deadline = time.monotonic() + connect_timeout
         while True:
             try:
-                return self._request({"type": p.HELLO}, timeout=min(self.timeout, 1.0))[0]
+                return self._request({"type": p.HELLO}, timeout=min(self.timeout, 1.0), sock=sock)[0]
             except Refused:
                 raise
             except ControlError:
@@ -145,12 +189,24 @@ class Client:
 
     def _check(self) -> None:
         if self._dead:
-            raise CoordinatorDead(f"the coordinator at {self._endpoint} is dead (no tick for "
-                                  f"{self.dead_after} heartbeats of {self.heartbeat:g} s)")
+            raise CoordinatorDead(f"no coordinator of job {self.job_id!r} answered for {self.give_up:g} s "
+                                  f"(last at {self._endpoint}), and no successor could be started")
         if self._closed.is_set():
             raise ControlError("the control client is closed")
 
     # -- public API ------------------------------------------------------------------------------
+
+    @property
+    def address(self) -> str:
+        """The endpoint of the coordinator this client follows now."""
+        return self._endpoint
+
+    @property
+    def standby(self) -> str:
+        """Where this peer hosts the coordinator should it become the successor."""
+        if self._standby is None:
+            self._standby = _standby_endpoint(self._endpoint, self._session)
+        return self._standby
 
     def register(self, engine: tuple[str, int] | None = None, *, join: bool = False) -> dict[int, Member]:
         """Join the membership with this peer's data-engine address; returns the members.
@@ -159,35 +215,51 @@ class Client:
         running job: ``self.donor`` is the live peer that will send it the model state (None if
         it is alone) and ``self.start_clock`` the clock it takes part from.
         """
-        reply, _ = self._request({"type": p.REGISTER, "rank": self.rank, "host": self.host,
-                                  "engine": list(engine) if engine else None, "join": join})
-        self.rank = int(reply["rank"])
-        self.start_clock = int(reply["clock"])
-        if reply.get("donor"):
-            self.donor = Member.from_dict(reply["donor"])
-        self._apply_snapshot(reply)
+        self._engine = engine or self._engine
+        reply, blobs = self._request(self._register_body(join))
+        self._apply_registration(reply, blobs, admitted=join or not self._registered)
         self._registered = True
         return self.members
 
+    def _register_body(self, join: bool, resume: dict | None = None) -> dict[str, Any]:
+        body = {"type": p.REGISTER, "rank": self.rank, "host": self.host,
+                "engine": list(self._engine) if self._engine else None, "standby": self.standby, "join": join}
+        return {**body, "resume": resume} if resume else body
+
+    def _apply_registration(self, reply: dict, blobs: list[bytes], admitted: bool) -> None:
+        """``admitted``: this registration made the peer a member (not an update of its address)."""
+        self.rank = int(reply["rank"])
+        if admitted:
+            self.start_clock = int(reply["clock"])
+            self.donor = Member.from_dict(reply["donor"]) if reply.get("donor") else None
+        self._apply_snapshot(reply)
+        self._add_view(GlobalView.from_blobs(reply["view"], blobs))
+
     def report(self, clock: int, *, loss: float | None = None, step_time: float | None = None,
-               saturated: bool = False, links: Mapping[int, Mapping[str, float]] | None = None) -> None:
-        """Report a finished round (one-way, does not wait).
+               saturated: bool = False, links: Mapping[int, Mapping[str, float]] | None = None,
+               message_bytes: int | None = None) -> None:
+        """Report a finished round (one-way, never waits; dropped while no coordinator is reachable).
 
         ``clock``: rounds this peer has completed; ``loss``: training loss (for the progress
         line); ``step_time``: seconds of the round; ``links[receiver]``: what the engine measured
         towards it: ``rate`` (bytes/s delivered), ``loss`` (0..1), ``bytes``,
         ``in_flight_bytes``, ``in_flight_msgs``; ``saturated``: the engine had data queued for
-        the whole send (see ``estimator`` for why it matters).
+        the whole send (see ``estimator`` for why it matters); ``message_bytes``: the size of
+        this peer's message (the plans weigh it).
         """
         self._check()
+        self._clock = max(self._clock, int(clock))
         body = {"type": p.REPORT, "rank": self.rank, "session": self._session, "clock": int(clock),
-                "loss": loss, "step_time": step_time, "saturated": saturated,
+                "loss": loss, "step_time": step_time, "saturated": saturated, "message_bytes": message_bytes,
                 "links": {str(j): dict(s) for j, s in (links or {}).items()}}
+        if self._failing_over:
+            self.dropped_reports += 1
+            return
         with self._req_lock:
             try:
                 self._send(self._req, body)
             except zmq.Again:
-                raise ControlError(f"cannot send a report to the coordinator at {self._endpoint}") from None
+                self.dropped_reports += 1  # the coordinator is not reading; the detector will tell
 
     def leave(self) -> None:
         """Deregister cleanly; the others are told at once."""
@@ -195,29 +267,25 @@ class Client:
             self._request({"type": p.LEAVE, "rank": self.rank})
         self._registered = False
 
-    def plan(self, round: int, *, policy: str, fanout: int, seed: int, message_bytes: int,
-             timeout: float | None = None) -> dict[str, Any]:
-        """This round's plan as it concerns this peer (the coordinator computes one per round):
-        ``receivers`` [(rank, pacing rate in bytes/s)], ``senders`` [ranks that send to it],
-        ``planned_time`` (T of the plan, seconds) and ``fanout`` (the plan's average p)."""
-        reply, _ = self._request({"type": p.PLAN, "round": int(round), "rank": self.rank, "policy": policy,
-                                  "fanout": int(fanout), "seed": int(seed), "bytes": int(message_bytes)}, timeout)
-        reply["receivers"] = [(int(j), float(rate)) for j, rate in reply["receivers"]]
-        return reply
-
     def fetch_view(self, timeout: float | None = None) -> GlobalView:
-        """Ask for the current GlobalView (``view`` holds the one pushed each round)."""
+        """Ask for the current GlobalView (``view`` holds the newest one pushed)."""
         reply, blobs = self._request({"type": p.VIEW}, timeout)
         view = GlobalView.from_blobs(reply["view"], blobs)
-        with self._cond:
-            self._view = view
+        self._add_view(view)
         return view
 
     @property
     def view(self) -> GlobalView | None:
-        """The GlobalView pushed when the slowest clock last advanced (None before the first)."""
+        """The newest GlobalView held (None before the first)."""
         with self._cond:
-            return self._view
+            return self._views[-1] if self._views else None
+
+    def view_for(self, round: int) -> GlobalView | None:
+        """The view that plans ``round``: the newest whose ``from_round`` is at most ``round``
+        (every peer holding the same views picks the same one)."""
+        with self._cond:
+            usable = [v for v in self._views if v.from_round <= round]
+            return usable[-1] if usable else (self._views[0] if self._views else None)
 
     @property
     def members(self) -> dict[int, Member]:
@@ -231,18 +299,34 @@ class Client:
         with self._cond:
             return self._min_clock
 
+    @property
+    def progress(self) -> Progress | None:
+        """The job's progress, as the coordinator's last tick said (None before the first)."""
+        with self._cond:
+            return self._progress
+
+    @property
+    def following(self) -> bool:
+        """False while the client is looking for a (new) coordinator."""
+        return not self._failing_over and not self._dead
+
     def wait_min_clock(self, target: int, timeout: float) -> bool:
         """Wait until the slowest live clock reaches ``target``; False on timeout (SSP decides
-        what to do then), CoordinatorDead if the coordinator dies meanwhile."""
+        what to do then), CoordinatorDead once the client gave up on every coordinator."""
         with self._cond:
             self._cond.wait_for(lambda: self._min_clock >= target or self._dead, timeout)
             self._check()
             return self._min_clock >= target
 
     def wait_members(self, count: int, timeout: float) -> dict[int, Member]:
-        """Wait until ``count`` peers are live members (rendezvous); ControlError on timeout."""
+        """Wait until ``count`` peers are live members and the view held knows them all (so that
+        every peer plans its first round from the same view); ControlError on timeout."""
+        def ready() -> bool:
+            view = self._views[-1] if self._views else None
+            return self._dead or (len(self._members) >= count and view is not None and int(view.alive.sum()) >= count)
+
         with self._cond:
-            if not self._cond.wait_for(lambda: len(self._members) >= count or self._dead, timeout):
+            if not self._cond.wait_for(ready, timeout):
                 missing = sorted(set(range(count)) - set(self._members))
                 raise ControlError(f"only {len(self._members)} of {count} peers registered within "
                                    f"{timeout:g} s (missing ranks {missing})")
@@ -255,11 +339,14 @@ class Client:
         self._callbacks.append(callback)
 
     def close(self) -> None:
-        """Stop heartbeats and release the sockets (does not deregister: see ``leave``)."""
+        """Stop heartbeats and release the sockets (does not deregister: see ``leave``).
+
+        A coordinator this peer started as a successor keeps serving the others; it ends by itself
+        once the job has no member."""
         if self._closed.is_set():
             return
         self._closed.set()
-        self._thread.join(timeout=2.0)
+        self._thread.join(timeout=2.0 + (self.timeout if self._failing_over else 0.0))
         with self._req_lock:
             self._req.close()
 
@@ -276,33 +363,53 @@ class Client:
     # -- background thread -------------------------------------------------------------------------
 
     def _run(self) -> None:
-        sub = self._socket(zmq.SUB, self._pub_endpoint)
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
-        beat = self._socket(zmq.DEALER, self._endpoint)
-        poller = zmq.Poller()
-        poller.register(sub, zmq.POLLIN)
-        poller.register(beat, zmq.POLLIN)
+        streams = self._open_streams()
         next_beat = 0.0
         try:
             while not self._closed.is_set():
+                sub, beat, monitor, poller = streams
                 for sock, _ in poller.poll(timeout=self.heartbeat * 200):  # a fifth of a period, in ms
+                    if sock is monitor:
+                        if recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED:
+                            self._detector.lost()  # the coordinator's process closed its end
+                        continue
                     while sock.poll(0):
                         self._receive(sock, beat, sock.recv_multipart())
                 now = time.monotonic()
-                if now - self._last_heard > self.heartbeat * self.dead_after:
-                    self._declare_dead()
-                    return
+                if self._moved_to or self._detector.suspected(now):
+                    _close(streams)
+                    streams = None
+                    if not self._failover():
+                        return
+                    streams = self._open_streams()
+                    continue
                 if now >= next_beat:
                     if self._registered:
                         self._beat(beat)
                     next_beat = now + self.heartbeat
         finally:
-            sub.close()
-            beat.close()
+            if streams:
+                _close(streams)
+
+    def _open_streams(self) -> tuple[zmq.Socket, zmq.Socket, zmq.Socket, zmq.Poller]:
+        """The SUB socket, the heartbeat DEALER, a monitor of the DEALER's connection, and their poller."""
+        sub = self._socket(zmq.SUB, self._pub_endpoint)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        beat = self._ctx.socket(zmq.DEALER)
+        beat.setsockopt(zmq.LINGER, 0)
+        set_transport_heartbeat(beat, self.heartbeat)  # a paused or lost coordinator closes this connection
+        beat.connect(self._endpoint)
+        monitor = beat.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        poller = zmq.Poller()
+        for sock in (sub, beat, monitor):
+            poller.register(sock, zmq.POLLIN)
+        return sub, beat, monitor, poller
 
     def _beat(self, beat: zmq.Socket) -> None:
+        self._next_beat_id = next(self._beats) + 1
         try:
-            self._send(beat, {"type": p.HEARTBEAT, "rank": self.rank, "session": self._session})
+            self._send(beat, {"type": p.HEARTBEAT, "rank": self.rank, "session": self._session,
+                              "id": self._next_beat_id - 1})
         except zmq.Again:
             pass  # queue full: the coordinator is not reading; its silence will tell
 
@@ -311,14 +418,22 @@ class Client:
             body, blobs = p.unpack(self._key, self.job_id, frames)
         except p.AuthError:
             return  # a stranger's message: drop it
-        self._last_heard = time.monotonic()
-        kind = body["type"]
+        kind = body.get("type")
+        try:
+            self._on_message(kind, body, blobs, beat)
+        except (KeyError, TypeError, ValueError):
+            return  # a malformed message from a key holder: as if it never came
+
+    def _on_message(self, kind: str, body: dict, blobs: list[bytes], beat: zmq.Socket) -> None:
         if kind == p.TICK:
+            self._detector.heartbeat()
             self._subscribed.set()
             with self._cond:
                 stale = self._gap or body["epoch"] > self._epoch
                 self._set_clock(body["min_clock"])
-            if stale and self._registered:  # a pushed membership event was missed: resync
+                if body.get("progress"):
+                    self._progress = Progress(**body["progress"])
+            if stale:  # a pushed membership event was missed (or none was ever had): resync
                 try:
                     self._send(beat, {"type": p.MEMBERS})
                 except zmq.Again:
@@ -326,21 +441,35 @@ class Client:
         elif kind == p.OK and "members" in body:
             self._apply_snapshot(body)
         elif kind == p.ERROR and body.get("expelled") and self._registered:
-            self._registered = False
-            self._emit(Event("expelled", rank=self.rank))
+            if int(body.get("id") or 0) >= self._rejoined_from_beat:
+                self._rejoin()
         elif kind == p.MEMBER:
             self._on_member(body)
         elif kind == p.CLOCK:
             with self._cond:
                 self._set_clock(body["min_clock"])
         elif kind == p.VIEW:
-            view = GlobalView.from_blobs(body["view"], blobs)
-            with self._cond:
-                self._view = view
+            self._add_view(GlobalView.from_blobs(body["view"], blobs))
         elif kind == p.DONATE and body["to"] == self.rank:
             engine = body.get("engine")
             self._emit(Event("donate", rank=body["rank"], engine=tuple(engine) if engine else None,
                              clock=body["clock"]))
+        elif kind == p.MOVED and int(body["term"]) > self._term:
+            self._moved_to = str(body["endpoint"])
+
+    def _rejoin(self) -> None:
+        """Declared dead, but alive (a pause, a stall): register again as a joiner of the same
+        rank, so that a donor sends the state this peer missed."""
+        self._rejoined_from_beat = self._next_beat_id
+        try:
+            reply, blobs = self._request(self._register_body(join=True))
+        except ControlError:
+            self._registered = False
+            self._emit(Event("expelled", rank=self.rank))
+            return
+        self._apply_registration(reply, blobs, admitted=True)
+        self._emit(Event("readmitted", rank=self.rank, clock=self.start_clock,
+                         engine=self.donor.engine if self.donor else None))
 
     def _on_member(self, body: dict) -> None:
         member = Member.from_dict(body["member"])
@@ -367,17 +496,116 @@ class Client:
             self._set_clock(body["min_clock"])
             self._cond.notify_all()
 
+    def _add_view(self, view: GlobalView) -> None:
+        with self._cond:
+            views = [v for v in self._views if v.order != view.order] + [view]
+            views.sort(key=lambda v: v.order)
+            self._views = views[-VIEWS_KEPT:]
+            self._cond.notify_all()
+
     def _set_clock(self, clock: int) -> None:
         """Called with the condition held."""
         if clock != self._min_clock:
             self._min_clock = clock
             self._cond.notify_all()
 
-    def _declare_dead(self) -> None:
-        with self._cond:
-            self._dead = True
-            self._cond.notify_all()
-        self._emit(Event("coordinator_dead"))
+    # -- failover ------------------------------------------------------------------------------------
+
+    def _failover(self) -> bool:
+        """Find the coordinator again (the same one if it was only slow, else the successor) and
+        re-register there; False once ``give_up`` seconds passed without one, or on close."""
+        self._failing_over = True
+        old, moved = self._endpoint, self._moved_to
+        self._moved_to = None
+        started = time.monotonic()
+        try:
+            while not self._closed.is_set():
+                for endpoint, wait in self._candidates(old, moved):
+                    hello = self._try_hello(endpoint, wait)
+                    if hello is not None and (endpoint == old or int(hello.get("term", 0)) > self._term):
+                        self._follow(endpoint, hello, resumed=endpoint != old)
+                        return True
+                    if time.monotonic() - started > self.give_up:
+                        break
+                    if self._closed.is_set():
+                        return False
+                moved = None
+                if time.monotonic() - started > self.give_up:
+                    with self._cond:
+                        self._dead = True
+                        self._cond.notify_all()
+                    self._emit(Event("coordinator_dead"))
+                    return False
+            return False
+        finally:
+            self._failing_over = False
+
+    def _candidates(self, old: str, moved: str | None) -> Iterator[tuple[str, float]]:
+        """(endpoint, seconds to wait for it): where the coordinator was said to move, the old one
+        (it may only have been slow), then each live member's standby in rank order; this peer
+        starts the successor itself when its turn comes."""
+        if moved:
+            yield moved, self.successor_wait
+        yield old, OLD_COORDINATOR_S
+        for member in sorted(self.members.values(), key=lambda m: m.rank):
+            if member.rank == self.rank and self._registered:
+                if self._start_successor(old):
+                    yield self.standby, self.successor_wait
+            elif member.standby:
+                yield member.standby, self.successor_wait
+
+    def _start_successor(self, old: str) -> bool:
+        from .server import spawn  # a process only the successor starts
+
+        if self._spawned is not None and self._spawned.alive():
+            return True
+        try:
+            self._spawned = spawn(self.job_id, self._key, bind=self.standby, world_size=self.world_size,
+                                  heartbeat=self.heartbeat, term=self._term + 1, previous=old,
+                                  **{k: float(v) for k, v in self._settings.items()})
+        except RuntimeError as exc:  # e.g. the standby port was taken since: the next candidate serves
+            self._emit(Event("successor_failed", rank=self.rank, endpoint=str(exc)))
+            return False
+        return True
+
+    def _try_hello(self, endpoint: str, wait: float) -> dict | None:
+        sock = self._socket(zmq.DEALER, endpoint)
+        try:
+            return self._hello(wait, sock=sock)
+        except ControlError:
+            return None
+        finally:
+            sock.close()
+
+    def _follow(self, endpoint: str, hello: dict, resumed: bool) -> None:
+        """Switch to the coordinator at ``endpoint``; after a failover, re-register there and hand it
+        this peer's membership and view (the first such hand-over rebuilds its state)."""
+        with self._req_lock:
+            self._req.close()
+            self._req = self._socket(zmq.DEALER, endpoint)
+        self._endpoint = endpoint
+        self._pub_endpoint = _reachable(hello["pub"], endpoint)
+        self._term = max(self._term, int(hello.get("term", 0)))
+        self._detector = self._new_detector()
+        if resumed:
+            self.coordinator_changes += 1
+            with self._cond:
+                self._epoch = -1  # the successor numbers its own membership events
+            if self._registered:
+                self._resume()
+            self._emit(Event("coordinator_moved", endpoint=endpoint))
+
+    def _resume(self) -> None:
+        view = self.view
+        header, blobs = view.to_blobs() if view is not None else (None, None)
+        resume = {"clock": self._clock, "epoch": max(self._epoch, 0), "view": header,
+                  "members": [m.to_dict() for m in self.members.values()]}
+        try:
+            reply, blobs_in = self._request(self._register_body(join=False, resume=resume), blobs=blobs)
+        except ControlError:
+            return  # the detector notices a successor that does not answer
+        self._apply_snapshot(reply)
+        self._add_view(GlobalView.from_blobs(reply["view"], blobs_in))
 
     def _emit(self, event: Event) -> None:
         self.events.put(event)
@@ -385,8 +613,34 @@ class Client:
             callback(event)
 
 
+def _close(streams: tuple[zmq.Socket, zmq.Socket, zmq.Socket, zmq.Poller]) -> None:
+    sub, beat, monitor, _ = streams
+    beat.disable_monitor()
+    for sock in (monitor, sub, beat):
+        sock.close()
+
+
 def _reachable(pub: str, request_endpoint: str) -> str:
     """The PUB endpoint as seen from here: the host this client used, with the PUB port."""
     if pub.startswith("tcp://") and request_endpoint.startswith("tcp://"):
         return request_endpoint.rsplit(":", 1)[0] + ":" + pub.rsplit(":", 1)[1]
     return pub
+
+
+def _standby_endpoint(coordinator: str, session: str) -> str:
+    """Where this peer would serve as the successor: next to an ipc coordinator (namespaces share
+    the file system), else a free port on the address this host reaches the coordinator from."""
+    if coordinator.startswith("ipc://"):
+        directory = os.path.dirname(coordinator[len("ipc://"):]) or tempfile.gettempdir()
+        return f"ipc://{os.path.join(directory, 'standby-' + session[:12])}"
+    host = coordinator[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((host, 9))
+            local = probe.getsockname()[0]
+        except OSError:
+            local = "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as free:
+        free.bind((local, 0))
+        port = free.getsockname()[1]
+    return f"tcp://{local}:{port}"

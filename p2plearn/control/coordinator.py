@@ -1,14 +1,24 @@
-"""The coordinator: rendezvous, membership, failure detection, clock table and global view.
+"""The coordinator: soft state of one job (membership, failure detection, clock table, global view).
 
-It runs as a thread in the launcher (or in rank 0 when there is no launcher) and serves two
-ZeroMQ sockets: a ROUTER for requests and heartbeats, and a PUB that pushes events (joins,
-deaths, the slowest clock, the global view once per round, and a tick every heartbeat so
-clients can tell that the coordinator is alive). Nothing here carries tensors.
+It serves two ZeroMQ sockets: a ROUTER for requests and heartbeats, and a PUB that pushes events
+(joins, deaths, the slowest clock, each new version of the global view, and a tick every heartbeat
+with the job's progress so that clients can tell that it is alive). Nothing here carries tensors,
+and no training step waits on it: peers plan their rounds from the view they hold.
+
+Everything it knows is rebuilt from the peers: when it dies, a successor (see ``Client``) starts
+with ``term`` + 1, and the first peer to re-register hands it the membership and the view it held
+(``resume``); the others re-register within a few heartbeats, and a presumed member that does not
+is declared dead by the usual detector. A coordinator told of a successor (``STEP_DOWN``) tells its
+clients where to go and stops.
+
+It normally runs in a process of its own (``p2plearn.control.server``), so that a peer's imports
+or compute cannot starve it; as a thread (``start()``) it serves tests and embedding programs.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Mapping
@@ -17,11 +27,17 @@ from typing import Any
 
 import numpy as np
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from . import protocol as p
+from .detector import PhiAccrualDetector
 from .estimator import BandwidthEstimator
 from .membership import Member
 from .view import GlobalView
+
+log = logging.getLogger("p2plearn.control")
+
+VIEW_LEAD = 2        # a new view applies this many rounds after the fastest reported clock
 
 
 @dataclass(frozen=True)
@@ -36,6 +52,10 @@ class Progress:
     loss: float | None
     slowest: int | None
 
+    def to_dict(self) -> dict[str, Any]:
+        return {"min_clock": self.min_clock, "max_clock": self.max_clock, "alive": self.alive,
+                "loss": self.loss, "slowest": self.slowest}
+
 
 class Coordinator:
     """Serve the control plane of one job.
@@ -47,33 +67,48 @@ class Coordinator:
       namespaces, which share the file system). The PUB socket binds next to it.
     - ``advertise``: the host clients should use when ``bind`` is a wildcard address.
     - ``heartbeat``: seconds between client heartbeats (and coordinator ticks); smaller detects
-      deaths sooner at the cost of more messages. ``dead_after``: missed heartbeats before a
-      peer is declared dead; raise it on a heavily loaded machine to avoid false deaths.
+      deaths sooner at the cost of more messages.
+    - ``phi_threshold``: suspicion level at which a silent peer is declared dead (see
+      ``PhiAccrualDetector``): lower detects sooner, with more false deaths on a loaded machine.
+      A peer declared dead that comes back registers again and is sent the model state.
+    - ``startup_grace``: a peer that has not finished its first round is declared dead after this
+      many seconds without a heartbeat (its first imports may hold its interpreter for tens of
+      seconds on a busy machine), or as soon as its connection closes or stops answering
+      ZeroMQ's pings (a kill, a pause, a lost host: ~1.5 s).
     - ``rates``: ``{rank: (uplink, downlink)}`` in bytes/s seeding the estimator
       (``estimator.seed_rates(topology)`` makes one from a topology).
+    - ``term``: this coordinator's incarnation (a successor has its predecessor's + 1).
     """
 
     def __init__(self, job_id: str, key: str | bytes, *, world_size: int = 0, bind: str = "tcp://127.0.0.1:0",
-                 advertise: str | None = None, heartbeat: float = 0.5, dead_after: int = 3,
-                 rates: Mapping[int, tuple[float, float]] | None = None) -> None:
+                 advertise: str | None = None, heartbeat: float = 0.5, phi_threshold: float = 8.0,
+                 startup_grace: float = 60.0, rates: Mapping[int, tuple[float, float]] | None = None,
+                 term: int = 0) -> None:
         self.job_id = job_id
         self.world_size = world_size
         self.heartbeat = heartbeat
-        self.dead_after = dead_after
+        self.phi_threshold = phi_threshold
+        self.startup_grace = startup_grace
+        self.term = term
         self._key = p.job_key(key)
         self._estimator = BandwidthEstimator(rates)
         self._members: dict[int, Member] = {}
-        self._sessions: dict[int, str] = {}
-        self._last_seen: dict[int, float] = {}
+        self._sessions: dict[int, str | None] = {}  # None: presumed from a resume, not re-registered yet
+        self._detectors: dict[int, PhiAccrualDetector] = {}
+        self._resumed = False
         self._size = world_size  # entries in the view: the highest rank ever seen + 1
         self._epoch = 0
         self._min_clock = 0
-        self._plans: dict[int, tuple[dict[int, list[tuple[int, float]]], float]] = {}
-        self._message_bytes: dict[int, float] = {}
         self._max_clock = 0
+        self._message_bytes: dict[int, float] = {}
         self._last_loss: float | None = None
+        self._published: GlobalView | None = None
+        self._view_version = 0
+        self._view_from = 0
         self._fast_ticks_until = 0.0
         self._next_tick = 0.0
+        self.errors = 0  # requests that failed validation (counted, answered with an error)
+        self.moved_to: str | None = None  # set when a successor took over
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._ctx = zmq.Context.instance()
@@ -82,9 +117,17 @@ class Coordinator:
         for sock in (self._router, self._pub):
             sock.setsockopt(zmq.LINGER, 0)
         self._router.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        # A killed peer's connections close at once, and a paused or lost one stops answering
+        # ZeroMQ's own pings (answered by libzmq's threads, which a busy interpreter cannot stall):
+        # either tells its death far sooner than its heartbeats' silence, and without the false
+        # alarms of a peer whose interpreter is busy importing. The monitor reports each closed
+        # connection by its file descriptor.
+        set_transport_heartbeat(self._router, heartbeat)
+        self._monitor = self._router.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        self._connections: dict[int, int] = {}  # connection fd -> rank, from signed messages
         self.address = self._bind(self._router, bind, advertise)
         self.pub_address = self._bind(self._pub, _pub_endpoint(bind), advertise)
-        self._thread = threading.Thread(target=self._run, name="p2plearn-coordinator", daemon=True)
+        self._thread = threading.Thread(target=self.serve, name="p2plearn-coordinator", daemon=True)
 
     @staticmethod
     def _bind(sock: zmq.Socket, bind: str, advertise: str | None) -> str:
@@ -100,16 +143,25 @@ class Coordinator:
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> Coordinator:
+        """Serve on a thread of this process (``serve()`` serves on the caller's)."""
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        """Stop serving; clients see the coordinator dead after their timeout."""
+        """Stop serving; clients look for a successor once they suspect it."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=2.0)
+        if self._router.closed:
+            return
+        self._router.disable_monitor()
+        self._monitor.close()
         self._router.close()
         self._pub.close()
+
+    @property
+    def serving(self) -> bool:
+        return not self._stop.is_set()
 
     def __enter__(self) -> Coordinator:
         return self.start()
@@ -129,200 +181,302 @@ class Coordinator:
 
     def progress(self) -> Progress:
         with self._lock:
-            ms = list(self._members.values())
-            losses = [m.loss for m in ms if m.loss is not None]
-            slowest = min(ms, key=lambda m: (m.clock, -(m.step_time or 0.0)), default=None)
-            return Progress(min_clock=self._min_clock, max_clock=self._max_clock, alive=len(ms),
-                            loss=float(np.mean(losses)) if losses else self._last_loss,
-                            slowest=slowest.rank if slowest else None)
+            return self._progress()
 
     # -- the loop ----------------------------------------------------------------------------
 
-    def _run(self) -> None:
+    def serve(self) -> None:
+        """Serve until ``stop()`` or until a successor takes over."""
         poller = zmq.Poller()
         poller.register(self._router, zmq.POLLIN)
-        # Deaths are checked five times per heartbeat so that a death is announced at most
-        # heartbeat/5 after the deadline (the 2 s bound has room for scheduling delays).
+        poller.register(self._monitor, zmq.POLLIN)
+        # Deaths are checked five times per heartbeat; requests are served for at most that long
+        # between checks, so that a flood of heartbeats from many peers cannot starve the ticks.
         check = self.heartbeat / 5
         while not self._stop.is_set():
             if poller.poll(timeout=check * 1000):
-                while self._router.poll(0):
-                    self._handle(self._router.recv_multipart())
+                while self._monitor.poll(0):
+                    event = recv_monitor_message(self._monitor)
+                    with self._lock:
+                        self._on_disconnect(int(event["value"]))
+                until = time.monotonic() + check
+                while self._router.poll(0) and time.monotonic() < until and not self._stop.is_set():
+                    frames = self._router.recv_multipart(copy=False)
+                    self._handle(frames[0].get(zmq.SRCFD), [f.bytes for f in frames])
             now = time.monotonic()
             with self._lock:
                 self._reap(now)
                 if now >= self._next_tick:
-                    self._publish(p.TICK, epoch=self._epoch, min_clock=self._min_clock)
+                    self._publish(p.TICK, epoch=self._epoch, min_clock=self._min_clock, term=self.term,
+                                  progress=self._progress().to_dict())
                     # Tick faster for a moment after a hello: a new client waits for its first tick
                     # to know that its subscription is live.
                     self._next_tick = now + (check if now < self._fast_ticks_until else self.heartbeat)
 
-    def _handle(self, frames: list[bytes]) -> None:
+    def _handle(self, fd: int, frames: list[bytes]) -> None:
         ident, msg = frames[0], frames[1:]
         try:
-            body, _ = p.unpack(self._key, self.job_id, msg)
+            body, blobs = p.unpack(self._key, self.job_id, msg)
         except p.AuthError as exc:
             self._router.send_multipart([ident, *p.refusal(str(exc), _untrusted_id(msg))])
             return
         kind = body.get("type")
-        handler = getattr(self, f"_on_{kind}", None)
+        handler = getattr(self, f"_on_{kind}", None) if isinstance(kind, str) else None
         with self._lock:
             try:
-                reply = handler(body) if handler else {"type": p.ERROR, "reason": f"unknown request {kind!r}"}
-            except (KeyError, TypeError, ValueError) as exc:
+                self._note_connection(fd, body)
+                reply = handler(body, blobs) if handler else {"type": p.ERROR, "reason": f"unknown request {kind!r}"}
+            except Exception as exc:  # untrusted input must never kill the loop: answer and count it
+                self.errors += 1
                 reply = {"type": p.ERROR, "reason": f"bad {kind} request: {exc!r}"}
         if reply is not None:
-            blobs = reply.pop("_blobs", None)
-            self._router.send_multipart([ident, *p.pack(self._key, self.job_id, {**reply, "id": body.get("id")}, blobs)])
+            out_blobs = reply.pop("_blobs", None)
+            self._router.send_multipart([ident, *p.pack(self._key, self.job_id, {**reply, "id": body.get("id")},
+                                                        out_blobs)])
+
+    def _note_connection(self, fd: int, body: dict) -> None:
+        """Remember which member a connection belongs to (signed messages with its session only)."""
+        rank = body.get("rank")
+        if isinstance(rank, int) and rank in self._members and self._sessions.get(rank) == body.get("session"):
+            self._connections[fd] = rank
+
+    def _on_disconnect(self, fd: int) -> None:
+        rank = self._connections.pop(fd, None)
+        if rank is not None and rank in self._detectors:
+            self._detectors[rank].lost()
 
     def _publish(self, kind: str, blobs: list[bytes] | None = None, **body: Any) -> None:
         self._pub.send_multipart(p.pack(self._key, self.job_id, {"type": kind, **body}, blobs))
 
     # -- requests (called with the lock held) -----------------------------------------------------
 
-    def _on_hello(self, body: dict) -> dict:
+    def _on_hello(self, body: dict, blobs: list[bytes]) -> dict:
         self._fast_ticks_until = time.monotonic() + 2 * self.heartbeat
         self._next_tick = 0.0
-        return {"type": p.OK, "pub": self.pub_address, "heartbeat": self.heartbeat,
-                "dead_after": self.dead_after, "world_size": self.world_size}
+        return {"type": p.OK, "pub": self.pub_address, "heartbeat": self.heartbeat, "world_size": self.world_size,
+                "term": self.term, "phi_threshold": self.phi_threshold, "startup_grace": self.startup_grace}
 
-    def _on_register(self, body: dict) -> dict:
+    def _on_register(self, body: dict, blobs: list[bytes]) -> dict:
         rank, join, session = body.get("rank"), bool(body.get("join")), str(body["session"])
+        if body.get("resume") and not self._resumed:
+            self._adopt(body["resume"], blobs)
         if rank is None:
             if not join:
                 return {"type": p.ERROR, "reason": "register needs a rank (only a joining peer may ask for one)"}
             rank = next(r for r in range(len(self._members) + 1) if r not in self._members)
-        rank = int(rank)
-        if rank < 0:
-            return {"type": p.ERROR, "reason": f"rank {rank} is negative"}
-        if rank in self._members and self._sessions[rank] != session:
+        rank = _rank(rank)
+        if rank in self._members and self._sessions[rank] not in (None, session):
             return {"type": p.ERROR, "reason": f"rank {rank} is already registered by another process"}
-        engine = body.get("engine")
+        engine = _engine(body.get("engine"))
+        standby = body.get("standby")
         known = self._members.get(rank)
         donor = None
         if known is None:
+            resumed_clock = body.get("resume", {}).get("clock") if body.get("resume") else None
             if join:
-                donor = max(self._members.values(), key=lambda m: (m.clock, -m.rank), default=None)
-            clock = donor.clock if donor else self._min_clock
-            self._members[rank] = Member(rank=rank, host=str(body.get("host", "")),
-                                         engine=tuple(engine) if engine else None, clock=clock)
+                donor = self._donor(exclude=rank)
+                clock = donor.clock if donor else self._min_clock
+            else:
+                clock = int(resumed_clock) if resumed_clock is not None else self._min_clock
+            self._admit(Member(rank=rank, host=str(body.get("host", "")), engine=engine, clock=clock,
+                               standby=str(standby) if standby else None), session, "join", donor)
+        else:
             self._sessions[rank] = session
-            self._size = max(self._size, rank + 1)
-            self._epoch += 1
-            self._publish(p.MEMBER, event="join", epoch=self._epoch, member=self._members[rank].to_dict())
-            if donor is not None:
-                self._publish(p.DONATE, to=donor.rank, rank=rank, engine=engine, clock=clock)
-        elif engine and tuple(engine) != known.engine:  # the same process again: a new engine address
-            known.engine = tuple(engine)
-            self._epoch += 1
-            self._publish(p.MEMBER, event="update", epoch=self._epoch, member=known.to_dict())
-        self._last_seen[rank] = time.monotonic()
+            if body.get("resume"):
+                known.clock = max(known.clock, int(body["resume"].get("clock", 0)))
+            if (engine and engine != known.engine) or (standby and standby != known.standby):
+                known.engine = engine or known.engine
+                known.standby = str(standby) if standby else known.standby
+                self._epoch += 1
+                self._publish(p.MEMBER, event="update", epoch=self._epoch, member=known.to_dict())
+        self._detectors[rank].heartbeat()
+        header, view_blobs = self._view().to_blobs()
         return {"type": p.OK, "rank": rank, "clock": self._members[rank].clock, **self._snapshot(),
-                "donor": donor.to_dict() if donor else None}
+                "donor": donor.to_dict() if donor else None, "view": header, "_blobs": view_blobs}
 
-    def _on_heartbeat(self, body: dict) -> dict | None:
-        rank = int(body["rank"])
-        if self._sessions.get(rank) != body.get("session") or rank not in self._members:
-            return {"type": p.ERROR, "reason": "expelled", "expelled": True}
-        self._last_seen[rank] = time.monotonic()
-        return None
+    def _admit(self, member: Member, session: str | None, event: str, donor: Member | None) -> None:
+        """Add ``member``; with a donor, ask it to send the member the model state."""
+        rank = member.rank
+        self._members[rank] = member
+        self._sessions[rank] = session
+        # In its grace period until it reports a round: its first imports may stall it for seconds.
+        self._detectors[rank] = PhiAccrualDetector(self.heartbeat, threshold=self.phi_threshold,
+                                                   grace=self.startup_grace, warmup=None)
+        self._size = max(self._size, rank + 1)
+        self._epoch += 1
+        self._publish(p.MEMBER, event=event, epoch=self._epoch, member=member.to_dict())
+        if donor is not None:
+            self._publish(p.DONATE, to=donor.rank, rank=rank, engine=member.engine, clock=member.clock)
+        self._publish_view()
 
-    def _on_report(self, body: dict) -> dict | None:
-        reply = self._on_heartbeat(body)
+    def _donor(self, exclude: int) -> Member | None:
+        """The most advanced live peer (lowest rank on ties)."""
+        return max((m for m in self._members.values() if m.rank != exclude), key=lambda m: (m.clock, -m.rank),
+                   default=None)
+
+    def _adopt(self, resume: dict, blobs: list[bytes]) -> None:
+        """A successor's first re-registration: the membership and the view its sender held."""
+        self._resumed = True
+        view = GlobalView.from_blobs(resume["view"], blobs) if resume.get("view") else None
+        if view is not None:
+            self._estimator.seed(view.uplink, view.downlink)
+            self._size = max(self._size, view.size)
+            self._message_bytes.update({r: float(b) for r, b in enumerate(view.message_bytes) if b > 0})
+        grace = max(2.0, 4 * self.heartbeat)  # the others re-register as soon as they find us
+        for d in resume.get("members", []):
+            member = Member.from_dict(d)
+            if member.rank not in self._members:
+                self._members[member.rank] = member
+                self._sessions[member.rank] = None
+                detector = PhiAccrualDetector(self.heartbeat, threshold=self.phi_threshold, grace=grace, warmup=None)
+                self._detectors[member.rank] = detector
+                self._size = max(self._size, member.rank + 1)
+        self._epoch = max(self._epoch, int(resume.get("epoch", 0))) + 1
+        self._max_clock = max((m.clock for m in self._members.values()), default=0)
+        self._min_clock = min((m.clock for m in self._members.values()), default=0)
+        self._publish_view()
+
+    def _on_heartbeat(self, body: dict, blobs: list[bytes]) -> dict | None:
+        rank, session = _rank(body["rank"]), body.get("session")
+        if rank in self._members and self._sessions.get(rank) == session:
+            self._detectors[rank].heartbeat()
+            return None
+        # Declared dead (or unknown to this coordinator): the client re-registers as a joiner, so
+        # that a donor sends it the state it missed.
+        return {"type": p.ERROR, "reason": "expelled", "expelled": True}
+
+    def _on_report(self, body: dict, blobs: list[bytes]) -> dict | None:
+        reply = self._on_heartbeat(body, blobs)
         if reply is not None:
             return reply
-        member = self._members[int(body["rank"])]
-        member.clock = max(member.clock, int(body["clock"]))
+        rank = _rank(body["rank"])
+        member = self._members[rank]
+        self._detectors[rank].end_warmup()  # it is training: its heartbeats now come in rhythm
+        clock = int(body["clock"])
+        member.clock = max(member.clock, clock)
         self._max_clock = max(self._max_clock, member.clock)
         if body.get("loss") is not None:
             member.loss = self._last_loss = float(body["loss"])
-        member.step_time = body.get("step_time", member.step_time)
-        links = {int(j): s for j, s in (body.get("links") or {}).items()}
-        self._estimator.observe(member.rank, int(body["clock"]), links, bool(body.get("saturated")))
+        if body.get("step_time") is not None:
+            member.step_time = float(body["step_time"])
+        if body.get("message_bytes"):
+            self._message_bytes[rank] = float(body["message_bytes"])
+        links = body.get("links") or {}
+        if not isinstance(links, dict):
+            raise TypeError("links must be an object")
+        links = {_rank(j): s for j, s in links.items() if isinstance(s, dict)}
+        self._estimator.observe(member.rank, clock, links, bool(body.get("saturated")))
         self._advance_clock()
         return None
 
-    def _on_members(self, body: dict) -> dict:
+    def _on_members(self, body: dict, blobs: list[bytes]) -> dict:
         return {"type": p.OK, **self._snapshot()}
 
-    def _on_view(self, body: dict) -> dict:
-        header, blobs = self._view().to_blobs()
-        return {"type": p.OK, "view": header, "_blobs": blobs}
+    def _on_view(self, body: dict, blobs: list[bytes]) -> dict:
+        header, out = self._view().to_blobs()
+        return {"type": p.OK, "view": header, "_blobs": out}
 
-    def _on_plan(self, body: dict) -> dict:
-        """This round's plan, computed once from the view when the first peer asks, so that every
-        peer acts on the same plan. Each receiver comes with the rate to pace it at: its
-        downlink shared by the senders that chose it, capped by the sender's uplink share."""
-        rnd, rank = int(body["round"]), int(body["rank"])
-        self._message_bytes[rank] = float(body["bytes"])
-        if rnd not in self._plans:
-            self._plans[rnd] = self._make_plan(rnd, body)
-            for old in [r for r in self._plans if r < self._min_clock - PLANS_KEPT]:
-                del self._plans[old]
-        plan, planned_time = self._plans[rnd]
-        senders = sorted(i for i, rs in plan.items() if any(j == rank for j, _ in rs))
-        return {"type": p.OK, "receivers": plan.get(rank, []), "senders": senders, "planned_time": planned_time,
-                "fanout": sum(len(rs) for rs in plan.values()) / max(1, len(plan))}
-
-    def _make_plan(self, rnd: int, body: dict) -> tuple[dict[int, list[tuple[int, float]]], float]:
-        from p2plearn.selection import NetworkView, make_policy, plan_flows, plan_time  # the sync layer's peer
-
-        view = self._view()
-        default = float(body["bytes"])
-        sizes = np.array([self._message_bytes.get(r, default) for r in range(view.size)])
-        net = NetworkView.from_global(view, sizes)
-        plan = make_policy(str(body["policy"]), seed=int(body["seed"])).plan(net, int(body["fanout"]), rnd)
-        rates: dict[int, list[tuple[int, float]]] = {i: [] for i in plan}
-        for i, j, rate in zip(*plan_flows(net, plan)):
-            rates[int(i)].append((int(j), float(rate)))
-        return rates, plan_time(net, plan)
-
-    def _on_leave(self, body: dict) -> dict:
-        rank = int(body["rank"])
-        if self._sessions.get(rank) == body.get("session"):
+    def _on_leave(self, body: dict, blobs: list[bytes]) -> dict:
+        rank = _rank(body["rank"])
+        if rank in self._members and self._sessions.get(rank) == body.get("session"):
             self._remove(rank, "leave")
         return {"type": p.OK}
 
-    # -- membership and clocks (lock held) ----------------------------------------------------------
+    def _on_step_down(self, body: dict, blobs: list[bytes]) -> dict:
+        """A successor of a later term started: send every client there, then stop serving."""
+        term, endpoint = int(body["term"]), str(body["endpoint"])
+        if term <= self.term:
+            return {"type": p.ERROR, "reason": f"term {term} is not after this coordinator's {self.term}"}
+        self.moved_to = endpoint
+        self._publish(p.MOVED, endpoint=endpoint, term=term)
+        self._stop.set()
+        return {"type": p.OK}
+
+    # -- membership, clocks and the view (lock held) -----------------------------------------------
 
     def _snapshot(self) -> dict:
         return {"members": [m.to_dict() for m in self._members.values()], "epoch": self._epoch,
                 "min_clock": self._min_clock}
+
+    def _progress(self) -> Progress:
+        ms = list(self._members.values())
+        losses = [m.loss for m in ms if m.loss is not None]
+        slowest = min(ms, key=lambda m: (m.clock, -(m.step_time or 0.0)), default=None)
+        return Progress(min_clock=self._min_clock, max_clock=self._max_clock, alive=len(ms),
+                        loss=float(np.mean(losses)) if losses else self._last_loss,
+                        slowest=slowest.rank if slowest else None)
 
     def _view(self) -> GlobalView:
         alive = np.zeros(self._size, dtype=bool)
         clock = np.zeros(self._size, dtype=np.int64)
         for r, m in self._members.items():
             alive[r], clock[r] = True, m.clock
-        return GlobalView(round=self._min_clock, alive=alive, clock=clock, **self._estimator.arrays(self._size))
+        sizes = np.array([self._message_bytes.get(r, 0.0) for r in range(self._size)])
+        return GlobalView(round=self._min_clock, alive=alive, clock=clock, message_bytes=sizes, term=self.term,
+                          version=self._view_version, from_round=self._view_from,
+                          **self._estimator.arrays(self._size))
+
+    def _publish_view(self) -> None:
+        """Push the view; a new version when a planning input changed, applying from a round the
+        fastest peer has not planned yet (before the first round: from round 0)."""
+        view = self._view()
+        if not view.same_plan_inputs(self._published):
+            self._view_version += 1
+            self._view_from = self._max_clock + VIEW_LEAD if self._max_clock else 0
+            view = self._view()
+        self._published = view
+        header, blobs = view.to_blobs()
+        self._publish(p.VIEW, view=header, blobs=blobs)
 
     def _reap(self, now: float) -> None:
-        limit = self.heartbeat * self.dead_after
-        for rank in [r for r, t in self._last_seen.items() if now - t > limit]:
+        for rank in [r for r, d in self._detectors.items() if d.suspected(now)]:
+            d = self._detectors[rank]
+            log.warning("rank %d declared dead: silent for %.2f s (%s)", rank, now - d.last, d.verdict(now))
             self._remove(rank, "dead")
 
     def _remove(self, rank: int, event: str) -> None:
         member = self._members.pop(rank)
-        del self._sessions[rank], self._last_seen[rank]
+        del self._sessions[rank], self._detectors[rank]
+        self._connections = {i: r for i, r in self._connections.items() if r != rank}
         self._estimator.forget(rank)
         self._epoch += 1
         self._publish(p.MEMBER, event=event, epoch=self._epoch, member=member.to_dict())
-        self._advance_clock()
+        if not self._advance_clock():
+            self._publish_view()
 
-    def _advance_clock(self) -> None:
-        """Publish the slowest live clock when it moves, and the view once per completed round."""
-        if not self._members:
-            return
-        low = min(m.clock for m in self._members.values())
-        if low != self._min_clock:
-            self._min_clock = low
-            self._estimator.close_round(low)
-            self._publish(p.CLOCK, min_clock=low)
-            header, blobs = self._view().to_blobs()
-            self._publish(p.VIEW, view=header, blobs=blobs)
+    def _advance_clock(self) -> bool:
+        """Publish the slowest live clock when it moves, and with it the view (once per completed
+        round); True if it moved."""
+        low = min((m.clock for m in self._members.values()), default=self._min_clock)
+        if low == self._min_clock:
+            return False
+        self._min_clock = low
+        self._estimator.close_round(low)
+        self._publish(p.CLOCK, min_clock=low)
+        self._publish_view()
+        return True
 
 
-PLANS_KEPT = 64  # rounds of plans kept behind the slowest clock (SSP peers may ask late)
+def set_transport_heartbeat(sock: zmq.Socket, heartbeat: float) -> None:
+    """ZeroMQ-level pings every ``heartbeat`` s; a connection silent for 3 of them (at least 1.5 s)
+    is closed, which the socket's monitor reports."""
+    sock.setsockopt(zmq.HEARTBEAT_IVL, int(heartbeat * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(max(1.5, 3 * heartbeat) * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_TTL, int(max(1.5, 3 * heartbeat) * 1000))
+
+
+def _rank(value: Any) -> int:
+    rank = int(value)
+    if not 0 <= rank < 1 << 20:
+        raise ValueError(f"rank {rank} is out of range")
+    return rank
+
+
+def _engine(value: Any) -> tuple[str, int] | None:
+    if not value:
+        return None
+    host, port = value
+    return str(host), int(port)
 
 
 def _pub_endpoint(bind: str) -> str:
@@ -337,5 +491,5 @@ def _untrusted_id(msg: list[bytes]) -> Any:
     """The request id of a refused message, so that its sender can match the refusal."""
     try:
         return json.loads(msg[0]).get("id")
-    except (ValueError, AttributeError, IndexError):
+    except (ValueError, AttributeError, IndexError, RecursionError):
         return None

@@ -107,6 +107,11 @@ class BandwidthEstimator:
                 if saturated and loss / senders >= self.loss_threshold:
                     self._ewma(self.downlink, j, rate)
 
+    def seed(self, uplink: np.ndarray, downlink: np.ndarray) -> None:
+        """Take over estimates held elsewhere (a predecessor's view, handed over by a peer)."""
+        self.uplink.update({r: float(u) for r, u in enumerate(uplink)})
+        self.downlink.update({r: float(d) for r, d in enumerate(downlink)})
+
     def forget(self, rank: int) -> None:
         """``rank`` is gone: what it had in flight no longer loads anyone."""
         self._in_flight.pop(rank, None)

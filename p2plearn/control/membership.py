@@ -8,7 +8,8 @@ from typing import Any
 
 @dataclass
 class Member:
-    """One live peer: where its data engine listens and how far it has come."""
+    """One live peer: where its data engine listens, where it would host the control plane should
+    it become the coordinator's successor (``standby``), and how far it has come."""
 
     rank: int
     host: str
@@ -16,6 +17,7 @@ class Member:
     clock: int = 0
     loss: float | None = None
     step_time: float | None = None
+    standby: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -24,7 +26,8 @@ class Member:
     def from_dict(cls, d: dict[str, Any]) -> Member:
         engine = d.get("engine")
         return cls(rank=int(d["rank"]), host=str(d["host"]), engine=tuple(engine) if engine else None,
-                   clock=int(d.get("clock", 0)), loss=d.get("loss"), step_time=d.get("step_time"))
+                   clock=int(d.get("clock", 0)), loss=d.get("loss"), step_time=d.get("step_time"),
+                   standby=d.get("standby"))
 
 
 @dataclass(frozen=True)
@@ -36,11 +39,16 @@ class Event:
     - ``"update"``: ``rank`` registered a new data-engine address;
     - ``"donate"``: this peer is the donor: send the model state to ``rank`` at ``engine``
       through the data engine, stamped with ``clock``;
-    - ``"expelled"``: the coordinator no longer knows this peer (it was declared dead);
-    - ``"coordinator_dead"``: the coordinator stopped answering; every later call raises.
+    - ``"readmitted"``: this peer was suspected dead, came back and was taken back; its model is
+      stale, so the coordinator asked a donor to send it the state of round ``clock``;
+    - ``"coordinator_moved"``: the coordinator died (or handed over); the client now follows the
+      successor at ``endpoint``;
+    - ``"coordinator_dead"``: no coordinator could be reached for the client's ``give_up``
+      seconds, not even a successor; every later call raises.
     """
 
     kind: str
     rank: int | None = None
     engine: tuple[str, int] | None = None
     clock: int | None = None
+    endpoint: str | None = None

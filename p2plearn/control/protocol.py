@@ -20,23 +20,24 @@ import json
 from typing import Any
 
 # Requests (client -> coordinator, DEALER -> ROUTER).
-HELLO = "hello"          # -> pub endpoint, heartbeat settings
-REGISTER = "register"    # rank, host, engine, join, session -> membership (+ donor)
-HEARTBEAT = "heartbeat"  # one-way
+HELLO = "hello"          # -> pub endpoint, heartbeat settings, term
+REGISTER = "register"    # rank, host, engine, standby, join, session, [resume] -> membership, view (+ donor)
+HEARTBEAT = "heartbeat"  # one-way (answered only when the sender is unknown or taken back)
 REPORT = "report"        # one-way: clock and measurements of one round
 MEMBERS = "members"      # -> membership snapshot
 VIEW = "view"            # -> GlobalView
 LEAVE = "leave"          # -> ok
-PLAN = "plan"            # round, policy, fanout, seed, bytes -> this peer's receivers and senders
+STEP_DOWN = "step_down"  # term, endpoint: a successor started; the old coordinator sends everyone there
 # Replies.
 OK = "ok"
 ERROR = "error"
 REFUSED = "refused"      # unsigned: the sender could not be authenticated
 # Events (coordinator -> every client, PUB -> SUB).
-TICK = "tick"            # coordinator alive; carries membership epoch and min clock
+TICK = "tick"            # coordinator alive; carries membership epoch, min clock, term and progress
 MEMBER = "member"        # join / leave / dead of one rank
 CLOCK = "clock"          # the slowest live peer's clock changed
 DONATE = "donate"        # ask a donor to send its state to a joiner
+MOVED = "moved"          # endpoint, term: a successor took over; go there
 
 
 class AuthError(Exception):

@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_ARRAYS = ("uplink", "downlink", "load", "load_msgs", "alive", "clock")
+_ARRAYS = ("uplink", "downlink", "load", "load_msgs", "alive", "clock", "message_bytes")
 _DTYPES = {"alive": np.bool_, "clock": np.int64}
+PLANNING_INPUTS = ("uplink", "downlink", "load", "alive", "message_bytes")  # what a plan depends on
 
 
 @dataclass(frozen=True)
@@ -19,7 +20,13 @@ class GlobalView:
     - ``load_msgs``: messages in flight towards each peer;
     - ``alive``: bool mask of live members;
     - ``clock``: each peer's last reported clock (rounds completed);
+    - ``message_bytes``: the size of each peer's last message (0: not known yet);
     - ``round``: the slowest live peer's clock when the snapshot was taken.
+
+    Every peer plans its rounds from the view it holds, so that no step asks anyone. ``term`` (the
+    coordinator's incarnation) and ``version`` order views; the version changes only when a
+    planning input changes, and a new version applies from round ``from_round`` on, a little ahead
+    of the fastest peer, so that every peer switches to it at the same round.
     """
 
     round: int
@@ -29,21 +36,42 @@ class GlobalView:
     load_msgs: np.ndarray
     alive: np.ndarray
     clock: np.ndarray
+    message_bytes: np.ndarray
+    term: int = 0
+    version: int = 0
+    from_round: int = 0
 
     @property
     def size(self) -> int:
         return len(self.alive)
 
+    @property
+    def order(self) -> tuple[int, int, int]:
+        """Sort key: which of two views is newer."""
+        return (self.from_round, self.term, self.version)
+
+    def same_plan_inputs(self, other: GlobalView | None) -> bool:
+        return other is not None and other.size == self.size and all(
+            np.array_equal(getattr(self, name), getattr(other, name)) for name in PLANNING_INPUTS)
+
     def to_blobs(self) -> tuple[dict, list[bytes]]:
         """Header and raw frames for the wire (no JSON of large arrays)."""
         arrays = [np.ascontiguousarray(getattr(self, name), dtype=_DTYPES.get(name, np.float64)) for name in _ARRAYS]
-        return {"round": self.round, "size": self.size}, [a.tobytes() for a in arrays]
+        header = {"round": self.round, "size": self.size, "term": self.term, "version": self.version,
+                  "from_round": self.from_round}
+        return header, [a.tobytes() for a in arrays]
 
     @classmethod
     def from_blobs(cls, header: dict, blobs: list[bytes]) -> GlobalView:
+        """Raises ValueError on a malformed view."""
         if len(blobs) != len(_ARRAYS):
             raise ValueError(f"GlobalView needs {len(_ARRAYS)} arrays, got {len(blobs)}")
-        arrays = {name: np.frombuffer(blob, dtype=_DTYPES.get(name, np.float64)) for name, blob in zip(_ARRAYS, blobs)}
-        if any(len(a) != header["size"] for a in arrays.values()):
-            raise ValueError("GlobalView arrays disagree in length")
-        return cls(round=int(header["round"]), **arrays)
+        size = int(header["size"])
+        arrays = {}
+        for name, blob in zip(_ARRAYS, blobs):
+            dtype = np.dtype(_DTYPES.get(name, np.float64))
+            if len(blob) != size * dtype.itemsize:
+                raise ValueError(f"GlobalView array {name} has {len(blob)} bytes, expected {size * dtype.itemsize}")
+            arrays[name] = np.frombuffer(blob, dtype=dtype)
+        return cls(round=int(header["round"]), term=int(header.get("term", 0)), version=int(header.get("version", 0)),
+                   from_round=int(header.get("from_round", 0)), **arrays)

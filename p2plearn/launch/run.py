@@ -182,7 +182,7 @@ class Launcher:
             bind = "tcp://0.0.0.0:0"
         return Coordinator(self.job_id, self.key, world_size=len(slots), bind=bind,
                            advertise=self.args.advertise or os.uname().nodename, heartbeat=self.options.heartbeat,
-                           dead_after=self.options.dead_after, rates=self.rates).start()
+                           phi_threshold=self.options.phi_threshold, rates=self.rates).start()
 
     def _testbed(self, stack: ExitStack) -> Any:
         from p2plearn.testbed import Testbed

@@ -1,12 +1,13 @@
 """One communication round per optimizer step: plan, send, gather, merge, report.
 
-    1. ask the control plane for this round's plan (receivers with pacing rates, senders to me);
+    1. plan this round locally from the view the control plane pushed (receivers with pacing
+       rates, senders to me): no request to anyone on the step's path;
     2. ask the tolerance policy for per-layer loss bounds and a deadline;
     3. multicast the parameters (or the value-filtered part of them) through the engine;
     4. gather what the round's rule allows (BSP: this round from every live sender, or the
-       deadline; SSP: whatever arrived within the staleness bound);
+       round's limit; SSP: whatever arrived within the staleness bound);
     5. merge per element with the delivery masks, in place;
-    6. report the round's measurements and the new clock, which feed the next plan.
+    6. report the round's measurements and the new clock (one-way), which feed later views.
 The engine reads the parameters in place, so merging waits until this peer's own send is done.
 """
 from __future__ import annotations
@@ -22,12 +23,14 @@ from p2plearn.filter import UpdateFilter
 from p2plearn.filter.wire import DENSE, SPARSE, layout
 from p2plearn.sync.inbox import Inbox
 from p2plearn.sync.merge import Contribution, merge_parameter
+from p2plearn.sync.planner import RoundPlanner
 from p2plearn.tolerance import Layer, NetworkState, RoundRecord, TolerancePolicy, TrainingState
 from p2plearn.transport import Delivery
 
 HISTORY = 50          # rounds of network history kept for the tolerance policies
 GRACE_S = 0.25        # after a sender's deadline, time for its CLOSE to reach us
-LATE_SENDER = 3.0     # deadlines a receiver waits for a sender that started its round late
+LATE_SENDER = 3.0     # deadlines (or typical rounds) a receiver waits for a sender that started late
+MIN_WAIT_S = 1.0      # without a deadline, never give up on an expected sender sooner than this
 SATURATED = 0.5       # delivered below half the paced rate: the link, not random loss, is the bottleneck
 MEASURABLE_S = 0.02   # transfers planned shorter than this are dominated by latency, not bandwidth
 
@@ -48,6 +51,7 @@ class RoundStats:
     bytes_sent: int
     retransmitted: int          # datagrams this peer sent again (loss it did not tolerate)
     results: dict[str, int] = field(default_factory=dict)  # per-receiver send results, counted
+    merged_from: list[int] = field(default_factory=list)   # the senders whose messages were merged
 
 
 class Synchronizer(ABC):
@@ -63,8 +67,10 @@ class Synchronizer(ABC):
         value_filter: when given, only what it lets through is sent: the elements (or layers)
             whose accumulated change crossed its threshold, carrying their current values;
             receivers average just those and keep their own values elsewhere.
-        round_cap_s: the longest any round may wait for inputs when no deadline is set; a safety
-            net against hangs, not a tuning knob (set a deadline or an adaptive tolerance).
+        round_cap_s: the longest any round may wait for inputs; a safety net against hangs, not a
+            tuning knob. Without a deadline a BSP round waits for an expected sender at most
+            LATE_SENDER times the median of recent rounds (at least MIN_WAIT_S): a sender that
+            planned from another view, or stalled, costs one bounded round, not the cap.
     """
 
     def __init__(self, params: list[np.ndarray], layers: list[Layer], channel: Any, client: Any, *,
@@ -74,12 +80,13 @@ class Synchronizer(ABC):
         self.layers = layers
         self.channel = channel
         self.client = client
-        self.selection, self.fanout, self.seed = selection, fanout, seed
         self.tolerance = tolerance
         self.filter = value_filter
         self.round_cap_s = round_cap_s
         self.clock = start_clock
+        self.planner = RoundPlanner(selection, fanout, seed)
         self.inbox = Inbox(channel)
+        self._interrupted = False
         self.network = NetworkState()
         self.training = TrainingState()
         self._previous = [p.copy() for p in params]
@@ -91,18 +98,15 @@ class Synchronizer(ABC):
         deltas = self._track_updates(loss)
         arrays, to_wire = self._message(rnd, deltas)
         self.network.expected_bytes = sum(a.nbytes for a in arrays)
-        plan = self.client.plan(rnd, policy=self.selection, fanout=self.fanout, seed=self.seed,
-                                message_bytes=self.network.expected_bytes)
-        self.network.planned_time_s = plan["planned_time"]
+        plan = self.planner.plan(self.client.view_for(rnd), rnd, self.client.rank, self.network.expected_bytes)
+        self.network.planned_time_s = plan.planned_time
         bounds, deadline = self.tolerance.bounds(rnd, self.layers, self.network, self.training)
         members = self.client.members
-        receivers = [(j, rate) for j, rate in plan["receivers"] if j in members and members[j].engine]
+        receivers = [(j, rate) for j, rate in plan.receivers if j in members and members[j].engine]
         handle = self.channel.send(rnd, arrays, [(*members[j].engine, rate) for j, rate in receivers],
                                    loss_bounds=to_wire(bounds), deadline=deadline)
-        # Each sender closes its message by its own deadline, but may start later than this peer
-        # (it was still computing): wait a few deadlines for it, never past the cap.
-        until = t0 + min(self.round_cap_s, LATE_SENDER * deadline + GRACE_S if deadline else self.round_cap_s)
-        self._wait_round(rnd, set(plan["senders"]), until)
+        self._interrupted = False
+        self._wait_round(rnd, set(plan.senders), t0 + self._wait_limit(deadline))
         sent = handle.wait()
         comm_s = time.monotonic() - t0
         self.clock = rnd + 1
@@ -114,9 +118,24 @@ class Synchronizer(ABC):
         for st in sent:
             results[st.result] = results.get(st.result, 0) + 1
         send_s = max((st.elapsed_s for st in sent), default=0.0)
-        return RoundStats(rnd, [j for j, _ in receivers], plan["senders"], merged, delivered, plan["fanout"],
-                          plan["planned_time"], comm_s, send_s, self.network.expected_bytes * len(receivers),
-                          sum(st.retransmitted for st in sent), results)
+        return RoundStats(rnd, [j for j, _ in receivers], plan.senders, merged, delivered, plan.fanout,
+                          plan.planned_time, comm_s, send_s, self.network.expected_bytes * len(receivers),
+                          sum(st.retransmitted for st in sent), results, sorted({d.sender for d in inputs}))
+
+    def interrupt(self) -> None:
+        """End the current round's wait early (this peer's state is about to be replaced)."""
+        self._interrupted = True
+
+    def _wait_limit(self, deadline: float | None) -> float:
+        """How long this round may wait for its senders. Each sender closes its message by its own
+        deadline, but may start later than this peer (it was still computing): wait a few
+        deadlines for it; without one, a few typical rounds; never past the cap."""
+        if deadline:
+            return min(self.round_cap_s, LATE_SENDER * deadline + GRACE_S)
+        recent = [r.elapsed_s for r in self.network.history[-10:]]
+        if len(recent) < 3:
+            return self.round_cap_s
+        return min(self.round_cap_s, max(MIN_WAIT_S, LATE_SENDER * float(np.median(recent)) + GRACE_S))
 
     @abstractmethod
     def _wait_round(self, rnd: int, senders: set[int], until: float) -> None:
@@ -127,7 +146,8 @@ class Synchronizer(ABC):
         """The deliveries to merge after round `rnd` (this peer's clock is now rnd + 1)."""
 
     def _alive(self, rank: int) -> bool:
-        return rank in self.client.members
+        """Whether an expected sender is still worth waiting for."""
+        return rank in self.client.members and not self._interrupted
 
     def _message(self, rnd: int, deltas: list[np.ndarray]) -> tuple[list[np.ndarray], Any]:
         """What to send, and how per-layer bounds map onto its arrays."""
@@ -205,7 +225,8 @@ class Synchronizer(ABC):
         size = self.network.expected_bytes
         saturated = any(rate > 0 and size / rate >= MEASURABLE_S and st.delivery_rate < SATURATED * rate
                         for (_, rate), st in zip(receivers, sent))
-        self.client.report(rnd + 1, loss=loss, step_time=comm_s, saturated=saturated, links=links)
+        self.client.report(rnd + 1, loss=loss, step_time=comm_s, saturated=saturated, links=links,
+                           message_bytes=self.network.expected_bytes)
         record = RoundRecord(round=rnd, elapsed_s=comm_s,
                              delivered=float(np.mean([st.delivered for st in sent])) if sent else 1.0,
                              loss_rate=float(np.mean([st.loss_rate for st in sent])) if sent else 0.0,

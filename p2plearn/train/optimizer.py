@@ -45,8 +45,19 @@ class TrainingStats:
     merged_per_round: float = 0.0
     comm_s: float = 0.0             # wall time in communication rounds
     compute_s: float = 0.0          # wall time outside them (forward, backward, local step, data)
+    merges: int = 0                 # messages merged, over all rounds
+    mixed_with: set[int] = field(default_factory=set)  # the peers whose messages were merged
+    rejoins: int = 0                # times this peer was taken for dead, came back and got the state again
+    coordinator_changes: int = 0    # failovers this peer followed
     round_times: list[float] = field(default_factory=list)
     send_times: list[float] = field(default_factory=list)  # per round, this peer's own transfer
+
+    def summary(self) -> str:
+        """One line: what this peer did."""
+        mixed = ",".join(map(str, sorted(self.mixed_with))) or "none"
+        return (f"{self.rounds} rounds, {self.merges} merges, mixed with {len(self.mixed_with)} peers ({mixed}), "
+                f"{self.bytes_sent / 1e6:.1f} MB sent, comm {self.comm_s:.1f} s / compute {self.compute_s:.1f} s, "
+                f"{self.rejoins} rejoins, {self.coordinator_changes} coordinator changes")
 
 
 def describe_layers(model: torch.nn.Module) -> list[Layer]:
@@ -140,7 +151,9 @@ class DecentralizedOptimizer:
                                                                    period=self.options.filter_period)
                                       if self.options.filter == "value" else None,
                                       start_clock=self.runtime.client.start_clock, **extra)
-        self._donations: list[tuple[int, tuple[str, int]]] = []
+        self._donations: list[int] = []
+        self._needs_state = False
+        self._expelled = False
         self._lock = threading.Lock()
         self.runtime.client.on_event(self._on_event)
         self._stats = TrainingStats()
@@ -175,6 +188,12 @@ class DecentralizedOptimizer:
     def step(self, closure: Any = None, loss: torch.Tensor | float | None = None) -> RoundStats:
         """A local optimizer step, then one communication round. `loss` (optional) feeds the
         progress line and the phase-aware tolerance."""
+        if self._expelled:
+            raise RuntimeError(f"rank {self.runtime.rank} was declared dead by the job and could not register "
+                               f"again (its rank was taken, or no coordinator answered): stopping rather than "
+                               f"training alone")
+        if self._needs_state:
+            self._rejoin()
         t0 = time.monotonic()
         self.optimizer.step(closure)
         self._serve_donations()
@@ -192,6 +211,8 @@ class DecentralizedOptimizer:
         st.average_p += (rs.fanout - st.average_p) / n
         st.receivers_per_round += (len(rs.receivers) - st.receivers_per_round) / n
         st.merged_per_round += (rs.merged - st.merged_per_round) / n
+        st.merges += rs.merged
+        st.mixed_with.update(rs.merged_from)
         st.delivered += (rs.delivered - st.delivered) / n
         st.round_times.append(rs.comm_s)
         st.send_times.append(rs.send_s)
@@ -207,6 +228,7 @@ class DecentralizedOptimizer:
 
     def stats(self) -> TrainingStats:
         self._stats.bytes_received = self.channel.stats().get("bytes_received", 0)
+        self._stats.coordinator_changes = self.runtime.client.coordinator_changes
         return self._stats
 
     # -- joining peers: the state travels through the engine, the control plane only introduces ---
@@ -215,6 +237,12 @@ class DecentralizedOptimizer:
         if event.kind == "donate":
             with self._lock:
                 self._donations.append(int(event.rank))
+        elif event.kind in ("readmitted", "expelled"):
+            # Taken for dead while paused or stalled: this model is stale. Stop the round in flight;
+            # the next step takes the donor's state (or stops, if the peer could not come back).
+            self._needs_state = event.kind == "readmitted"
+            self._expelled = event.kind == "expelled"
+            self.sync.interrupt()
 
     def _serve_donations(self) -> None:
         """Send the model to joiners; one whose engine is not registered yet waits for next step."""
@@ -226,11 +254,18 @@ class DecentralizedOptimizer:
             snapshot = [p.numpy().copy() for p in self.params]
             self.channel.send(STATE_FLAG | self.sync.clock, snapshot, [members[rank].engine])
 
+    def _rejoin(self) -> None:
+        self._needs_state = False
+        self._stats.rejoins += 1
+        if self.runtime.client.donor is not None:
+            self._receive_state()
+
     def _receive_state(self, timeout: float = 60.0) -> None:
         donor = self.runtime.client.donor
         d = self.sync.inbox.take_state(donor.rank, time.monotonic() + timeout)
         if d is None or d.arrays is None or not d.complete:
-            raise RuntimeError(f"no model state from donor rank {donor.rank} within {timeout:g} s")
+            raise RuntimeError(f"rank {self.runtime.rank}: no model state from donor rank {donor.rank} within "
+                               f"{timeout:g} s; it cannot take part with a stale model")
         for p, a in zip(self.params, d.arrays):
             p.copy_(torch.from_numpy(a))
         self.sync.clock = d.msg_id & ~STATE_FLAG
@@ -256,7 +291,8 @@ class DecentralizedOptimizer:
         return [(t / (len(others) + 1)).to(p.dtype) for t, p in zip(total, self.params)]
 
     def close(self) -> None:
-        """Leave the job and release the engine."""
+        """Leave the job, print this peer's one-line summary, and release the engine."""
+        print(f"p2plearn rank {self.runtime.rank}: {self.stats().summary()}", flush=True)
         self.runtime.close()
         if self._own_engine:
             self.channel.close()

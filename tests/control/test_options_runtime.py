@@ -59,11 +59,6 @@ def test_bad_rank_variables_are_clear():
         runtime.detect_rank({"PMI_RANK": "x", "PMI_SIZE": "2"})
 
 
-def test_first_slurm_node():
-    assert runtime._first_slurm_node("node[03-05,9],gpu1") == "node03"
-    assert runtime._first_slurm_node("gpu1,gpu2") == "gpu1"
-
-
 def test_rank0_hosts_the_coordinator_without_a_launcher():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

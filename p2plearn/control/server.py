@@ -1,0 +1,158 @@
+"""The coordinator in a process of its own: ``python -m p2plearn.control [options]``.
+
+A peer's imports and compute hold its interpreter for seconds at a time (torch's first import,
+say); a coordinator thread inside it would fall silent with it and the others would take it for
+dead. In its own process it cannot be starved that way, and it outlives the process that started
+it: a job whose rank 0 dies keeps its coordinator.
+
+The job key is read from ``P2PLEARN_JOB_KEY`` (never from the command line, which ``ps`` shows to
+every user). Once bound, the server prints one JSON line ``{"address": ..., "pub": ...}`` on
+stdout; then it serves until it is told of a successor, until the job has had no member for
+``--linger`` seconds, until nobody registered in ``--startup-timeout`` seconds, or until SIGTERM.
+``spawn()`` starts one and returns once it is bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+import zmq
+
+from . import protocol as p
+from .coordinator import Coordinator
+from .estimator import rates_from_file
+
+KEY_VAR = "P2PLEARN_JOB_KEY"
+
+
+@dataclass
+class ServerProcess:
+    """A running coordinator process: where it serves, and how to stop it."""
+
+    proc: subprocess.Popen
+    address: str
+    pub_address: str
+
+    def stop(self, timeout: float = 3.0) -> None:
+        """SIGTERM, then SIGKILL after ``timeout`` seconds."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+
+def spawn(job_id: str, key: str | bytes, *, bind: str, advertise: str | None = None, world_size: int = 0,
+          heartbeat: float = 0.5, phi_threshold: float = 8.0, startup_grace: float = 60.0,
+          topology: str | None = None, term: int = 0, previous: str | None = None, linger: float = 10.0,
+          timeout: float = 30.0) -> ServerProcess:
+    """Start a coordinator process and wait (up to ``timeout`` s) until it is bound.
+
+    ``previous``: the endpoint of the coordinator it succeeds, told to step down. Raises
+    RuntimeError with the process's own error when it fails to start (a port in use, say).
+    """
+    argv = [sys.executable, "-m", "p2plearn.control", "--job-id", job_id, "--bind", bind,
+            "--world-size", str(world_size), "--heartbeat", str(heartbeat), "--phi-threshold", str(phi_threshold),
+            "--startup-grace", str(startup_grace), "--term", str(term), "--linger", str(linger)]
+    for flag, value in (("--advertise", advertise), ("--topology", topology), ("--previous", previous)):
+        if value:
+            argv += [flag, value]
+    env = {**os.environ, KEY_VAR: key.hex() if isinstance(key, bytes) else key}
+    # Its own session: a Ctrl-C meant for the peer's terminal group does not take the job's
+    # coordinator with it; it ends by itself once the job has no member.
+    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    line = proc.stdout.readline() if ready else b""
+    if not line:
+        proc.kill()
+        proc.wait()
+        why = proc.stderr.read().decode(errors="replace").strip().splitlines()
+        raise RuntimeError(f"the coordinator process did not start within {timeout:g} s"
+                           + (f": {why[-1]}" if why else ""))
+    info = json.loads(line)
+    # Later stderr lines (warnings, a crash) go to ours, without a thread per line.
+    threading.Thread(target=_forward, args=(proc.stderr,), daemon=True).start()
+    return ServerProcess(proc, info["address"], info["pub"])
+
+
+def _forward(stream) -> None:
+    for raw in iter(stream.readline, b""):
+        sys.stderr.write("[coordinator] " + raw.decode(errors="replace"))
+    stream.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m p2plearn.control", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--job-id", required=True)
+    parser.add_argument("--bind", required=True, help="ZeroMQ endpoint, e.g. tcp://0.0.0.0:29451 or ipc:///tmp/j/ctl")
+    parser.add_argument("--advertise", help="the host clients use when --bind is a wildcard address")
+    parser.add_argument("--world-size", type=int, default=0)
+    parser.add_argument("--heartbeat", type=float, default=0.5)
+    parser.add_argument("--phi-threshold", type=float, default=8.0)
+    parser.add_argument("--startup-grace", type=float, default=60.0)
+    parser.add_argument("--topology", help="topology file seeding the bandwidth view")
+    parser.add_argument("--term", type=int, default=0, help="incarnation: a successor's is its predecessor's + 1")
+    parser.add_argument("--previous", help="endpoint of the coordinator this one succeeds (told to step down)")
+    parser.add_argument("--linger", type=float, default=10.0, help="exit after this long without any member")
+    parser.add_argument("--startup-timeout", type=float, default=120.0, help="exit if nobody registers in this long")
+    args = parser.parse_args(argv)
+    logging.basicConfig(format="%(message)s", level=logging.WARNING)  # deaths and hand-overs, on stderr
+    key = os.environ.get(KEY_VAR)
+    if not key:
+        print(f"{parser.prog}: error: {KEY_VAR} is not set", file=sys.stderr)
+        return 2
+    rates = rates_from_file(args.topology) if args.topology else None
+    coordinator = Coordinator(args.job_id, key, world_size=args.world_size, bind=args.bind, advertise=args.advertise,
+                              heartbeat=args.heartbeat, phi_threshold=args.phi_threshold,
+                              startup_grace=args.startup_grace, rates=rates, term=args.term)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    coordinator.start()
+    print(json.dumps({"address": coordinator.address, "pub": coordinator.pub_address}), flush=True)
+    if args.previous:
+        _step_down(args.previous, args.job_id, key, args.term, coordinator.address)
+    started = last_member = time.monotonic()
+    seen = False
+    try:
+        while not stop.wait(0.2) and coordinator.serving:
+            now = time.monotonic()
+            if coordinator.members():
+                seen, last_member = True, now
+            elif (seen and now - last_member > args.linger) or (not seen and now - started > args.startup_timeout):
+                break
+    finally:
+        coordinator.stop()
+    return 0
+
+
+def _step_down(endpoint: str, job_id: str, key: str, term: int, successor: str) -> None:
+    """Tell a predecessor that may still be alive (a false suspicion) to send its clients here."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(p.endpoint(endpoint))
+        sock.send_multipart(p.pack(p.job_key(key), job_id, {"type": p.STEP_DOWN, "term": term,
+                                                             "endpoint": successor, "id": 0}), flags=zmq.NOBLOCK)
+        sock.poll(1000)  # a dead predecessor never answers; a live one answers at once
+    except zmq.ZMQError:
+        pass
+    finally:
+        sock.close()
+

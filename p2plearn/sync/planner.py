@@ -1,0 +1,61 @@
+"""Each peer's part of a round's plan, computed by the peer itself from the view it holds.
+
+A plan is a pure function of (view, selection policy, fanout, seed, round): every peer holding
+the same view computes the same plan, so no step asks anyone for it. The view that plans round r
+is the newest one whose ``from_round`` is at most r (see ``GlobalView``); peers that hold
+different views still interoperate, since a receiver accepts any sender and a BSP round waits for
+the senders its own plan expects only up to the round's limit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from p2plearn.control import GlobalView
+from p2plearn.selection import NetworkView, average_fanout, make_policy, plan_flows, plan_time
+
+
+@dataclass(frozen=True)
+class LocalPlan:
+    """What round r's plan says to one peer."""
+
+    receivers: list[tuple[int, float]]  # (rank, pacing rate in bytes/s)
+    senders: list[int]                  # ranks that send to this peer
+    planned_time: float                 # T of the whole plan, seconds
+    fanout: float                       # the plan's average p
+
+
+class RoundPlanner:
+    """Plans rounds with the named selection policy (``selmcast``, ``random``, ...).
+
+    ``seed`` breaks ties and drives the random policies; it must be the same on every peer. The
+    last few whole plans are cached: SSP peers plan rounds a little apart from the same view.
+    """
+
+    CACHED = 8
+
+    def __init__(self, selection: str, fanout: int, seed: int) -> None:
+        self.policy = make_policy(selection, seed=seed)
+        self.fanout = fanout
+        self._cache: dict[tuple, tuple[dict[int, list[tuple[int, float]]], float, float]] = {}
+
+    def plan(self, view: GlobalView, rnd: int, rank: int, own_bytes: float) -> LocalPlan:
+        """``own_bytes``: this peer's message size, standing in for sizes the view does not know yet."""
+        key = (view.order, rnd)
+        if key not in self._cache:
+            self._cache[key] = self._whole_plan(view, rnd, own_bytes)
+            while len(self._cache) > self.CACHED:
+                del self._cache[next(iter(self._cache))]
+        flows, planned_time, fanout = self._cache[key]
+        senders = sorted(i for i, rs in flows.items() if any(j == rank for j, _ in rs))
+        return LocalPlan(flows.get(rank, []), senders, planned_time, fanout)
+
+    def _whole_plan(self, view: GlobalView, rnd: int, own_bytes: float):
+        sizes = np.where(view.message_bytes > 0, view.message_bytes, float(own_bytes))
+        net = NetworkView.from_global(view, sizes)
+        plan = self.policy.plan(net, self.fanout, rnd)
+        flows: dict[int, list[tuple[int, float]]] = {i: [] for i in plan}
+        for i, j, rate in zip(*plan_flows(net, plan)):
+            flows[int(i)].append((int(j), float(rate)))
+        return flows, plan_time(net, plan), average_fanout(plan)
