@@ -8,6 +8,7 @@ BENCHES = {
     "rounds": "p2plearn.bench.rounds",
     "selection": "p2plearn.bench.selection",
     "sim": "p2plearn.bench.sim",
+    "startup": "p2plearn.bench.startup",
 }
 
 

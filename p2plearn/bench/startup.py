@@ -1,0 +1,165 @@
+"""Start-up benchmark: how long a job takes from launch to its first step, and whether any start
+fails or declares a live peer dead, with both cores kept busy by a CPU hog.
+
+    python -m p2plearn.bench startup [--starts 20] [--peers 4] [--launcher mpirun|plain] [--no-hog]
+
+Each start launches ``--peers`` processes, under Open MPI's ``mpirun`` (no ``MASTER_ADDR``: rank 0's
+address is found as a user of mpirun would rely on) or as torchrun does (``plain``: RANK,
+WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Each peer builds a ``DecentralizedOptimizer``, takes a few
+steps and reports what it saw: the seconds from launch to its first step, and every ``dead``
+event of the control plane (all peers stay alive here, so any is a false death). The table gives,
+per start: exit codes, false deaths, and the slowest peer's time to its first step.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+
+def peer_main(out: str, steps: int, launched: float) -> int:
+    """One peer of a start (run as ``python -m p2plearn.bench.startup --peer OUT``)."""
+    import torch
+
+    import p2plearn
+    from p2plearn.train import DecentralizedOptimizer
+
+    torch.set_num_threads(1)
+    rt = p2plearn.init(timeout=120.0)
+    events: list[str] = []
+    rt.client.on_event(lambda e: events.append(f"{e.kind} {e.rank}"))
+    model = torch.nn.Linear(16, 4)
+    opt = DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, rt)
+    first_step = None
+    for _ in range(steps):
+        loss = model(torch.randn(8, 16)).square().mean()
+        loss.backward()
+        opt.step(loss=loss)
+        opt.zero_grad()
+        first_step = first_step or time.time() - launched
+    with open(os.path.join(out, f"rank-{rt.rank}.json"), "w") as f:
+        json.dump({"rank": rt.rank, "first_step_s": first_step, "events": events}, f)
+    opt.close()
+    return 0
+
+
+@contextmanager
+def cpu_hog(processes: int) -> Iterator[None]:
+    """Busy loops on ``processes`` cores for the duration (killed on exit, also on failure)."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+
+
+def one_start(peers: int, launcher: str, steps: int = 5, timeout: float = 300.0) -> dict:
+    """Launch one job; returns its exit codes, false deaths and the slowest time to a first step."""
+    out = tempfile.mkdtemp(prefix="p2plearn-startup-")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    job = "startup-" + secrets.token_hex(4)
+    env = {**os.environ, "P2PLEARN_JOB_ID": job, "P2PLEARN_JOB_KEY": secrets.token_hex(32),
+           "MASTER_PORT": str(port - 1), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    launched = time.time()
+    peer = [sys.executable, "-m", "p2plearn.bench.startup", "--peer", out, "--steps", str(steps),
+            "--launched", repr(launched)]
+    if launcher == "mpirun":
+        cmds = [["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(peers),
+                 *[a for var in ("P2PLEARN_JOB_ID", "P2PLEARN_JOB_KEY", "MASTER_PORT", "OMP_NUM_THREADS",
+                                 "PYTHONPATH") if var in env for a in ("-x", var)], *peer]]
+        envs = [env]
+    else:
+        cmds = [peer] * peers
+        envs = [{**env, "RANK": str(r), "WORLD_SIZE": str(peers), "MASTER_ADDR": "127.0.0.1"} for r in range(peers)]
+    procs = [subprocess.Popen(c, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+             for c, e in zip(cmds, envs)]
+    try:
+        codes, logs = [], []
+        for p in procs:
+            try:
+                logs.append(p.communicate(timeout=max(1.0, launched + timeout - time.time()))[0].decode(errors="replace"))
+                codes.append(p.returncode)
+            except subprocess.TimeoutExpired:
+                codes.append(None)
+                logs.append("(timed out)")
+        results = []
+        for name in sorted(os.listdir(out)):
+            with open(os.path.join(out, name)) as f:
+                results.append(json.load(f))
+        return {"codes": codes, "peers_done": len(results),
+                "false_deaths": sum(e.startswith("dead") for r in results for e in r["events"]),
+                "first_step_s": max((r["first_step_s"] for r in results), default=None),
+                "log": "\n".join(logs)[-2000:]}
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+        found = subprocess.run(["pgrep", "-f", f"p2plearn.control --job-id {job}"], capture_output=True, text=True)
+        for pid in found.stdout.split():
+            os.kill(int(pid), signal.SIGKILL)
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def run_starts(starts: int, peers: int, launcher: str, hog: bool) -> list[dict]:
+    with cpu_hog(os.cpu_count() or 2) if hog else _nothing():
+        return [one_start(peers, launcher) for _ in range(starts)]
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m p2plearn.bench startup", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--starts", type=int, default=20)
+    parser.add_argument("--peers", type=int, default=4)
+    parser.add_argument("--launcher", choices=("mpirun", "plain"),
+                        default="mpirun" if shutil.which("mpirun") else "plain")
+    parser.add_argument("--no-hog", dest="hog", action="store_false", help="leave the cores idle")
+    parser.add_argument("--peer", help=argparse.SUPPRESS)
+    parser.add_argument("--steps", type=int, default=5, help=argparse.SUPPRESS)
+    parser.add_argument("--launched", type=float, default=0.0, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.peer:
+        raise SystemExit(peer_main(args.peer, args.steps, args.launched))
+    print(f"{args.starts} starts of {args.peers} peers under {args.launcher}, "
+          f"{'a CPU hog on every core' if args.hog else 'idle cores'}")
+    print("| start | exit codes | false deaths | launch to first step (slowest peer) |")
+    print("|---|---|---|---|")
+    ok = deaths = 0
+    times = []
+    for i, r in enumerate(run_starts(args.starts, args.peers, args.launcher, args.hog), 1):
+        good = all(c == 0 for c in r["codes"]) and r["peers_done"] == args.peers
+        ok += good
+        deaths += r["false_deaths"]
+        if r["first_step_s"] is not None:
+            times.append(r["first_step_s"])
+        first = f"{r['first_step_s']:.1f} s" if r["first_step_s"] is not None else "-"
+        print(f"| {i} | {r['codes']} | {r['false_deaths']} | {first} |", flush=True)
+        if not good:
+            print(r["log"], file=sys.stderr)
+    times.sort()
+    median = f"{times[len(times) // 2]:.1f} s" if times else "-"
+    print(f"\n{ok} of {args.starts} starts succeeded; {deaths} false deaths; median launch to first step {median}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,115 @@
+"""A job of trainer.py peers started without a launcher (as torchrun does), and its cleanup."""
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRAINER = os.path.join(ROOT, "tests", "faults", "trainer.py")
+
+
+def free_port_pair() -> int:
+    """A MASTER_PORT whose next port (the coordinator's) is free too."""
+    while True:
+        with socket.socket() as a:
+            a.bind(("127.0.0.1", 0))
+            port = a.getsockname()[1]
+            with socket.socket() as b:
+                try:
+                    b.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+                return port
+
+
+class Job:
+    """``n`` trainer peers; ``lines[rank]`` collects each peer's output as it comes."""
+
+    def __init__(self, n: int, out: str, *, seconds: float, step_time: float = 0.05, env: dict | None = None):
+        self.n, self.out = n, out
+        port = free_port_pair()
+        self.job_id = "faults-" + secrets.token_hex(4)
+        base = {**os.environ, "WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+                "P2PLEARN_JOB_ID": self.job_id, "P2PLEARN_JOB_KEY": secrets.token_hex(32),
+                "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+        self.lines: dict[int, list[str]] = {r: [] for r in range(n)}
+        self.ready: dict[int, tuple[int, int]] = {}  # rank -> (pid, coordinator pid)
+        self.procs = []
+        for rank in range(n):
+            proc = subprocess.Popen([sys.executable, TRAINER, "--seconds", str(seconds), "--step-time", str(step_time),
+                                     "--out", out], env={**base, "RANK": str(rank)}, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            self.procs.append(proc)
+            threading.Thread(target=self._pump, args=(rank, proc), daemon=True).start()
+
+    def _pump(self, rank: int, proc: subprocess.Popen) -> None:
+        for raw in iter(proc.stdout.readline, b""):
+            line = raw.decode(errors="replace").rstrip()
+            self.lines[rank].append(line)
+            if line.startswith("ready "):
+                _, r, pid, coordinator = line.split()
+                self.ready[int(r)] = (int(pid), int(coordinator))
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.ready) < self.n:
+            if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in self.procs):
+                raise AssertionError(f"the job did not start: {self.output()}")
+            time.sleep(0.05)
+
+    @property
+    def coordinator_pid(self) -> int:
+        return self.ready[0][1]
+
+    def wait(self, timeout: float = 180.0) -> list[int]:
+        """Exit codes of every peer."""
+        deadline = time.monotonic() + timeout
+        codes = []
+        for proc in self.procs:
+            try:
+                codes.append(proc.wait(timeout=max(0.1, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"a peer did not finish in {timeout:g} s: {self.output()}") from None
+        return codes
+
+    def result(self, rank: int) -> dict | None:
+        path = os.path.join(self.out, f"rank-{rank}.json")
+        if not os.path.exists(path):
+            return None
+        with open(path) as f:
+            return json.load(f)
+
+    def output(self) -> str:
+        return "\n".join(f"[{r}] {line}" for r, lines in self.lines.items() for line in lines[-15:])
+
+    def close(self) -> None:
+        """Kill whatever is left: peers (their groups) and every coordinator process they started."""
+        for proc in self.procs:
+            _kill(proc.pid, group=True)
+        for _, coordinator in self.ready.values():
+            if coordinator:
+                _kill(coordinator, group=True)
+        for proc in self.procs:
+            proc.wait()
+        for pid in coordinators_of(self.job_id):  # successors started by peers during the test
+            _kill(pid, group=False)
+
+
+def _kill(pid: int, group: bool) -> None:
+    try:
+        os.killpg(pid, signal.SIGCONT) if group else None
+        (os.killpg if group else os.kill)(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def coordinators_of(job_id: str) -> list[int]:
+    """Pids of the coordinator processes of a job (found by the job id on their command line)."""
+    found = subprocess.run(["pgrep", "-f", f"p2plearn.control --job-id {job_id}"], capture_output=True, text=True)
+    return [int(pid) for pid in found.stdout.split()]

@@ -1,0 +1,63 @@
+"""A small training peer for the fault tests: started like torchrun starts peers (RANK, WORLD_SIZE,
+MASTER_ADDR, MASTER_PORT), so that rank 0 starts the coordinator's process.
+
+    python trainer.py --seconds T [--step-time S] --out DIR
+
+Prints ``ready <rank> <pid> <coordinator pid or 0>`` once training starts and writes DIR/rank-R.json
+at the end: steps taken, rounds, merges, rejoins, coordinator changes, peers mixed with, and the
+wall time (time.time()) and clock of every step, and the control-plane events it saw.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+import p2plearn
+from p2plearn.train import DecentralizedOptimizer
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, required=True, help="train this long after the rendezvous")
+    parser.add_argument("--step-time", type=float, default=0.05, help="seconds of 'compute' per step")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    rt = p2plearn.init(timeout=60.0)
+    torch.manual_seed(rt.rank)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    opt = DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05), model, rt)
+    events = []
+    rt.client.on_event(lambda e: events.append((time.time(), e.kind, e.rank)))
+    coordinator_pid = rt.coordinator.proc.pid if rt.coordinator is not None else 0
+    print(f"ready {rt.rank} {os.getpid()} {coordinator_pid}", flush=True)
+    x, y = torch.randn(256, 32), torch.randint(0, 4, (256,))
+    times, clocks = [], []
+    until, step = time.monotonic() + args.seconds, 0
+    while time.monotonic() < until:
+        i = (step * 32) % 256
+        step += 1
+        loss = torch.nn.functional.cross_entropy(model(x[i:i + 32]), y[i:i + 32])
+        loss.backward()
+        time.sleep(args.step_time)
+        opt.step(loss=loss)
+        opt.zero_grad()
+        times.append(time.time())
+        clocks.append(opt.sync.clock)
+    st = opt.stats()
+    result = {"rank": rt.rank, "steps": step, "rounds": st.rounds, "merges": st.merges,
+              "rejoins": st.rejoins, "coordinator_changes": st.coordinator_changes,
+              "mixed_with": sorted(st.mixed_with), "times": times, "clocks": clocks, "events": events,
+              "finite": all(bool(torch.isfinite(p).all()) for p in model.parameters())}
+    with open(os.path.join(args.out, f"rank-{rt.rank}.json"), "w") as f:
+        json.dump(result, f)
+    opt.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
