@@ -1,0 +1,67 @@
+"""Where the other ranks reach rank 0 when no launcher of ours started the job (mpirun, srun, torchrun).
+
+``coordinator_host`` tries, in order: ``P2PLEARN_COORDINATOR_HOST``; ``MASTER_ADDR`` (torchrun, and
+what users of other launchers often export); the first node of Slurm's node list; 127.0.0.1 when
+every rank runs on this host (the launcher's local size equals the world size); mpi4py, when it
+is installed, to have rank 0 tell the others its address. Open MPI sets no ``MASTER_ADDR``, so a
+job across hosts without mpi4py or one of the variables gets a one-line error naming what to set,
+rather than every rank looking for the coordinator at 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from collections.abc import Mapping
+
+SLURM_NODELISTS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+
+
+class DiscoveryError(ValueError):
+    """Rank 0's address cannot be found; the message says which variable to set."""
+
+
+def coordinator_host(environ: Mapping[str, str], rank: int, world_size: int, local_world_size: int) -> str:
+    """The address at which every rank reaches rank 0's host."""
+    for var in ("P2PLEARN_COORDINATOR_HOST", "MASTER_ADDR"):
+        if environ.get(var):
+            return environ[var]
+    for var in SLURM_NODELISTS:
+        if environ.get(var):
+            return first_slurm_node(environ[var])
+    if local_world_size >= world_size:
+        return "127.0.0.1"
+    host = _from_mpi(rank)
+    if host:
+        return host
+    raise DiscoveryError("ranks run on several hosts and rank 0's address is unknown: set "
+                         "P2PLEARN_COORDINATOR_HOST (or MASTER_ADDR) to an address of rank 0's host that every "
+                         "host can reach, or install mpi4py")
+
+
+def first_slurm_node(nodelist: str) -> str:
+    """``node[03-05,9],gpu1`` -> ``node03``: the first host of a Slurm node list."""
+    match = re.match(r"([^,\[]+)(?:\[([^],-]+))?", nodelist.strip())
+    if not match:
+        raise DiscoveryError(f"cannot read a host from the Slurm node list {nodelist!r}: set P2PLEARN_COORDINATOR_HOST")
+    return match.group(1) + (match.group(2) or "")
+
+
+def _from_mpi(rank: int) -> str | None:
+    """Rank 0's outward address, broadcast through MPI (None without mpi4py)."""
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return None
+    address = outward_address() if rank == 0 else None
+    return MPI.COMM_WORLD.bcast(address, root=0)
+
+
+def outward_address() -> str:
+    """The address this host uses towards other hosts (the source of a route off the machine)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: only picks a route, sends nothing
+            return probe.getsockname()[0]
+        except OSError:
+            return socket.gethostbyname(socket.gethostname())
