@@ -224,8 +224,8 @@ class Coordinator:
         handler = getattr(self, f"_on_{kind}", None) if isinstance(kind, str) else None
         with self._lock:
             try:
-                self._note_connection(fd, body)
                 reply = handler(body, blobs) if handler else {"type": p.ERROR, "reason": f"unknown request {kind!r}"}
+                self._note_connection(fd, body)  # after the handler: a registration makes the member
             except Exception as exc:  # untrusted input must never kill the loop: answer and count it
                 self.errors += 1
                 reply = {"type": p.ERROR, "reason": f"bad {kind} request: {exc!r}"}

@@ -37,7 +37,8 @@ class Output:
         self._stderr: dict[int, deque[str]] = {}
         self._last_plain = 0.0
         self._last_clock: int | None = None
-        self._last_text = ""
+        self._last_text = ""    # the last progress line printed
+        self._latest = ""       # the last progress computed while the job ran
         self._live = None
         if log_dir:
             os.makedirs(log_dir, exist_ok=True)
@@ -71,15 +72,19 @@ class Output:
 
     def progress(self, p: Progress, rate: float, world_size: int, final: bool = False) -> None:
         """Show the job's progress: rounds, rounds/s, loss and the slowest peer; ``final``: the
-        job is over, print it as a plain line once (if any round was reported)."""
+        job is over: print the last progress seen while it ran as a plain line, once."""
         loss = f"loss {p.loss:.4f}" if p.loss is not None else "loss -"
         text = (f"round {p.min_clock}" + (f"..{p.max_clock}" if p.max_clock != p.min_clock else "")
                 + f" | {rate:.2f} rounds/s | {loss} | slowest rank {p.slowest} | {p.alive}/{world_size} alive")
         with self._lock:
             if final:
-                if p.max_clock > 0 and text != self._last_text:
-                    self._emit(f"{PREFIX}: {text}", err=False)
-            elif self._live is not None:
+                if self._latest and self._latest != self._last_text:
+                    self._last_text = self._latest
+                    self._emit(f"{PREFIX}: {self._latest}", err=False)
+                return
+            if p.max_clock > 0 and p.alive:
+                self._latest = text
+            if self._live is not None:
                 self._live.update(Text(text, style="bold"), refresh=True)
             elif p.max_clock > 0 and p.min_clock != self._last_clock and time.monotonic() - self._last_plain >= self.plain_every:
                 self._last_plain, self._last_clock, self._last_text = time.monotonic(), p.min_clock, text

@@ -3,11 +3,13 @@
     p2plearn-run -np N [options] -- python train.py [script args]
     p2plearn-run -np N [options] python train.py [script args]     (the command is the first non-option)
 
-It starts the coordinator (in this process) and N peers, each with ``RANK``, ``WORLD_SIZE``,
+It starts the coordinator (a process of its own) and N peers, each with ``RANK``, ``WORLD_SIZE``,
 ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``P2PLEARN_COORDINATOR``, ``P2PLEARN_JOB_ID``,
 ``P2PLEARN_JOB_KEY`` (environment only, never a command line) and the ``P2PLEARN_*`` training
 options, so that ``p2plearn.init()`` finds its place in the job. Under ``mpirun`` or ``srun``
-no launcher is needed: ``init()`` reads their variables and rank 0 hosts the coordinator.
+no launcher is needed: ``init()`` reads their variables and rank 0 starts the coordinator. If the
+coordinator's process dies, the live peer of lowest rank starts a successor and training goes on;
+the progress line follows it.
 
 Where peers run:
   (default)              every peer on this machine
@@ -23,18 +25,22 @@ rounds/s, loss, slowest peer) on a terminal, a periodic plain line otherwise; --
 rank-N.log per rank.
 
 Stopping: Ctrl-C or SIGTERM stops every peer (SIGTERM, then SIGKILL to each peer's process
-group) and the coordinator within 5 s. When a peer exits non-zero, its rank, exit code and last
-stderr lines are printed, the others are stopped and the launcher exits non-zero (--elastic
-keeps the others running). Bad flags, a bad hostfile, an unreachable host or a missing script:
-one line saying what and where, exit code 2, nothing started.
+group) and the coordinator within 5 s. When a peer exits non-zero, one line says which rank, on
+which host, how (exit code or signal) and when (seconds into the job), with its last stderr line
+(the rest of its traceback is above, printed once as it came); the others are stopped.
+
+Exit codes: 0 every rank finished; the first failed rank's code (128 + N for signal N) when one
+failed; 2 bad usage (bad flags, a bad hostfile, an unreachable host or a missing script: one line
+saying what and where, nothing started); 3 with --elastic when some ranks failed and the others
+finished ("finished with K of N ranks"); 128 + N when the launcher itself got signal N.
 
 Examples:
   p2plearn-run -np 4 -- python train.py --epochs 3
   p2plearn-run -np 8 --sync ssp --staleness 3 --selection selmcast --fanout 2 python train.py
   p2plearn-run -np 8 -H node1:4,node2:4 --log-dir logs -- python train.py
   p2plearn-run -np 8 --hostfile hosts.txt --loss-bound 0.05 --tolerance adaptive -- python train.py
-  p2plearn-run -np 4 --topology topology/heterogeneous.json --emulate -- python train.py
-  sudo p2plearn-run -np 4 --topology topology/incast.json --testbed -- python train.py
+  p2plearn-run -np 4 --topology topology/heterogeneous-4.json --emulate -- python train.py
+  sudo p2plearn-run -np 8 --topology topology/incast-8.json --testbed -- python train.py
 """
 
 from __future__ import annotations
@@ -54,13 +60,15 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from .. import options as opts
-from ..control import Coordinator
+from ..control import Client, Progress
 from ..control.estimator import rates_from_file
+from ..control.server import ServerProcess, spawn
 from .env import KEY_VAR, check_reachable, peer_env, ssh_command
 from .hosts import Host, HostError, Slot, parse_host_list, parse_hostfile, place
 
 ENGINE_HOST_VAR = "P2PLEARN_ENGINE_HOST"  # under --testbed: the address the peer's engine binds to
 STOP_GRACE = 2.5  # seconds between SIGTERM and SIGKILL: the 5 s bound covers both and the reaping
+ELASTIC_PARTIAL = 3  # --elastic: some ranks failed, the others finished
 
 
 class UsageError(Exception):
@@ -132,6 +140,27 @@ def check_command(command: list[str], local: bool) -> None:
             raise UsageError(f"script not found: {script!r} (in {os.getcwd()})")
 
 
+class _ControlPlane:
+    """The job's coordinator process, and a client of the launcher's own that reads the progress
+    from its ticks and follows it to a successor should it die."""
+
+    def __init__(self, server: ServerProcess, job_id: str, key: str) -> None:
+        self.server = server
+        self.address = server.address
+        try:
+            self._observer = Client(server.address, job_id, key)
+        except BaseException:
+            server.stop()
+            raise
+
+    def progress(self) -> Progress:
+        return self._observer.progress or Progress(0, 0, 0, None, None)
+
+    def stop(self) -> None:
+        self._observer.close()
+        self.server.stop()
+
+
 @dataclass
 class _Peer:
     slot: Slot
@@ -155,6 +184,7 @@ class Launcher:
         self.key = secrets.token_hex(32)
         self.output = Output(args.log_dir)
         self.peers: list[_Peer] = []
+        self._started = time.monotonic()
         self._signal: int | None = None
         self._wake = threading.Event()
 
@@ -172,7 +202,7 @@ class Launcher:
                 self._start(slot, env, testbed)
             return self._supervise(coordinator, len(slots))
 
-    def _coordinator(self, slots: list[Slot], stack: ExitStack) -> Coordinator:
+    def _coordinator(self, slots: list[Slot], stack: ExitStack) -> _ControlPlane:
         if self.args.testbed:
             # Namespaces share the file system, not the loopback: a unix socket reaches them all.
             bind = "ipc://" + os.path.join(stack.enter_context(tempfile.TemporaryDirectory(prefix="p2plearn-")), "ctl")
@@ -180,9 +210,10 @@ class Launcher:
             bind = "tcp://127.0.0.1:0"
         else:
             bind = "tcp://0.0.0.0:0"
-        return Coordinator(self.job_id, self.key, world_size=len(slots), bind=bind,
-                           advertise=self.args.advertise or os.uname().nodename, heartbeat=self.options.heartbeat,
-                           phi_threshold=self.options.phi_threshold, rates=self.rates).start()
+        server = spawn(self.job_id, self.key, bind=bind, advertise=self.args.advertise or os.uname().nodename,
+                       world_size=len(slots), heartbeat=self.options.heartbeat,
+                       phi_threshold=self.options.phi_threshold, topology=self.options.topology)
+        return _ControlPlane(server, self.job_id, self.key)
 
     def _testbed(self, stack: ExitStack) -> Any:
         from p2plearn.testbed import Testbed
@@ -216,9 +247,9 @@ class Launcher:
             self.output.line(rank, raw.decode(errors="replace").rstrip("\n"), err)
         stream.close()
 
-    def _supervise(self, coordinator: Coordinator, world_size: int) -> int:
-        """Wait for the peers; returns the job's exit code."""
-        first_failure = 0
+    def _supervise(self, coordinator: _ControlPlane, world_size: int) -> int:
+        """Wait for the peers; returns the job's exit code (see the module docstring)."""
+        failed: list[_Peer] = []
         rate, last = 0.0, (time.monotonic(), 0)
         while self._signal is None:
             running = 0
@@ -229,14 +260,19 @@ class Launcher:
                         t.join(timeout=1.0)  # its last stderr lines belong in the report
                     if code != 0:
                         self._report_failure(peer)
-                        first_failure = first_failure or _exit_code(code)
+                        failed.append(peer)
                         if not self.args.elastic:
-                            return first_failure
+                            return _exit_code(code)
                 running += peer.code is None
             if not running:
                 self.output.progress(coordinator.progress(), rate, world_size, final=True)
-                succeeded = any(p.code == 0 for p in self.peers)
-                return 0 if (succeeded and self.args.elastic) or not first_failure else first_failure
+                finished = sum(p.code == 0 for p in self.peers)
+                if not failed:
+                    return 0
+                if finished:
+                    self.output.message(f"finished with {finished} of {len(self.peers)} ranks")
+                    return ELASTIC_PARTIAL
+                return _exit_code(failed[0].code or 0)
             progress = coordinator.progress()
             now = time.monotonic()
             if now - last[0] >= 1.0:
@@ -247,13 +283,13 @@ class Launcher:
         return 128 + self._signal
 
     def _report_failure(self, peer: _Peer) -> None:
+        """One line: which rank, where, how and when; its stderr was printed as it came."""
         code = peer.code or 0
         how = f"exit code {code}" if code > 0 else f"signal {signal.Signals(-code).name}"
         tail = self.output.stderr_tail(peer.slot.rank)
-        self.output.message(f"rank {peer.slot.rank} (on {peer.slot.host.name}) failed with {how}"
-                            + ("; last lines of its stderr:" if tail else "; it wrote nothing to stderr"))
-        for line in tail:
-            self.output.message(f"  [{peer.slot.rank}] {line}")
+        last = f"; its last stderr line: {tail[-1].strip()}" if tail else "; it wrote nothing to stderr"
+        self.output.message(f"rank {peer.slot.rank} (on {peer.slot.host.name}) failed with {how} "
+                            f"{time.monotonic() - self._started:.1f} s into the job{last}")
         if not self.args.elastic:
             self.output.message("stopping the other peers")
 

@@ -38,18 +38,21 @@ def test_the_command_may_follow_without_a_double_dash(tmp_path):
 def test_a_failing_peer_ends_the_job_non_zero_with_no_orphan(launch, tmp_path):
     proc = launch("-np", "4", peer_args=["--fail-rank", "2", "--exit", "1", "--hang"])
     assert proc.returncode == 1
-    assert "rank 2 (on localhost) failed with exit code 1" in proc.stderr_text
-    assert "[2] rank 2 failing on purpose" in proc.stderr_text
+    report = [line for line in proc.stderr_text.splitlines() if "rank 2 (on localhost) failed with exit code 1" in line]
+    assert len(report) == 1 and "s into the job" in report[0]
+    assert "its last stderr line: rank 2 failing on purpose" in report[0]
+    assert proc.stderr_text.count("[2] rank 2 failing on purpose") == 1  # shown once, as it came
     seen = peers_seen(str(tmp_path))
     assert len(seen) == 4
     assert not [r for r, info in seen.items() if group_alive(info["pgid"])]
 
 
-def test_elastic_keeps_the_others_running(launch, tmp_path):
-    proc = launch("-np", "3", "--elastic", peer_args=["--fail-rank", "1", "--exit", "3"])
-    assert "rank 1 (on localhost) failed with exit code 3" in proc.stderr_text
+def test_elastic_keeps_the_others_running_and_says_so(launch, tmp_path):
+    proc = launch("-np", "3", "--elastic", peer_args=["--fail-rank", "1", "--exit", "7"])
+    assert "rank 1 (on localhost) failed with exit code 7" in proc.stderr_text
     assert "stopping the other peers" not in proc.stderr_text
-    assert proc.returncode == 0, proc.stderr_text  # the survivors finished their work
+    assert "finished with 2 of 3 ranks" in proc.stderr_text
+    assert proc.returncode == 3, proc.stderr_text  # not 0: a rank failed; 3: the others finished
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
