@@ -136,7 +136,7 @@ class Client:
         # Ticks come from a process of its own, so no start-up grace beyond a few heartbeats; the
         # extra pause tolerated costs a failover a second, and saves one on a stall of this process.
         return PhiAccrualDetector(self.heartbeat, threshold=float(self._settings.get("phi_threshold", 8.0)),
-                                  acceptable_pause=max(1.0, 2 * self.heartbeat), grace=max(3.0, 6 * self.heartbeat))
+                                  acceptable_pause=max(2.0, 4 * self.heartbeat), grace=max(3.0, 6 * self.heartbeat))
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -223,7 +223,8 @@ class Client:
 
     def _register_body(self, join: bool, resume: dict | None = None) -> dict[str, Any]:
         body = {"type": p.REGISTER, "rank": self.rank, "host": self.host,
-                "engine": list(self._engine) if self._engine else None, "standby": self.standby, "join": join}
+                "engine": list(self._engine) if self._engine else None, "standby": self.standby, "join": join,
+                "clock": self._clock}
         return {**body, "resume": resume} if resume else body
 
     def _apply_registration(self, reply: dict, blobs: list[bytes], admitted: bool) -> None:

@@ -95,6 +95,8 @@ class Coordinator:
         self._members: dict[int, Member] = {}
         self._sessions: dict[int, str | None] = {}  # None: presumed from a resume, not re-registered yet
         self._detectors: dict[int, PhiAccrualDetector] = {}
+        self._awaiting_state: set[int] = set()  # joiners a donor was asked to send the state to
+        self._last_reap = 0.0
         self._resumed = False
         self._size = world_size  # entries in the view: the highest rank ever seen + 1
         self._epoch = 0
@@ -117,9 +119,9 @@ class Coordinator:
         for sock in (self._router, self._pub):
             sock.setsockopt(zmq.LINGER, 0)
         self._router.setsockopt(zmq.ROUTER_MANDATORY, 0)
-        # A killed peer's connections close at once, and a paused or lost one stops answering
+        # A killed peer's connections close at once, and a stopped or lost one stops answering
         # ZeroMQ's own pings (answered by libzmq's threads, which a busy interpreter cannot stall):
-        # either tells its death far sooner than its heartbeats' silence, and without the false
+        # a killed peer is known far sooner than from its heartbeats' silence, without the false
         # alarms of a peer whose interpreter is busy importing. The monitor reports each closed
         # connection by its file descriptor.
         set_transport_heartbeat(self._router, heartbeat)
@@ -205,7 +207,11 @@ class Coordinator:
                     self._handle(frames[0].get(zmq.SRCFD), [f.bytes for f in frames])
             now = time.monotonic()
             with self._lock:
-                self._reap(now)
+                # Heartbeats still queued (this process was itself descheduled on a busy host, say)
+                # are not silence: judge once they are read, or after a period of backlog.
+                if not self._router.poll(0) or now - self._last_reap > self.heartbeat:
+                    self._last_reap = now
+                    self._reap(now)
                 if now >= self._next_tick:
                     self._publish(p.TICK, epoch=self._epoch, min_clock=self._min_clock, term=self.term,
                                   progress=self._progress().to_dict())
@@ -242,7 +248,9 @@ class Coordinator:
 
     def _on_disconnect(self, fd: int) -> None:
         rank = self._connections.pop(fd, None)
-        if rank is not None and rank in self._detectors:
+        # A peer has two connections (requests, heartbeats): only the last one closing means its
+        # process is gone.
+        if rank is not None and rank in self._detectors and rank not in self._connections.values():
             self._detectors[rank].lost()
 
     def _publish(self, kind: str, blobs: list[bytes] | None = None, **body: Any) -> None:
@@ -274,8 +282,11 @@ class Coordinator:
         if known is None:
             resumed_clock = body.get("resume", {}).get("clock") if body.get("resume") else None
             if join:
+                own = int(body.get("clock") or 0)  # a rejoining peer's own progress
                 donor = self._donor(exclude=rank)
-                clock = donor.clock if donor else self._min_clock
+                if donor is not None and donor.clock <= own:
+                    donor = None  # it misses nothing (a false death at start-up, say): no state to send
+                clock = donor.clock if donor else max(own, self._min_clock)
             else:
                 clock = int(resumed_clock) if resumed_clock is not None else self._min_clock
             self._admit(Member(rank=rank, host=str(body.get("host", "")), engine=engine, clock=clock,
@@ -301,18 +312,21 @@ class Coordinator:
         self._sessions[rank] = session
         # In its grace period until it reports a round: its first imports may stall it for seconds.
         self._detectors[rank] = PhiAccrualDetector(self.heartbeat, threshold=self.phi_threshold,
+                                                   acceptable_pause=self._acceptable_pause(),
                                                    grace=self.startup_grace, warmup=None)
         self._size = max(self._size, rank + 1)
         self._epoch += 1
         self._publish(p.MEMBER, event=event, epoch=self._epoch, member=member.to_dict())
         if donor is not None:
+            self._awaiting_state.add(rank)
             self._publish(p.DONATE, to=donor.rank, rank=rank, engine=member.engine, clock=member.clock)
         self._publish_view()
 
     def _donor(self, exclude: int) -> Member | None:
-        """The most advanced live peer (lowest rank on ties)."""
-        return max((m for m in self._members.values() if m.rank != exclude), key=lambda m: (m.clock, -m.rank),
-                   default=None)
+        """The most advanced live peer (lowest rank on ties), preferring one that holds its state
+        now to a joiner still waiting for its own (which would pass it on only once it has it)."""
+        candidates = (m for m in self._members.values() if m.rank != exclude)
+        return max(candidates, key=lambda m: (m.rank not in self._awaiting_state, m.clock, -m.rank), default=None)
 
     def _adopt(self, resume: dict, blobs: list[bytes]) -> None:
         """A successor's first re-registration: the membership and the view its sender held."""
@@ -322,13 +336,16 @@ class Coordinator:
             self._estimator.seed(view.uplink, view.downlink)
             self._size = max(self._size, view.size)
             self._message_bytes.update({r: float(b) for r, b in enumerate(view.message_bytes) if b > 0})
-        grace = max(2.0, 4 * self.heartbeat)  # the others re-register as soon as they find us
         for d in resume.get("members", []):
             member = Member.from_dict(d)
             if member.rank not in self._members:
                 self._members[member.rank] = member
                 self._sessions[member.rank] = None
-                detector = PhiAccrualDetector(self.heartbeat, threshold=self.phi_threshold, grace=grace, warmup=None)
+                # The others re-register as soon as they notice the failover; one still starting
+                # (clock 0: importing torch, say) may not look for seconds.
+                grace = self.startup_grace if member.clock == 0 else max(3.0, 6 * self.heartbeat)
+                detector = PhiAccrualDetector(self.heartbeat, threshold=self.phi_threshold,
+                                              acceptable_pause=self._acceptable_pause(), grace=grace, warmup=None)
                 self._detectors[member.rank] = detector
                 self._size = max(self._size, member.rank + 1)
         self._epoch = max(self._epoch, int(resume.get("epoch", 0))) + 1
@@ -352,6 +369,7 @@ class Coordinator:
         rank = _rank(body["rank"])
         member = self._members[rank]
         self._detectors[rank].end_warmup()  # it is training: its heartbeats now come in rhythm
+        self._awaiting_state.discard(rank)  # it reports rounds only once it holds a state
         clock = int(body["clock"])
         member.clock = max(member.clock, clock)
         self._max_clock = max(self._max_clock, member.clock)
@@ -428,6 +446,11 @@ class Coordinator:
         header, blobs = view.to_blobs()
         self._publish(p.VIEW, view=header, blobs=blobs)
 
+    def _acceptable_pause(self) -> float:
+        """Silence always forgiven a peer: its heartbeat thread waits for the interpreter lock
+        behind the training loop, and on a busy host for a core."""
+        return max(1.0, 2 * self.heartbeat)
+
     def _reap(self, now: float) -> None:
         for rank in [r for r, d in self._detectors.items() if d.suspected(now)]:
             d = self._detectors[rank]
@@ -437,6 +460,7 @@ class Coordinator:
     def _remove(self, rank: int, event: str) -> None:
         member = self._members.pop(rank)
         del self._sessions[rank], self._detectors[rank]
+        self._awaiting_state.discard(rank)
         self._connections = {i: r for i, r in self._connections.items() if r != rank}
         self._estimator.forget(rank)
         self._epoch += 1
@@ -458,11 +482,14 @@ class Coordinator:
 
 
 def set_transport_heartbeat(sock: zmq.Socket, heartbeat: float) -> None:
-    """ZeroMQ-level pings every ``heartbeat`` s; a connection silent for 3 of them (at least 1.5 s)
-    is closed, which the socket's monitor reports."""
+    """ZeroMQ-level pings every ``heartbeat`` s; a connection silent for 10 of them (at least 5 s)
+    is closed, which the socket's monitor reports. libzmq's I/O thread answers pings without the
+    interpreter lock, so only a stopped process or a lost host goes that long; the phi detectors
+    judge shorter stalls."""
+    silent = int(max(5.0, 10 * heartbeat) * 1000)
     sock.setsockopt(zmq.HEARTBEAT_IVL, int(heartbeat * 1000))
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(max(1.5, 3 * heartbeat) * 1000))
-    sock.setsockopt(zmq.HEARTBEAT_TTL, int(max(1.5, 3 * heartbeat) * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, silent)
+    sock.setsockopt(zmq.HEARTBEAT_TTL, silent)
 
 
 def _rank(value: Any) -> int:

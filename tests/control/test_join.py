@@ -45,3 +45,34 @@ def test_joiner_receives_the_state_from_its_donor(connect):
     finally:
         for ch in channels:
             ch.close()
+
+
+def test_a_peer_taken_for_dead_rejoins_without_a_donor_when_it_missed_no_round(coordinator, connect):
+    donor = connect(0, ("127.0.0.1", 9000))
+    stalled = connect(1, ("127.0.0.1", 9001))
+    donor.report(5)
+    stalled.report(5)
+    assert donor.wait_min_clock(5, timeout=5)
+    with coordinator._lock:  # as if its heartbeats had stopped (a stall at start-up, say)
+        coordinator._remove(1, "dead")
+    event = wait_event(stalled, "readmitted", timeout=5)
+    assert event is not None and event.engine is None  # nobody is asked to send it a state
+    assert stalled.donor is None and stalled.start_clock == 5
+    assert wait_event(donor, "donate", timeout=1) is None
+
+
+def test_a_joiner_gets_a_donor_that_holds_its_state(coordinator, connect):
+    ahead = connect(0, ("127.0.0.1", 9000))
+    behind = connect(1, ("127.0.0.1", 9001))
+    ahead.report(3)
+    behind.report(2)
+    assert ahead.wait_min_clock(2, timeout=5)
+    first = connect(None, ("127.0.0.1", 9002), join=True)
+    assert first.donor.rank == 0 and first.start_clock == 3
+    ahead.leave()
+    # The first joiner is the most advanced now, but it holds no state yet: the next gets rank 1's.
+    second = connect(None, ("127.0.0.1", 9003), join=True)
+    assert second.donor.rank == 1 and second.start_clock == 2
+    first.report(4)  # it has its state and trains: a donor like any other from now on
+    third = connect(None, ("127.0.0.1", 9004), join=True)
+    assert third.donor.rank == first.rank
