@@ -16,7 +16,18 @@ from .hosts import Host, HostError, Slot
 
 KEY_VAR = "P2PLEARN_JOB_KEY"
 # BatchMode: fail instead of prompting for a password (there is no one to type it).
-SSH = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-T"]
+SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-T"]
+
+
+def ssh_argv(ssh: str, host: str) -> list[str]:
+    """``ssh`` (the user's command, with its own options: ``ssh -p 2222 -i key``) to ``host``."""
+    try:
+        words = shlex.split(ssh)
+    except ValueError as exc:
+        raise HostError(f"--ssh {ssh!r}: {exc}") from None
+    if not words:
+        raise HostError("--ssh: empty command")
+    return [*words, *SSH_OPTIONS, host]
 
 
 def peer_env(slot: Slot, world_size: int, coordinator: str, job_id: str, options: Options) -> dict[str, str]:
@@ -33,7 +44,7 @@ def peer_env(slot: Slot, world_size: int, coordinator: str, job_id: str, options
     }
 
 
-def ssh_command(host: str, env: Mapping[str, str], argv: list[str], cwd: str) -> list[str]:
+def ssh_command(host: str, env: Mapping[str, str], argv: list[str], cwd: str, ssh: str = "ssh") -> list[str]:
     """``ssh`` argv that runs ``argv`` on ``host`` in ``cwd`` with ``env``, reading the job key
     as the first line of stdin. Keep ssh's stdin open while the peer runs: when it closes (the
     launcher stopped or died) a watchdog on the remote side sends SIGTERM to the peer, so that
@@ -46,15 +57,15 @@ def ssh_command(host: str, env: Mapping[str, str], argv: list[str], cwd: str) ->
         "{ (cat >/dev/null; kill -TERM $p 2>/dev/null) <&3 >/dev/null 2>&1 & } 3<&0 && "
         "wait $p"
     )
-    return [*SSH, host, "sh -c " + shlex.quote(script)]
+    return [*ssh_argv(ssh, host), "sh -c " + shlex.quote(script)]
 
 
-def check_reachable(hosts: list[Host], timeout: float = 15.0) -> None:
+def check_reachable(hosts: list[Host], timeout: float = 15.0, ssh: str = "ssh") -> None:
     """Raise HostError naming the first remote host that ssh cannot run a command on."""
 
     def probe(host: Host) -> str | None:
         try:
-            done = subprocess.run([*SSH, host.name, "true"], stdin=subprocess.DEVNULL, capture_output=True,
+            done = subprocess.run([*ssh_argv(ssh, host.name), "true"], stdin=subprocess.DEVNULL, capture_output=True,
                                   text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             return f"no answer in {timeout:g} s"

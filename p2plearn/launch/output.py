@@ -78,9 +78,11 @@ class Output:
                 + f" | {rate:.2f} rounds/s | {loss} | slowest rank {p.slowest} | {p.alive}/{world_size} alive")
         with self._lock:
             if final:
-                if self._latest and self._latest != self._last_text:
-                    self._last_text = self._latest
-                    self._emit(f"{PREFIX}: {self._latest}", err=False)
+                # A job shorter than a tick may have shown nothing yet: then the clocks it ended at.
+                last = self._latest or (f"round {p.max_clock} | {loss} | all ranks left" if p.max_clock > 0 else "")
+                if last and last != self._last_text:
+                    self._last_text = last
+                    self._emit(f"{PREFIX}: {last}", err=False)
                 return
             if p.max_clock > 0 and p.alive:
                 self._latest = text

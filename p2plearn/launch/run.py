@@ -13,7 +13,10 @@ the progress line follows it.
 
 Where peers run:
   (default)              every peer on this machine
-  -H h1:4,h2:4           4 peers on h1, then 4 on h2 (ssh; localhost entries run locally)
+  -H h1:4,h2:4           4 peers on h1, then 4 on h2 (ssh; localhost entries run locally); every
+                         host needs the same working directory and Python environment (a shared
+                         file system, or the same paths); --ssh 'ssh -p 2222 -i KEY' sets how to
+                         log in, --advertise ADDR where the others reach this machine
   --hostfile F           mpirun syntax: "host slots=4" per line, # comments, blank lines
   --topology T --emulate peers here; each engine paces to its topology rates and injects its loss
   --topology T --testbed peers inside network namespaces built from T (root); the coordinator
@@ -94,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--elastic", action="store_true", help="keep the job running when a peer fails")
     parser.add_argument("--advertise", help="address other hosts reach this machine at "
                                             "(default: its host name; only for -H/--hostfile)")
+    parser.add_argument("--ssh", default="ssh", help="the ssh command for remote hosts, with its options, e.g. "
+                                                     "'ssh -p 2222 -i ~/.ssh/cluster' (default: ssh)")
     opts.add_arguments(parser)
     return parser
 
@@ -155,6 +160,14 @@ class _ControlPlane:
 
     def progress(self) -> Progress:
         return self._observer.progress or Progress(0, 0, 0, None, None)
+
+    def final_progress(self, wait: float) -> Progress:
+        """The progress once the peers are gone: a job shorter than a tick may not have shown any
+        round yet, so wait up to ``wait`` seconds for the tick that carries its last clocks."""
+        deadline = time.monotonic() + wait
+        while (progress := self.progress()).max_clock == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return progress
 
     def stop(self) -> None:
         self._observer.close()
@@ -230,7 +243,7 @@ class Launcher:
             else:
                 proc = subprocess.Popen(self.command, env=full_env, **popen)
         else:
-            proc = subprocess.Popen(ssh_command(slot.host.name, env, self.command, os.getcwd()),
+            proc = subprocess.Popen(ssh_command(slot.host.name, env, self.command, os.getcwd(), self.args.ssh),
                                     stdin=subprocess.PIPE, **popen)
             proc.stdin.write((self.key + "\n").encode())
             proc.stdin.flush()  # stays open: closing it stops the remote peer
@@ -265,7 +278,7 @@ class Launcher:
                             return _exit_code(code)
                 running += peer.code is None
             if not running:
-                self.output.progress(coordinator.progress(), rate, world_size, final=True)
+                self.output.progress(coordinator.final_progress(wait=1.5), rate, world_size, final=True)
                 finished = sum(p.code == 0 for p in self.peers)
                 if not failed:
                     return 0
@@ -350,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         rates = _topology_rates(options.topology) if options.topology else None
         if args.testbed and len(slots) > len(rates or {}):
             raise UsageError(f"--testbed: -np {len(slots)} but {options.topology} has {len(rates or {})} peers")
-        check_reachable(used)
+        check_reachable(used, ssh=args.ssh)
     except (UsageError, HostError) as exc:
         print(f"p2plearn-run: error: {exc}", file=sys.stderr)
         return 2

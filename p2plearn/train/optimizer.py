@@ -72,16 +72,17 @@ def describe_layers(model: torch.nn.Module) -> list[Layer]:
 
 
 def _engine_host(runtime: Runtime) -> str:
-    """Where this peer's engine listens: the launcher's choice (testbed namespaces), loopback for a
-    job on one machine, else the address this host uses towards the coordinator."""
+    """Where this peer's engine listens: the launcher's choice (testbed namespaces), loopback when
+    the coordinator is on loopback or a unix socket (a job on one machine), else the address this
+    host uses towards the coordinator (host names say nothing: containers and namespaces share them)."""
     if os.environ.get("P2PLEARN_ENGINE_HOST"):
         return os.environ["P2PLEARN_ENGINE_HOST"]
-    hosts = {m.host for m in runtime.client.members.values()}
-    if len(hosts) <= 1:
+    address = runtime.client.address
+    coordinator_host = address.rsplit(":", 1)[0].split("//")[-1]
+    if not address.startswith("tcp://") or coordinator_host in ("127.0.0.1", "localhost", "::1"):
         return "127.0.0.1"
     probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:
-        coordinator_host = runtime.client.address.rsplit(":", 1)[0].split("//")[-1]
         probe.connect((coordinator_host, 9))
         return probe.getsockname()[0]
     finally:

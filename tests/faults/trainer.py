@@ -4,7 +4,7 @@ MASTER_ADDR, MASTER_PORT), so that rank 0 starts the coordinator's process.
     python trainer.py --seconds T [--step-time S] --out DIR
 
 Prints ``ready <rank> <pid> <coordinator pid or 0>`` once training starts and writes DIR/rank-R.json
-at the end: steps taken, rounds, merges, rejoins, coordinator changes, peers mixed with, and the
+at the end: its engine's address, steps taken, rounds, merges, rejoins, coordinator changes, peers mixed with, and the
 wall time (time.time()) and clock of every step, and the control-plane events it saw.
 """
 
@@ -49,7 +49,7 @@ def main() -> int:
         times.append(time.time())
         clocks.append(opt.sync.clock)
     st = opt.stats()
-    result = {"rank": rt.rank, "steps": step, "rounds": st.rounds, "merges": st.merges,
+    result = {"rank": rt.rank, "engine": list(opt.channel.address), "steps": step, "rounds": st.rounds, "merges": st.merges,
               "rejoins": st.rejoins, "coordinator_changes": st.coordinator_changes,
               "mixed_with": sorted(st.mixed_with), "times": times, "clocks": clocks, "events": events,
               "finite": all(bool(torch.isfinite(p).all()) for p in model.parameters())}
