@@ -47,7 +47,7 @@ clean:
 
 # Experiments (experiments/*.py, one claim each; results in experiments/results/). Full mode takes
 # hours on 2 cores; testbed ones need root (they say so and skip, or fall back, otherwise).
-EXPERIMENTS := selmcast_vs_random loss_tolerance_vs_tcp layerwise_bounds phase_aware value_filter time_to_accuracy scale
+EXPERIMENTS := selmcast_vs_random loss_tolerance_vs_tcp layerwise_bounds phase_aware value_filter time_to_accuracy scale faults
 
 .PHONY: experiments experiments-quick
 experiments: $(STAMP)
