@@ -339,6 +339,8 @@ class Coordinator:
         for d in resume.get("members", []):
             member = Member.from_dict(d)
             if member.rank not in self._members:
+                if view is not None and member.rank < view.size:
+                    member.clock = max(member.clock, int(view.clock[member.rank]))  # members' clocks go stale
                 self._members[member.rank] = member
                 self._sessions[member.rank] = None
                 # The others re-register as soon as they notice the failover; one still starting
