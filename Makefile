@@ -6,7 +6,7 @@ STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test bench asan clean
+.PHONY: demo test test-fast bench asan clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -28,6 +28,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VPY) -m pytest -q -ra tests
+
+# Without the tests marked slow (end-to-end training, fault injection, testbed rounds).
+test-fast: $(STAMP)
+	$(VPY) -m pytest -q -ra -m "not slow" tests
 
 bench: $(STAMP)
 	$(VPY) -m p2plearn.bench selection

@@ -7,9 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # three 4-peer trainings: minutes on a busy 2-core machine
 def test_layerwise_bounds_quick(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "layerwise_bounds.py"), "--quick",
                            "--out", str(tmp_path)], cwd=ROOT / "experiments", capture_output=True, text=True,

@@ -17,6 +17,12 @@ def gaps_after(result, moment):
     return max((b - a for a, b in zip(times, times[1:])), default=0.0)
 
 
+def gaps_before(result, moment):
+    """The longest time between two consecutive steps of a peer before ``moment``, start-up aside."""
+    times = [t for t in result["times"] if t < moment][3:]
+    return max((b - a for a, b in zip(times, times[1:])), default=0.0)
+
+
 def first_event(result, kind, rank, after):
     return next((t for t, k, r in result["events"] if k == kind and r == rank and t >= after), None)
 
@@ -53,9 +59,13 @@ def test_killing_the_coordinator_costs_no_step(job):
         assert r["rounds"] == r["steps"] > 10 and r["coordinator_changes"] == 1, r
         moved = first_event(r, "coordinator_moved", None, killed)
         gap = gaps_after(r, killed)
-        print(f"rank {rank}: following the successor after {moved - killed:.2f} s; longest step {gap:.2f} s")
+        usual = gaps_before(r, killed)
+        print(f"rank {rank}: following the successor after {moved - killed:.2f} s; longest step {gap:.2f} s "
+              f"(before the kill: {usual:.2f} s)")
         assert moved - killed < 15.0
-        assert gap < 3.0  # plans are made locally: training does not wait for the control plane
+        # Plans are made locally: training does not wait for the control plane. A busy machine
+        # stretches every step alike, so the margin follows the steps before the kill.
+        assert gap < max(3.0, 3 * usual)
 
 
 def test_losing_rank0_and_its_coordinator_together(job):

@@ -16,7 +16,7 @@ import pytest
 
 from launch_helpers import ROOT
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(900)]
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 TRAINER = os.path.join(ROOT, "tests", "faults", "trainer.py")

@@ -17,6 +17,9 @@ from p2plearn.train.data import accuracy, mnist1d
 
 # Width 96: its tensors span tens of 1440-byte chunks, so a 5% bound can tolerate lost chunks.
 PEERS, BATCH, EPOCHS, LR, WIDTH = 4, 32, 6, 0.1, 96
+# pytest-timeout charges a module fixture's training run to the first test that uses it: on a busy
+# 2-core machine that run and the test's own take minutes each.
+pytestmark = pytest.mark.timeout(1500)
 
 
 @pytest.fixture(scope="module")

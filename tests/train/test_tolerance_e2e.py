@@ -18,6 +18,9 @@ import pytest
 from p2plearn.topology import homogeneous, save
 
 PEERS, EPOCHS, WIDTH = 4, 6, 96
+# pytest-timeout charges a module fixture's training run to the first test that uses it: on a busy
+# 2-core machine that run and the test's own take minutes each.
+pytestmark = pytest.mark.timeout(1500)
 
 
 def train(tmp_path, name: str, *flags: str) -> dict:
