@@ -82,7 +82,8 @@ class Options:
         ]
         for name, ok, why in checks:
             if not ok:
-                raise OptionsError(f"{_flag(name)}: {why} (got {getattr(self, name)!r})")
+                got = "" if isinstance(getattr(self, name), bool) else f" (got {getattr(self, name)!r})"
+                raise OptionsError(f"{_flag(name)}: {why}{got}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Options:
@@ -121,8 +122,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add ``--sync``, ``--staleness``, ... to ``parser`` (defaults None: not given -> environment)."""
     group = parser.add_argument_group("training mode (also P2PLEARN_* environment variables)")
     for f in fields(Options):
-        kwargs: dict[str, Any] = {"dest": f.name, "default": None,
-                                  "help": f"{f.metadata['help']} (default: {f.default})"}
+        shown = "" if "(default" in f.metadata["help"] else f" (default: {'none' if f.default is None else f.default})"
+        kwargs: dict[str, Any] = {"dest": f.name, "default": None, "help": f.metadata["help"] + shown}
         if f.type in ("bool",):
             kwargs["action"] = "store_const"
             kwargs["const"] = True

@@ -66,10 +66,15 @@ def shard(data: Dataset, batch_size: int, *, rank: int | None = None, world_size
           epoch: int = 0, seed: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Mini-batches of this rank's shard: an equal, disjoint slice of a permutation shared by
     every rank (reshuffled per epoch). Every rank yields the same number of batches, so BSP
-    peers run the same number of rounds. rank/world_size default to the launcher's."""
+    peers run the same number of rounds. rank/world_size default to the launcher's, read as
+    ``p2plearn.init()`` reads them (p2plearn-run, torchrun, mpirun, srun); a peer that joined a
+    running job has the rank the job gave it: pass ``rank=runtime.rank``."""
     if rank is None or world_size is None:
-        rank = int(os.environ.get("RANK", 0)) if rank is None else rank
-        world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+        from p2plearn.runtime import detect_rank
+
+        env_rank, env_size, _, _ = detect_rank(os.environ)
+        rank = env_rank if rank is None else rank
+        world_size = env_size if world_size is None else world_size
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} outside world size {world_size}")
     order = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed * 1000 + epoch))

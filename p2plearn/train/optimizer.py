@@ -33,7 +33,7 @@ NORM_TYPES = (torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, torch.nn
 
 @dataclass
 class TrainingStats:
-    """What `DecentralizedOptimizer.stats()` reports."""
+    """What `DecentralizedOptimizer.stats()` reports; ``str()`` is the one-line summary."""
 
     rounds: int = 0
     bytes_sent: int = 0
@@ -51,6 +51,9 @@ class TrainingStats:
     coordinator_changes: int = 0    # failovers this peer followed
     round_times: list[float] = field(default_factory=list)
     send_times: list[float] = field(default_factory=list)  # per round, this peer's own transfer
+
+    def __str__(self) -> str:
+        return self.summary()  # print(opt.stats()): one line; the per-round lists stay attributes
 
     def summary(self) -> str:
         """One line: what this peer did."""

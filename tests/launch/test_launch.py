@@ -1,6 +1,7 @@
 """p2plearn-run end to end: environment, failures, signals, errors; and under the real mpirun."""
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -104,10 +105,15 @@ def test_a_bad_hostfile_line_is_reported_with_its_place(launch, tmp_path):
     assert f"{hostfile}:4: slots: slot count 'many' is not a positive integer" in proc.stderr_text
 
 
-def test_help_shows_examples():
+def test_help_is_the_whole_manual():
     done = subprocess.run([sys.executable, "-m", "p2plearn.launch", "--help"], cwd=ROOT, capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": ROOT}, timeout=30)
-    assert done.returncode == 0 and "Examples:" in done.stdout and "--hostfile hosts.txt" in done.stdout
+    assert done.returncode == 0 and "--hostfile hosts.txt" in done.stdout
+    for section in ("Where peers run:", "Output:", "Stopping:", "Exit codes:", "Examples:"):
+        assert section in done.stdout, section
+    assert done.stdout.count("(default: None)") == 0 and "(default: none) (default" not in done.stdout
+    for path in re.findall(r"topology/[\w-]+\.json", done.stdout):  # the examples name real files
+        assert os.path.exists(os.path.join(ROOT, path)), path
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun (Open MPI) is not installed")

@@ -108,3 +108,12 @@ def test_bad_parameters_are_refused(job):
     m.weight.data = m.weight.data.t()  # not contiguous
     with pytest.raises(ValueError, match="contiguous"):
         optimizer(runtime(0), m)
+
+
+def test_printed_stats_are_one_line():
+    from p2plearn.train.optimizer import TrainingStats
+
+    stats = TrainingStats(rounds=300, merges=600, mixed_with={1, 2}, round_times=[0.01] * 300)
+    text = str(stats)
+    assert "\n" not in text and "0.01" not in text
+    assert text.startswith("300 rounds, 600 merges, mixed with 2 peers (1,2)")
