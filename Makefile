@@ -1,9 +1,12 @@
-# p2plearn: every target builds .venv on first use (torch pinned to the CPU build, then the project).
+# p2plearn: every target builds .venv on first use (torch pinned, then the project).
 PY      ?= python3
 VENV    := .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 TORCH   := torch==2.13.0
+# Plain PyPI resolves torch to its CUDA build (several GB of nvidia packages). For the CPU build:
+#   make TORCH_INDEX=https://download.pytorch.org/whl/cpu demo
+TORCH_INDEX ?=
 export OMP_NUM_THREADS ?= 1
 
 .PHONY: demo test test-fast bench asan clean
@@ -12,9 +15,9 @@ $(VPY):
 	$(PY) -m venv $(VENV)
 	$(VPY) -m pip install -q --upgrade pip
 
-# torch first and pinned: a bare `torch` requirement may otherwise pull a multi-GB CUDA build.
+# torch first and pinned, so that the project's own requirement finds it installed.
 $(STAMP): $(VPY) pyproject.toml setup.py native/*.c native/*.h native/build_p2pcast.py
-	$(VPY) -m pip install -q $(TORCH)
+	$(VPY) -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(TORCH)
 	$(VPY) -m pip install -q -e '.[train,test,experiments]'
 	touch $@
 
