@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import socket
 import time
 import warnings
 from collections.abc import Mapping
@@ -130,7 +131,9 @@ def init(engine_address: tuple[str, int] | None = None, *, join: bool = False, t
         host = coordinator_host(env, rank, world_size, local_world_size)
         port = int(env["MASTER_PORT"]) + 1 if env.get("MASTER_PORT") else DEFAULT_PORT
         address = f"{host}:{port}"
-        if rank == 0 and not join:
+        # A restarted rank 0 finds the port taken by the successor that replaced its coordinator
+        # (it serves on its predecessor's endpoint): it joins that one instead of starting another.
+        if rank == 0 and not join and not _port_taken(port):
             coordinator = spawn(job_id, key, bind=f"tcp://0.0.0.0:{port}", advertise=host, world_size=world_size,
                                 heartbeat=options.heartbeat, phi_threshold=options.phi_threshold,
                                 topology=options.topology, timeout=timeout)
@@ -151,6 +154,17 @@ def init(engine_address: tuple[str, int] | None = None, *, join: bool = False, t
         runtime.close(leave=False)
         raise
     return runtime
+
+
+def _port_taken(port: int) -> bool:
+    """Whether something on this host listens on TCP ``port`` already."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZeroMQ binds: TIME_WAIT is free
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError:
+            return True
+    return False
 
 
 def detect_rank(environ: Mapping[str, str]) -> tuple[int, int, int, int]:

@@ -16,6 +16,7 @@ client give up (``CoordinatorDead``).
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import queue
 import socket
@@ -35,6 +36,7 @@ from .detector import PhiAccrualDetector
 from .membership import Event, Member
 from .view import GlobalView
 
+log = logging.getLogger("p2plearn.control")
 VIEWS_KEPT = 16        # views held at once (a new one may apply a few rounds ahead)
 OLD_COORDINATOR_S = 1.0  # how long a suspected coordinator is asked again before looking for a successor
 
@@ -235,6 +237,13 @@ class Client:
             self.donor = Member.from_dict(reply["donor"]) if reply.get("donor") else None
         self._apply_snapshot(reply)
         self._add_view(GlobalView.from_blobs(reply["view"], blobs))
+
+    def ask_for_state(self) -> Member | None:
+        """Ask the coordinator for a donor again (the state from the last one did not come);
+        returns the new donor (None: no live peer holds a state)."""
+        reply, _ = self._request({"type": p.STATE, "rank": self.rank})
+        self.donor = Member.from_dict(reply["donor"]) if reply.get("donor") else None
+        return self.donor
 
     def report(self, clock: int, *, loss: float | None = None, step_time: float | None = None,
                saturated: bool = False, links: Mapping[int, Mapping[str, float]] | None = None,
@@ -523,8 +532,10 @@ class Client:
             while not self._closed.is_set():
                 for endpoint, wait in self._candidates(old, moved):
                     hello = self._try_hello(endpoint, wait)
-                    if hello is not None and (endpoint == old or int(hello.get("term", 0)) > self._term):
-                        self._follow(endpoint, hello, resumed=endpoint != old)
+                    newer = hello is not None and int(hello.get("term", 0)) > self._term
+                    if hello is not None and (endpoint == old or newer):
+                        # A later term at the old endpoint is a successor that took it over: hand over too.
+                        self._follow(endpoint, hello, resumed=endpoint != old or newer)
                         return True
                     if time.monotonic() - started > self.give_up:
                         break
@@ -589,6 +600,8 @@ class Client:
         self._term = max(self._term, int(hello.get("term", 0)))
         self._detector = self._new_detector()
         if resumed:
+            # Said once per failover: where to point a peer restarted on a host without this one.
+            log.warning("p2plearn rank %s: following the coordinator at %s (term %d)", self.rank, endpoint, self._term)
             self.coordinator_changes += 1
             with self._cond:
                 self._epoch = -1  # the successor numbers its own membership events
@@ -605,8 +618,10 @@ class Client:
             reply, blobs_in = self._request(self._register_body(join=False, resume=resume), blobs=blobs)
         except ControlError:
             return  # the detector notices a successor that does not answer
-        self._apply_snapshot(reply)
-        self._add_view(GlobalView.from_blobs(reply["view"], blobs_in))
+        behind = bool(reply.get("donor"))  # the successor found this peer behind the job: take a state
+        self._apply_registration(reply, blobs_in, admitted=behind)
+        if behind:
+            self._emit(Event("readmitted", rank=self.rank, clock=self.start_clock, engine=self.donor.engine))
 
     def _emit(self, event: Event) -> None:
         self.events.put(event)

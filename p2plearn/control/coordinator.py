@@ -108,6 +108,9 @@ class Coordinator:
         self._view_version = 0
         self._view_from = 0
         self._fast_ticks_until = 0.0
+        self._take_over: str | None = None  # a predecessor's endpoint to serve on too, once free
+        self._take_over_until = 0.0
+        self._next_take_over = 0.0
         self._next_tick = 0.0
         self.errors = 0  # requests that failed validation (counted, answered with an error)
         self.moved_to: str | None = None  # set when a successor took over
@@ -143,6 +146,12 @@ class Coordinator:
         return bound
 
     # -- lifecycle -------------------------------------------------------------------------
+
+    def take_over(self, endpoint: str, within: float = 10.0) -> None:
+        """Also serve on ``endpoint`` (the predecessor's) once it is free, trying for ``within`` s,
+        if it is an address of this host: a peer restarted with the job's original address (rank 0
+        after its host came back, say) then finds this coordinator there. Elsewhere it stays free."""
+        self._take_over, self._take_over_until = p.endpoint(endpoint), time.monotonic() + within
 
     def start(self) -> Coordinator:
         """Serve on a thread of this process (``serve()`` serves on the caller's)."""
@@ -206,6 +215,8 @@ class Coordinator:
                     frames = self._router.recv_multipart(copy=False)
                     self._handle(frames[0].get(zmq.SRCFD), [f.bytes for f in frames])
             now = time.monotonic()
+            if self._take_over and now >= self._next_take_over:
+                self._try_take_over(now)
             with self._lock:
                 # Heartbeats still queued (this process was itself descheduled on a busy host, say)
                 # are not silence: judge once they are read, or after a period of backlog.
@@ -218,6 +229,18 @@ class Coordinator:
                     # Tick faster for a moment after a hello: a new client waits for its first tick
                     # to know that its subscription is live.
                     self._next_tick = now + (check if now < self._fast_ticks_until else self.heartbeat)
+
+    def _try_take_over(self, now: float) -> None:
+        """Bind the predecessor's endpoint (on the serving thread: sockets are not thread-safe)."""
+        try:
+            self._router.bind(self._take_over)
+            log.warning("serving also on %s, the endpoint of the coordinator this one succeeded", self._take_over)
+            self._take_over = None
+        except zmq.ZMQError as exc:
+            # Still bound by a predecessor that is stepping down, or not an address of this host.
+            if exc.errno == zmq.EADDRNOTAVAIL or now > self._take_over_until:
+                self._take_over = None
+            self._next_take_over = now + 0.5
 
     def _handle(self, fd: int, frames: list[bytes]) -> None:
         ident, msg = frames[0], frames[1:]
@@ -278,9 +301,16 @@ class Coordinator:
         engine = _engine(body.get("engine"))
         standby = body.get("standby")
         known = self._members.get(rank)
+        if known is not None and self._sessions[rank] is None and not body.get("resume"):
+            # Presumed from a hand-over, but this is a new process (restarted): the one presumed is gone.
+            self._remove(rank, "dead")
+            known = None
         donor = None
         if known is None:
             resumed_clock = body.get("resume", {}).get("clock") if body.get("resume") else None
+            # A process that registers a rank the job does not know once rounds have been made (a
+            # restarted peer) holds no current model: like a joiner, it gets one from a donor.
+            join = join or (resumed_clock is None and self._max_clock > 0)
             if join:
                 own = int(body.get("clock") or 0)  # a rejoining peer's own progress
                 donor = self._donor(exclude=rank)
@@ -293,8 +323,22 @@ class Coordinator:
                                standby=str(standby) if standby else None), session, "join", donor)
         else:
             self._sessions[rank] = session
-            if body.get("resume"):
-                known.clock = max(known.clock, int(body["resume"].get("clock", 0)))
+            resumed = int(body["resume"].get("clock", 0)) if body.get("resume") else None
+            if resumed is not None and resumed < self._min_clock:
+                # Behind every other member: a process restarted while the job failed over, which
+                # registered at a stale coordinator and followed it here. Its model is not the job's.
+                donor = self._donor(exclude=rank)
+                # The presumed process's engine is gone (the new one registers its own): no state
+                # may go there, so the donor learns of the change before it is asked to donate.
+                known.engine = engine
+                self._epoch += 1
+                self._publish(p.MEMBER, event="update", epoch=self._epoch, member=known.to_dict())
+            if donor is not None:
+                known.clock = donor.clock
+                self._awaiting_state.add(rank)
+                self._publish(p.DONATE, to=donor.rank, rank=rank, engine=known.engine, clock=known.clock)
+            elif resumed is not None:
+                known.clock = max(known.clock, resumed)
             if (engine and engine != known.engine) or (standby and standby != known.standby):
                 known.engine = engine or known.engine
                 known.standby = str(standby) if standby else known.standby
@@ -388,6 +432,20 @@ class Coordinator:
         self._estimator.observe(member.rank, clock, links, bool(body.get("saturated")))
         self._advance_clock()
         return None
+
+    def _on_state(self, body: dict, blobs: list[bytes]) -> dict:
+        """A joiner whose state did not come (its donor died, or the state went to an address
+        the donor had not yet learned was gone): ask a donor again."""
+        rank = _rank(body["rank"])
+        if rank not in self._members or self._sessions.get(rank) != body.get("session"):
+            return {"type": p.ERROR, "reason": "expelled", "expelled": True}
+        member = self._members[rank]
+        donor = self._donor(exclude=rank)
+        if donor is not None:
+            member.clock = max(member.clock, donor.clock)
+            self._awaiting_state.add(rank)
+            self._publish(p.DONATE, to=donor.rank, rank=rank, engine=member.engine, clock=member.clock)
+        return {"type": p.OK, "donor": donor.to_dict() if donor else None}
 
     def _on_members(self, body: dict, blobs: list[bytes]) -> dict:
         return {"type": p.OK, **self._snapshot()}

@@ -28,6 +28,7 @@ MEMBERS = "members"      # -> membership snapshot
 VIEW = "view"            # -> GlobalView
 LEAVE = "leave"          # -> ok
 STEP_DOWN = "step_down"  # term, endpoint: a successor started; the old coordinator sends everyone there
+STATE = "state"          # rank, session -> donor: a joiner whose state did not come asks for it again
 # Replies.
 OK = "ok"
 ERROR = "error"

@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"address": coordinator.address, "pub": coordinator.pub_address}), flush=True)
     if args.previous:
         _step_down(args.previous, args.job_id, key, args.term, coordinator.address)
+        coordinator.take_over(args.previous)
     started = last_member = time.monotonic()
     seen = False
     try:

@@ -98,7 +98,8 @@ class Synchronizer(ABC):
         deltas = self._track_updates(loss)
         arrays, to_wire = self._message(rnd, deltas)
         self.network.expected_bytes = sum(a.nbytes for a in arrays)
-        plan = self.planner.plan(self.client.view_for(rnd), rnd, self.client.rank, self.network.expected_bytes)
+        view = self.client.view_for(rnd)
+        plan = self.planner.plan(view, rnd, self.client.rank, self.network.expected_bytes)
         self.network.planned_time_s = plan.planned_time
         bounds, deadline = self.tolerance.bounds(rnd, self.layers, self.network, self.training)
         members = self.client.members
@@ -106,7 +107,11 @@ class Synchronizer(ABC):
         handle = self.channel.send(rnd, arrays, [(*members[j].engine, rate) for j, rate in receivers],
                                    loss_bounds=to_wire(bounds), deadline=deadline)
         self._interrupted = False
-        self._wait_round(rnd, set(plan.senders), t0 + self._wait_limit(deadline))
+        # A peer that joined holds no view older than the one it was given: for the rounds before
+        # that view applies, the others plan with another, so it cannot know its senders: it waits
+        # for none and merges what has come (a receiver accepts any sender).
+        expected = set(plan.senders) if view is None or view.from_round <= rnd else set()
+        self._wait_round(rnd, expected, t0 + self._wait_limit(deadline))
         sent = handle.wait()
         comm_s = time.monotonic() - t0
         self.clock = rnd + 1

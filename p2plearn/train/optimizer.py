@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from p2plearn.control import ControlError
 from p2plearn.options import Options
 from p2plearn.runtime import Runtime, init
 from p2plearn.sync import SYNCHRONIZERS, RoundStats, Synchronizer
@@ -28,6 +29,7 @@ from p2plearn.filter import make_filter
 from p2plearn.tolerance import Layer, TolerancePolicy, make_tolerance
 from p2plearn.transport import Channel
 
+ASK_AGAIN_S = 10.0  # a joiner without its state after this long asks for another donation
 NORM_TYPES = (torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm)
 
 
@@ -265,11 +267,22 @@ class DecentralizedOptimizer:
             self._receive_state()
 
     def _receive_state(self, timeout: float = 60.0) -> None:
-        donor = self.runtime.client.donor
-        d = self.sync.inbox.take_state(donor.rank, time.monotonic() + timeout)
-        if d is None or d.arrays is None or not d.complete:
-            raise RuntimeError(f"rank {self.runtime.rank}: no model state from donor rank {donor.rank} within "
-                               f"{timeout:g} s; it cannot take part with a stale model")
+        """Take the model state from the donor; ask for another donation every ASK_AGAIN_S (a
+        donor may die, or send before it learned this peer's engine), until ``timeout``."""
+        client = self.runtime.client
+        deadline = time.monotonic() + timeout
+        donor = client.donor
+        while True:
+            d = self.sync.inbox.take_state(donor.rank, min(deadline, time.monotonic() + ASK_AGAIN_S))
+            if d is not None and d.arrays is not None and d.complete:
+                break
+            if time.monotonic() >= deadline:
+                raise RuntimeError(f"rank {self.runtime.rank}: no model state from donor rank {donor.rank} within "
+                                   f"{timeout:g} s; it cannot take part with a stale model")
+            try:
+                donor = client.ask_for_state() or donor
+            except ControlError:
+                pass  # no coordinator answered just now: keep waiting, ask again later
         for p, a in zip(self.params, d.arrays):
             p.copy_(torch.from_numpy(a))
         self.sync.clock = d.msg_id & ~STATE_FLAG

@@ -76,3 +76,24 @@ def test_a_joiner_gets_a_donor_that_holds_its_state(coordinator, connect):
     first.report(4)  # it has its state and trains: a donor like any other from now on
     third = connect(None, ("127.0.0.1", 9004), join=True)
     assert third.donor.rank == first.rank
+
+
+def test_a_restarted_process_registering_into_a_running_job_gets_a_donor(coordinator, connect):
+    first = connect(0, ("127.0.0.1", 9000))
+    first.report(4)
+    assert first.wait_min_clock(4, timeout=5)
+    restarted = connect(1, ("127.0.0.1", 9001))  # its rank, as at the start, but rounds have been made
+    assert restarted.donor is not None and restarted.donor.rank == 0 and restarted.start_clock == 4
+    event = wait_event(first, "donate", timeout=2)
+    assert event is not None and event.rank == 1
+
+
+def test_a_joiner_without_its_state_asks_again(coordinator, connect):
+    donor = connect(0, ("127.0.0.1", 9000))
+    donor.report(2)
+    assert donor.wait_min_clock(2, timeout=5)
+    joiner = connect(None, ("127.0.0.1", 9001), join=True)
+    assert wait_event(donor, "donate", timeout=2) is not None
+    assert joiner.ask_for_state().rank == 0  # the state went astray: the donor is asked once more
+    again = wait_event(donor, "donate", timeout=2)
+    assert again is not None and again.rank == joiner.rank
