@@ -54,12 +54,13 @@ def test_mpi4py_broadcasts_rank0s_address(monkeypatch):
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun (Open MPI) is not installed")
-def test_under_real_open_mpi_every_rank_finds_this_host():
+def test_under_real_open_mpi_every_rank_finds_this_host(tmp_path):
+    # Each rank writes a file of its own: mpirun interleaves the ranks' stdout mid-line.
     code = ("import os; from p2plearn.launch.discover import coordinator_host; from p2plearn.runtime import detect_rank;"
-            "r, n, lr, ln = detect_rank(os.environ); print('host', r, coordinator_host(os.environ, r, n, ln))")
+            "r, n, lr, ln = detect_rank(os.environ);"
+            f"open(os.path.join({str(tmp_path)!r}, f'rank-{{r}}'), 'w').write(coordinator_host(os.environ, r, n, ln))")
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "P2PLEARN_COORDINATOR_HOST")}
     done = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable, "-c", code],
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert sorted(line for line in done.stdout.splitlines() if line.startswith("host")) == \
-        ["host 0 127.0.0.1", "host 1 127.0.0.1"]
+    assert [(tmp_path / f"rank-{r}").read_text() for r in range(2)] == ["127.0.0.1", "127.0.0.1"]

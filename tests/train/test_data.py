@@ -45,14 +45,16 @@ def test_the_rank_comes_from_any_launcher(monkeypatch, variables):
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun (Open MPI) is not installed")
-def test_under_real_open_mpi_each_rank_gets_its_own_shard():
-    code = ("import sys, torch; sys.path.insert(0, %r); from test_data import numbered, rows_of; "
-            "from p2plearn.train.data import shard; print('rows', *rows_of(shard(numbered(), 4)))"
-            % os.path.dirname(os.path.abspath(__file__)))
+def test_under_real_open_mpi_each_rank_gets_its_own_shard(tmp_path):
+    # Each rank writes a file of its own: mpirun interleaves the ranks' stdout mid-line.
+    code = ("import os, sys; sys.path.insert(0, %r); from test_data import numbered, rows_of; "
+            "from p2plearn.train.data import shard; rank = os.environ['OMPI_COMM_WORLD_RANK']; "
+            "open(os.path.join(%r, 'rank-' + rank), 'w').write(' '.join(map(str, rows_of(shard(numbered(), 4)))))"
+            % (os.path.dirname(os.path.abspath(__file__)), str(tmp_path)))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     done = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", sys.executable, "-c", code],
                           env=env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    shards = [[int(v) for v in line.split()[1:]] for line in done.stdout.splitlines() if line.startswith("rows")]
-    assert len(shards) == 2 and all(len(s) == ROWS // 2 for s in shards), done.stdout
+    shards = [[int(v) for v in (tmp_path / f"rank-{r}").read_text().split()] for r in range(2)]
+    assert all(len(s) == ROWS // 2 for s in shards), shards
     assert sorted(shards[0] + shards[1]) == list(range(ROWS))
