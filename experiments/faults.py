@@ -151,6 +151,7 @@ def summarize(out: Path, start: float, seconds: float, codes: list[int | None], 
             buckets.setdefault(int((e["t"] - start) // BUCKET_S), []).append(e["accuracy"])
     curve = [((b + 0.5) * BUCKET_S, sum(v) / len(v)) for b, v in sorted(buckets.items())]
     return {"final_accuracy": sum(f["accuracy"] for f in finals) / max(1, len(finals)),
+            "final_by_rank": {f["rank"]: round(f["accuracy"], 3) for f in finals},
             "survivors": len(finals), "clean_exits": sum(code == 0 for code in codes),
             "slowest_rounds": min((f["clock"] for f in finals), default=0),
             "rejoins": sum(f["rejoins"] for f in finals),
