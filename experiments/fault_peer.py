@@ -1,10 +1,11 @@
 """One peer of the fault-injection experiment (started by faults.py as torchrun starts peers).
 
-    python experiments/fault_peer.py --seconds S --out DIR [--join] [--seed N] [--eval-every E]
+    python experiments/fault_peer.py --seconds S --out DIR [--join --until T] [--seed N] [--eval-every E]
 
 Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, P2PLEARN_JOB_ID, P2PLEARN_JOB_KEY; rank 0
 starts the coordinator's process. ``--join``: a fresh process joining the running job (it gets a
-free rank and the model state from a donor). Trains the MNIST-1D CNN on its shard for S seconds
+free rank and the model state from a donor; ``--until T``: stop at wall time T, with the others,
+however long its start took). Trains the MNIST-1D CNN on its shard for S seconds
 after the rendezvous, prints ``ready <rank> <pid> <coordinator pid or 0>`` when it starts, and
 appends one JSON line per evaluation (every E seconds) to DIR/rank-R.jsonl: wall time, test
 accuracy of its own model, its clock. The file is flushed per line, so a killed peer keeps what it
@@ -31,6 +32,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--join", action="store_true")
+    ap.add_argument("--until", type=float, help="stop at this time.time() instead of --seconds after the start")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--eval-every", type=float, default=2.0)
     ap.add_argument("--samples", type=int, default=6000)
@@ -50,7 +52,7 @@ def main() -> int:
         log.write(json.dumps({"rank": rt.rank, "t": time.time(), **fields}) + "\n")
         log.flush()
 
-    until = time.monotonic() + args.seconds
+    until = time.monotonic() + (args.until - time.time() if args.until else args.seconds)
     next_eval, epoch = 0.0, 0
     while time.monotonic() < until:
         for x, y in shard(data, 32, rank=rt.rank, world_size=rt.world_size, epoch=epoch, seed=args.seed):

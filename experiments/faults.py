@@ -61,8 +61,8 @@ class Job:
         for rank in range(PEERS):
             self.start(rank, [])
 
-    def start(self, rank: int, extra: list[str], seconds: float | None = None) -> subprocess.Popen:
-        argv = [c.PY, str(PEER), "--seconds", f"{seconds or self.seconds:.1f}", "--out", str(self.out),
+    def start(self, rank: int, extra: list[str]) -> subprocess.Popen:
+        argv = [c.PY, str(PEER), "--seconds", f"{self.seconds:.1f}", "--out", str(self.out),
                 "--seed", str(self.seed), *extra]
         proc = subprocess.Popen(argv, env={**self.env, "RANK": str(rank)}, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -124,7 +124,7 @@ def run(seed: int, seconds: float, faults: bool, out: Path) -> c.Row | None:
                     _kill(pid, signal.SIGSTOP)
                     threading.Timer(PAUSE_S, _kill, (pid, signal.SIGCONT)).start()
                 elif action == "join":
-                    job.start(rank, ["--join"], seconds=start + seconds - time.time())
+                    job.start(rank, ["--join", "--until", f"{start + seconds:.3f}"])
                 else:  # the host of rank 0 and of the coordinator's process
                     _kill(pid, signal.SIGKILL)
                     _kill(coordinator, signal.SIGKILL)
