@@ -15,6 +15,10 @@ launcher started it); else rank 0 starts it, in a process of its own, on ``MASTE
 the other ranks connect there. Should that process or its host die, the live peer of lowest rank
 starts a successor and the others follow it (see ``p2plearn.control.Client``).
 
+The job's secret (control-plane HMAC and data-plane tags, each under its own derived key) is
+``P2PLEARN_JOB_KEY``; without it, a key file private to this user is shared by the ranks of a
+job on one host, and mpi4py carries rank 0's key across hosts (``p2plearn.launch.secret``).
+
 Registration: ``init()`` registers this peer and waits until all ``world_size`` peers have
 (the rendezvous). The data engine is created later by the training API; give its address
 either now (``init(engine_address=(host, port))``) or once it exists
@@ -23,18 +27,17 @@ either now (``init(engine_address=(host, port))``) or once it exists
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import socket
 import time
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .control import Client, ControlError, Member
 from .control.server import ServerProcess, spawn
+from .launch.secret import JobSecret, job_secret
 from .options import Options
 
 DEFAULT_PORT = 29450
@@ -66,6 +69,7 @@ class Runtime:
     job_id: str
     client: Client
     coordinator: ServerProcess | None = None
+    secret: JobSecret | None = None  # None: data-plane tags off (in-process tests)
 
     def register(self, engine_address: tuple[str, int] | None) -> dict[int, Member]:
         """Publish (or change) the address of this peer's data engine; returns the members."""
@@ -89,6 +93,8 @@ class Runtime:
                 while self._others_remain() and time.monotonic() < deadline:
                     time.sleep(0.05)
                 self.coordinator.stop()
+            if self.secret is not None:
+                self.secret.discard()
 
     def _others_remain(self) -> bool:
         try:
@@ -118,11 +124,8 @@ def init(engine_address: tuple[str, int] | None = None, *, join: bool = False, t
     rank, world_size, local_rank, local_world_size = detect_rank(env)
     options = Options.from_env(env, **overrides)
     job_id = next((env[k] for k in _JOB_IDS if env.get(k)), "local")
-    key = env.get("P2PLEARN_JOB_KEY")
-    if not key:
-        warnings.warn("P2PLEARN_JOB_KEY is not set: the control plane is keyed by the job id only, "
-                      "which keeps jobs apart but does not authenticate peers", stacklevel=2)
-        key = hashlib.sha256(f"p2plearn:{job_id}".encode()).hexdigest()
+    secret = job_secret(env, job_id, rank, world_size, local_world_size)
+    key = secret.value
     address = env.get("P2PLEARN_COORDINATOR")
     coordinator = None
     if not address:
@@ -144,7 +147,7 @@ def init(engine_address: tuple[str, int] | None = None, *, join: bool = False, t
             coordinator.stop()
         raise
     runtime = Runtime(rank=rank, world_size=world_size, local_rank=local_rank, local_world_size=local_world_size,
-                      options=options, job_id=job_id, client=client, coordinator=coordinator)
+                      options=options, job_id=job_id, client=client, coordinator=coordinator, secret=secret)
     try:
         client.register(engine_address, join=join)
         runtime.rank = client.rank

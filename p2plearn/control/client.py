@@ -30,6 +30,7 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from ..keys import control_key
 from . import protocol as p
 from .coordinator import Progress, set_transport_heartbeat
 from .detector import PhiAccrualDetector
@@ -37,6 +38,7 @@ from .membership import Event, Member
 from .view import GlobalView
 
 log = logging.getLogger("p2plearn.control")
+WAIT_NOTICE_S = 5.0  # start-up waits longer than this say what they wait for
 VIEWS_KEPT = 16        # views held at once (a new one may apply a few rounds ahead)
 OLD_COORDINATOR_S = 1.0  # how long a suspected coordinator is asked again before looking for a successor
 
@@ -86,7 +88,8 @@ class Client:
         self.dropped_reports = 0  # reports sent while no coordinator was reachable (lost, harmlessly)
         self.coordinator_changes = 0
         self._standby = standby
-        self._key = p.job_key(key)
+        self._secret = key  # a successor this peer starts derives its keys from it too
+        self._key = control_key(key)
         self._session = uuid.uuid4().hex
         self._ids = itertools.count()
         self._beats = itertools.count()
@@ -179,15 +182,21 @@ class Client:
 
     def _hello(self, connect_timeout: float, sock: zmq.Socket | None = None) -> dict:
         """Reach the coordinator, retrying while it may still be starting."""
-        deadline = time.monotonic() + connect_timeout
+        start = time.monotonic()
+        noticed = False
         while True:
             try:
                 return self._request({"type": p.HELLO}, timeout=min(self.timeout, 1.0), sock=sock)[0]
             except Refused:
                 raise
             except ControlError:
-                if time.monotonic() >= deadline:
+                waited = time.monotonic() - start
+                if waited >= connect_timeout:
                     raise ControlError(f"no coordinator answered at {self._endpoint} within {connect_timeout:g} s") from None
+                if waited >= WAIT_NOTICE_S and not noticed and sock is None:
+                    noticed = True
+                    log.warning("p2plearn: waiting for the coordinator at %s (%.0f s so far; rank 0 starts it)",
+                                self._endpoint, waited)
 
     def _check(self) -> None:
         if self._dead:
@@ -335,11 +344,20 @@ class Client:
             view = self._views[-1] if self._views else None
             return self._dead or (len(self._members) >= count and view is not None and int(view.alive.sum()) >= count)
 
+        def missing() -> list[int]:
+            return sorted(set(range(count)) - set(self._members))
+
+        start = time.monotonic()
         with self._cond:
-            if not self._cond.wait_for(ready, timeout):
-                missing = sorted(set(range(count)) - set(self._members))
-                raise ControlError(f"only {len(self._members)} of {count} peers registered within "
-                                   f"{timeout:g} s (missing ranks {missing})")
+            while not self._cond.wait_for(ready, min(WAIT_NOTICE_S, start + timeout - time.monotonic())):
+                waited = time.monotonic() - start
+                if waited >= timeout:
+                    raise ControlError(f"only {len(self._members)} of {count} peers registered within "
+                                       f"{timeout:g} s (missing ranks {missing()})")
+                if self.rank == 0:  # one line for the job, not one per rank
+                    log.warning("p2plearn: waiting for %s after %.0f s (%d of %d registered)",
+                                f"ranks {missing()} to register" if missing() else "the first view",
+                                waited, len(self._members), count)
             self._check()
             return dict(self._members)
 
@@ -572,7 +590,7 @@ class Client:
         if self._spawned is not None and self._spawned.alive():
             return True
         try:
-            self._spawned = spawn(self.job_id, self._key, bind=self.standby, world_size=self.world_size,
+            self._spawned = spawn(self.job_id, self._secret, bind=self.standby, world_size=self.world_size,
                                   heartbeat=self.heartbeat, term=self._term + 1, previous=old,
                                   **{k: float(v) for k, v in self._settings.items()})
         except RuntimeError as exc:  # e.g. the standby port was taken since: the next candidate serves

@@ -29,6 +29,7 @@ import numpy as np
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
+from ..keys import control_key
 from . import protocol as p
 from .detector import PhiAccrualDetector
 from .estimator import BandwidthEstimator
@@ -90,7 +91,7 @@ class Coordinator:
         self.phi_threshold = phi_threshold
         self.startup_grace = startup_grace
         self.term = term
-        self._key = p.job_key(key)
+        self._key = control_key(key)
         self._estimator = BandwidthEstimator(rates)
         self._members: dict[int, Member] = {}
         self._sessions: dict[int, str | None] = {}  # None: presumed from a resume, not re-registered yet
@@ -122,6 +123,8 @@ class Coordinator:
         for sock in (self._router, self._pub):
             sock.setsockopt(zmq.LINGER, 0)
         self._router.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        # Requests are small; libzmq drops the connection of anyone sending more, before we see it.
+        self._router.setsockopt(zmq.MAXMSGSIZE, p.MAX_REQUEST_BYTES)
         # A killed peer's connections close at once, and a stopped or lost one stops answering
         # ZeroMQ's own pings (answered by libzmq's threads, which a busy interpreter cannot stall):
         # a killed peer is known far sooner than from its heartbeats' silence, without the false

@@ -3,7 +3,7 @@
 A message is a list of frames ``[body, tag, *blobs]``:
 
 - ``body``: UTF-8 JSON object with at least ``type`` and ``job`` (the job id);
-- ``tag``: HMAC-SHA256 of ``body`` and every blob under the job key;
+- ``tag``: HMAC-SHA256 of ``body`` and every blob under the control key (``p2plearn.keys``);
 - ``blobs``: optional raw byte frames (the numpy arrays of a GlobalView). Nothing on the
   control plane carries tensors: blobs are per-peer scalars (rates, load, alive).
 
@@ -18,6 +18,8 @@ import hashlib
 import hmac
 import json
 from typing import Any
+
+MAX_REQUEST_BYTES = 16 << 20  # a request (all frames) larger than this drops its connection
 
 # Requests (client -> coordinator, DEALER -> ROUTER).
 HELLO = "hello"          # -> pub endpoint, heartbeat settings, term
@@ -45,16 +47,6 @@ class AuthError(Exception):
     """A message failed authentication (wrong job key or job id)."""
 
 
-def job_key(key: str | bytes) -> bytes:
-    """The HMAC key from the ``P2PLEARN_JOB_KEY`` string (hex, or any text)."""
-    if isinstance(key, bytes):
-        return key
-    try:
-        return bytes.fromhex(key)
-    except ValueError:
-        return key.encode()
-
-
 def _tag(key: bytes, body: bytes, blobs: list[bytes]) -> bytes:
     mac = hmac.new(key, body, hashlib.sha256)
     for blob in blobs:
@@ -78,8 +70,8 @@ def unpack(key: bytes, job: str, frames: list[bytes]) -> tuple[dict[str, Any], l
         raise AuthError("bad authentication tag (wrong job key?)")
     try:
         body = json.loads(raw)
-    except ValueError as exc:
-        raise AuthError(f"malformed body: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        raise AuthError(f"malformed body: {exc!r}") from None
     if not isinstance(body, dict) or body.get("job") != job:
         raise AuthError("wrong job id")
     return body, blobs

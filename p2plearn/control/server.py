@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from ..keys import control_key
 from . import protocol as p
 from .coordinator import Coordinator
 from .estimator import rates_from_file
@@ -149,7 +150,7 @@ def _step_down(endpoint: str, job_id: str, key: str, term: int, successor: str) 
     sock.setsockopt(zmq.LINGER, 0)
     try:
         sock.connect(p.endpoint(endpoint))
-        sock.send_multipart(p.pack(p.job_key(key), job_id, {"type": p.STEP_DOWN, "term": term,
+        sock.send_multipart(p.pack(control_key(key), job_id, {"type": p.STEP_DOWN, "term": term,
                                                              "endpoint": successor, "id": 0}), flags=zmq.NOBLOCK)
         sock.poll(1000)  # a dead predecessor never answers; a live one answers at once
     except zmq.ZMQError:

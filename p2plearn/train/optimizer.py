@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,11 +22,13 @@ import numpy as np
 import torch
 
 from p2plearn.control import ControlError
+from p2plearn.control.client import WAIT_NOTICE_S
 from p2plearn.options import Options
 from p2plearn.runtime import Runtime, init
 from p2plearn.sync import SYNCHRONIZERS, RoundStats, Synchronizer
 from p2plearn.sync.inbox import STATE_FLAG
 from p2plearn.filter import make_filter
+from p2plearn.keys import data_key
 from p2plearn.tolerance import Layer, TolerancePolicy, make_tolerance
 from p2plearn.transport import Channel
 
@@ -171,10 +174,16 @@ class DecentralizedOptimizer:
         """Wait until every member has published its engine address: a peer registers before its
         engine exists, and a round-0 plan naming a receiver without an address would skip it, leaving
         that receiver waiting for the round's cap."""
-        until = time.monotonic() + timeout
-        while not all(m.engine for m in self.runtime.client.members.values()):
-            if time.monotonic() > until:
-                raise RuntimeError(f"not every peer published its engine address within {timeout:g} s")
+        start = time.monotonic()
+        notice = start + WAIT_NOTICE_S
+        while missing := sorted(r for r, m in self.runtime.client.members.items() if not m.engine):
+            now = time.monotonic()
+            if now > start + timeout:
+                raise RuntimeError(f"ranks {missing} did not publish their engine address within {timeout:g} s")
+            if now > notice and self.runtime.rank == 0:
+                print(f"p2plearn: waiting for ranks {missing} to start their engines after {now - start:.0f} s",
+                      file=sys.stderr, flush=True)
+                notice = now + WAIT_NOTICE_S
             time.sleep(0.01)
 
     def _make_channel(self) -> Channel:
@@ -186,10 +195,10 @@ class DecentralizedOptimizer:
             kwargs["uplink_rate"], kwargs["drop_prob"] = _emulated_link(self.options, self.runtime.rank)
             kwargs["seed"] = self.runtime.rank + 1
             kwargs["max_datagram"] = 1472  # the emulated links are Ethernet: 1500-byte MTU, not loopback's 64 KiB
-        key = os.environ.get("P2PLEARN_JOB_KEY", "")
+        secret = self.runtime.secret
         job = int.from_bytes(self.runtime.job_id.encode()[:4].ljust(4, b"\0"), "little")
         return Channel(host=host, sender_id=self.runtime.rank, job_id=job,
-                       key=(key.encode() + bytes(16))[:16] if key else None, **kwargs)
+                       key=data_key(secret.value) if secret else None, **kwargs)
 
     def step(self, closure: Any = None, loss: torch.Tensor | float | None = None) -> RoundStats:
         """A local optimizer step, then one communication round. `loss` (optional) feeds the

@@ -36,9 +36,10 @@ def main() -> int:
         members = sorted(rt.client.members)
         print(f"rank {rt.rank} of {rt.world_size} local {rt.local_rank}/{rt.local_world_size} members {members}")
         if args.out:
+            seen = {"rank": rt.rank, "world_size": rt.world_size, "members": members, "pid": os.getpid(),
+                    "pgid": os.getpgid(0), "options": options.to_env(), "job_id": rt.job_id}
             with open(os.path.join(args.out, f"rank-{rt.rank}.json"), "w") as f:
-                json.dump({"rank": rt.rank, "world_size": rt.world_size, "members": members, "pid": os.getpid(),
-                           "pgid": os.getpgid(0), "options": options.to_env()}, f)
+                json.dump(seen, f)
         for r in range(1, args.rounds + 1):
             rt.client.report(r, loss=1.0 / r, step_time=0.01)
             time.sleep(0.01)

@@ -1,0 +1,45 @@
+"""The keys of a job, derived from its one secret (``P2PLEARN_JOB_KEY``).
+
+The control plane (HMAC-SHA256 over every frame) and the data plane (SipHash-2-4 tags on every
+datagram) never use the secret itself: each gets its own key from HKDF-SHA256 (RFC 5869) with a
+label of its own, so a key recovered from one plane says nothing about the other.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+CONTROL_LABEL = b"p2plearn control v1"
+DATA_LABEL = b"p2plearn data v1"
+_SALT = b"p2plearn job key"
+
+
+def material(secret: str | bytes) -> bytes:
+    """The secret's bytes: hex when it is hex (as the launchers make it), else the text itself."""
+    if isinstance(secret, bytes):
+        return secret
+    try:
+        return bytes.fromhex(secret)
+    except ValueError:
+        return secret.encode()
+
+
+def hkdf(secret: str | bytes, label: bytes, size: int, salt: bytes = _SALT) -> bytes:
+    """HKDF-SHA256: extract with ``salt``, expand with ``label`` (RFC 5869's info) to ``size`` bytes."""
+    prk = hmac.new(salt, material(secret), hashlib.sha256).digest()
+    out, block, counter = b"", b"", 1
+    while len(out) < size:
+        block = hmac.new(prk, block + label + bytes([counter]), hashlib.sha256).digest()
+        out, counter = out + block, counter + 1
+    return out[:size]
+
+
+def control_key(secret: str | bytes) -> bytes:
+    """The 256-bit HMAC key of control-plane frames."""
+    return hkdf(secret, CONTROL_LABEL, 32)
+
+
+def data_key(secret: str | bytes) -> bytes:
+    """The 128-bit SipHash key of data-plane datagrams."""
+    return hkdf(secret, DATA_LABEL, 16)
