@@ -175,13 +175,17 @@ class Synchronizer(ABC):
             return None
         masks = [None if f >= 1.0 else d.element_mask(i) for i, f in enumerate(d.fractions)]
         if self.filter is None:
-            if len(d.arrays) != len(self.params) or any(a.shape != p.shape for a, p in zip(d.arrays, self.params)):
+            if len(d.arrays) != len(self.params) or any(a.shape != p.shape or a.dtype != p.dtype
+                                                        for a, p in zip(d.arrays, self.params)):
                 return None
             return [Contribution(a, m) for a, m in zip(d.arrays, masks)]
         try:
-            parts = layout(d.arrays, [p.shape for p in self.params], [m is None for m in masks])
-        except ValueError:
-            return None  # malformed or header lost: as if the message never came
+            return self._filtered_contributions(d, masks)
+        except (ValueError, IndexError, TypeError):
+            return None  # malformed (a peer's bug or a hostile key holder) or header lost: as if it never came
+
+    def _filtered_contributions(self, d: Delivery, masks: list[np.ndarray | None]) -> list[Contribution | None]:
+        parts = layout(d.arrays, [p.shape for p in self.params], [m is None for m in masks])
         out: list[Contribution | None] = []
         for p, (code, idx, values) in zip(self.params, parts):
             if code == DENSE:

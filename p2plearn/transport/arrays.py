@@ -6,6 +6,7 @@ receiver can rebuild typed arrays without knowing the sender's model in advance.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Sequence
 
 import numpy as np
@@ -29,14 +30,30 @@ def encode_descriptor(arrays: Sequence[np.ndarray]) -> bytes:
     return json.dumps([[a.dtype.str, list(a.shape)] for a in arrays], separators=(",", ":")).encode()
 
 
-def decode_descriptor(blob: bytes, nseg: int) -> list[tuple[np.dtype, tuple[int, ...]]] | None:
-    """The (dtype, shape) list, or None when the blob is not a descriptor for nseg arrays."""
+NUMERIC_KINDS = "biufc"  # an object or structured dtype from the network would be read as pointers
+MAX_DIMS = 32  # numpy's own limit
+
+
+def decode_descriptor(blob: bytes, seg_lens: Sequence[int]) -> list[tuple[np.dtype, tuple[int, ...]]] | None:
+    """The (dtype, shape) list, or None when the blob is not a descriptor of numeric arrays whose
+    sizes are exactly ``seg_lens`` bytes (the blob comes from the network: anything may be in it)."""
     try:
         items = json.loads(blob.decode())
-        out = [(np.dtype(d), tuple(int(n) for n in shape)) for d, shape in items]
-    except (ValueError, TypeError, UnicodeDecodeError):
+        if not isinstance(items, list) or len(items) != len(seg_lens):
+            return None
+        out = []
+        for (name, shape), nbytes in zip(items, seg_lens):
+            if not isinstance(name, str) or not isinstance(shape, list) or len(shape) > MAX_DIMS:
+                return None
+            dtype = np.dtype(name)
+            if dtype.kind not in NUMERIC_KINDS or any(type(n) is not int or n < 0 for n in shape):
+                return None
+            if math.prod(shape) * dtype.itemsize != nbytes:
+                return None
+            out.append((dtype, tuple(shape)))
+    except (ValueError, TypeError, UnicodeDecodeError, RecursionError):
         return None
-    return out if len(out) == nseg else None
+    return out
 
 
 class EngineMemory:

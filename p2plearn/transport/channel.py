@@ -230,7 +230,7 @@ class Channel:
         arrays, offsets, fractions = None, [], []
         layout = None
         if d.layout_known:
-            layout = decode_descriptor(bytes(ffi.buffer(d.app, d.app_len)), d.nseg)
+            layout = decode_descriptor(bytes(ffi.buffer(d.app, d.app_len)), [d.seg_len[i] for i in range(d.nseg)])
         if layout is not None:
             raw = np.asarray(EngineMemory(d, int(ffi.cast("uintptr_t", d.data)), d.data_len))
             offsets = [d.seg_off[i] for i in range(d.nseg)]

@@ -170,7 +170,7 @@ class TcpChannel:
         if kind.bytes != b"D":
             return
         meta = json.loads(header.bytes)
-        layout = decode_descriptor(desc.bytes, len(data))
+        layout = decode_descriptor(desc.bytes, [len(f.buffer) for f in data])
         arrays = None
         if layout is not None:
             arrays = [np.frombuffer(f.buffer, dtype=dt).reshape(shape).copy() for f, (dt, shape) in zip(data, layout)]

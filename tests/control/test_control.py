@@ -185,3 +185,37 @@ def test_joiner_is_given_a_donor_and_the_donor_is_told(connect):
     assert event is not None and (event.rank, event.engine, event.clock) == (2, ("127.0.0.1", 9100), 5)
     assert wait_event(a, "join", timeout=2, rank=2) is not None
     assert wait_event(a, "donate", timeout=0.2) is None  # only the donor is asked
+
+
+def test_hostile_frames_neither_kill_nor_stall_the_coordinator(coordinator, connect, key):
+    import zmq
+
+    from p2plearn.control import protocol as p
+    from p2plearn.keys import control_key
+
+    member = connect(0)
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(p.endpoint(coordinator.address))
+    try:
+        nested = b"[" * 100_000 + b"]" * 100_000
+        sock.send_multipart([nested, b""])  # an outsider's, unsigned
+        assert p.parse_refusal(_reply(sock)) is not None
+        tag = p._tag(control_key(key), nested, [])
+        sock.send_multipart([nested, tag])  # a key holder's: signed, but no JSON object
+        assert p.parse_refusal(_reply(sock))["reason"].startswith("malformed body")
+        for rank in (["not", "a rank"], 10**12):  # mistyped fields get an error, not a dead loop
+            sock.send_multipart(p.pack(control_key(key), JOB, {"type": p.REGISTER, "id": 1, "rank": rank,
+                                                               "session": "s", "host": "h", "engine": None}))
+            assert p.unpack(control_key(key), JOB, _reply(sock))[0]["type"] == p.ERROR
+        sock.send_multipart([b"x" * (p.MAX_REQUEST_BYTES + 1), b""])  # libzmq drops the connection
+        assert not sock.poll(500)
+    finally:
+        sock.close()
+    assert sorted(connect(1).wait_members(2, timeout=5)) == [0, 1]  # still serving: a newcomer registers
+    assert coordinator.errors >= 1  # the mistyped requests were counted
+
+
+def _reply(sock) -> list[bytes]:
+    assert sock.poll(5000), "no reply"
+    return sock.recv_multipart()

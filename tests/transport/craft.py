@@ -49,9 +49,10 @@ def datagram(type_: int, *, sender: int = 1, msg: int = 1, chunk: int = 0, nchun
     return hdr[:24] + struct.pack("<Q", tag) + body
 
 
-def message_chunks(arrays_bytes: list[bytes], descriptor: list, chunk_size: int) -> tuple[list[bytes], int]:
-    """The flat [meta][segments] of a message cut in chunks, exactly as the engine lays it out."""
-    app = json.dumps(descriptor, separators=(",", ":")).encode()
+def message_chunks(arrays_bytes: list[bytes], descriptor: list | bytes, chunk_size: int) -> tuple[list[bytes], int]:
+    """The flat [meta][segments] of a message cut in chunks, exactly as the engine lays it out
+    (``descriptor``: the arrays' dtypes and shapes, or the raw bytes of a crafted one)."""
+    app = descriptor if isinstance(descriptor, bytes) else json.dumps(descriptor, separators=(",", ":")).encode()
     meta_len = (24 + 24 * len(arrays_bytes) + len(app) + 7) // 8 * 8
     offs, off = [], meta_len
     for b in arrays_bytes:

@@ -309,3 +309,31 @@ def test_bad_arguments_raise_clear_errors(channels):
         channels(port=a.address[1])
     with pytest.raises(TransportError, match="drop_prob"):
         channels(drop_prob=1.5)
+
+
+@pytest.mark.parametrize("descriptor", [
+    [["|O", [625]]],                       # an object dtype would read the bytes as pointers
+    [["<f4", [5000]]],                     # claims 20,000 bytes; the segment has 5,000
+    [["<f4", [-1250]]],                    # negative size
+    [["<f4", [1250]], ["<f4", [1]]],       # more arrays than segments
+    [["(1250,)f4", []]],                   # a structured (subarray) dtype
+    [["<f4", [1250.0]]],                   # a size that is not an integer
+    [["no such type", [1250]]],
+    b"[" * 10_000 + b"]" * 10_000,         # nesting deep enough to exhaust Python's recursion
+])
+def test_a_valid_message_with_a_hostile_descriptor_arrives_without_arrays(channels, raw_peer, descriptor):
+    from tests.transport.craft import DATA, datagram, message_chunks
+
+    b = channels()
+    body = bytes(5000)
+    chunks, meta_len = message_chunks([body], descriptor, CHUNK)
+    for k, chunk in enumerate(chunks):
+        raw_peer.send(datagram(DATA, sender=9, msg=5, chunk=k, nchunks=len(chunks), chunk_size=CHUNK,
+                               meta_len=meta_len, body=chunk), b.address)
+    d = recv_one(b)
+    assert (d.sender, d.msg_id, d.arrays) == (9, 5, None)  # delivered and counted, never decoded into arrays
+    good, meta_len = message_chunks([np.arange(1250, dtype=np.float32).tobytes()], [["<f4", [1250]]], CHUNK)
+    for k, chunk in enumerate(good):  # the peer still works
+        raw_peer.send(datagram(DATA, sender=9, msg=6, chunk=k, nchunks=len(good), chunk_size=CHUNK,
+                               meta_len=meta_len, body=chunk), b.address)
+    np.testing.assert_array_equal(recv_one(b).arrays[0], np.arange(1250, dtype=np.float32))
