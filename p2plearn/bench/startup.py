@@ -27,28 +27,37 @@ from contextlib import contextmanager
 from typing import Iterator
 
 
+PHASES = ("python", "imports", "init", "optimizer", "first step")
+
+
 def peer_main(out: str, steps: int, launched: float) -> int:
-    """One peer of a start (run as ``python -m p2plearn.bench.startup --peer OUT``)."""
+    """One peer of a start (run as ``python -m p2plearn.bench.startup --peer OUT``); records when,
+    counted from the launch, it reached each of PHASES: the interpreter up, torch and p2plearn
+    imported, ``init()`` (rendezvous) returned, the optimizer built (engine up, every engine
+    known), the first step done."""
+    phases = {"python": time.time() - launched}
     import torch
 
     import p2plearn
     from p2plearn.train import DecentralizedOptimizer
 
+    phases["imports"] = time.time() - launched
     torch.set_num_threads(1)
     rt = p2plearn.init(timeout=120.0)
+    phases["init"] = time.time() - launched
     events: list[str] = []
     rt.client.on_event(lambda e: events.append(f"{e.kind} {e.rank}"))
     model = torch.nn.Linear(16, 4)
     opt = DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, rt)
-    first_step = None
+    phases["optimizer"] = time.time() - launched
     for _ in range(steps):
         loss = model(torch.randn(8, 16)).square().mean()
         loss.backward()
         opt.step(loss=loss)
         opt.zero_grad()
-        first_step = first_step or time.time() - launched
+        phases.setdefault("first step", time.time() - launched)
     with open(os.path.join(out, f"rank-{rt.rank}.json"), "w") as f:
-        json.dump({"rank": rt.rank, "first_step_s": first_step, "events": events}, f)
+        json.dump({"rank": rt.rank, "phases": phases, "events": events}, f)
     opt.close()
     return 0
 
@@ -102,7 +111,8 @@ def one_start(peers: int, launcher: str, steps: int = 5, timeout: float = 300.0)
                 results.append(json.load(f))
         return {"codes": codes, "peers_done": len(results),
                 "false_deaths": sum(e.startswith("dead") for r in results for e in r["events"]),
-                "first_step_s": max((r["first_step_s"] for r in results), default=None),
+                # per phase, the slowest peer: the job waits for it
+                "phases": {k: max(r["phases"][k] for r in results) for k in PHASES} if results else None,
                 "log": "\n".join(logs)[-2000:]}
     finally:
         for p in procs:
@@ -142,23 +152,24 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(peer_main(args.peer, args.steps, args.launched))
     print(f"{args.starts} starts of {args.peers} peers under {args.launcher}, "
           f"{'a CPU hog on every core' if args.hog else 'idle cores'}")
-    print("| start | exit codes | false deaths | launch to first step (slowest peer) |")
-    print("|---|---|---|---|")
+    print("Seconds from the launch until the slowest peer reached each phase:")
+    print(f"| start | exit codes | false deaths | {' | '.join(PHASES)} |")
+    print("|---" * (3 + len(PHASES)) + "|")
     ok = deaths = 0
-    times = []
+    seen: dict[str, list[float]] = {k: [] for k in PHASES}
     for i, r in enumerate(run_starts(args.starts, args.peers, args.launcher, args.hog), 1):
         good = all(c == 0 for c in r["codes"]) and r["peers_done"] == args.peers
         ok += good
         deaths += r["false_deaths"]
-        if r["first_step_s"] is not None:
-            times.append(r["first_step_s"])
-        first = f"{r['first_step_s']:.1f} s" if r["first_step_s"] is not None else "-"
-        print(f"| {i} | {r['codes']} | {r['false_deaths']} | {first} |", flush=True)
+        for k, v in (r["phases"] or {}).items():
+            seen[k].append(v)
+        cells = " | ".join(f"{r['phases'][k]:.1f}" if r["phases"] else "-" for k in PHASES)
+        print(f"| {i} | {r['codes']} | {r['false_deaths']} | {cells} |", flush=True)
         if not good:
             print(r["log"], file=sys.stderr)
-    times.sort()
-    median = f"{times[len(times) // 2]:.1f} s" if times else "-"
-    print(f"\n{ok} of {args.starts} starts succeeded; {deaths} false deaths; median launch to first step {median}")
+    medians = " | ".join(f"{sorted(v)[len(v) // 2]:.1f}" if v else "-" for v in seen.values())
+    print(f"| median | | | {medians} |")
+    print(f"\n{ok} of {args.starts} starts succeeded; {deaths} false deaths")
 
 
 if __name__ == "__main__":

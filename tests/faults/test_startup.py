@@ -20,4 +20,4 @@ def test_loaded_starts_succeed_without_false_deaths(launcher):
     for r in results:
         assert all(code == 0 for code in r["codes"]) and r["peers_done"] == 4, r["log"]
         assert r["false_deaths"] == 0, r["log"]
-    print("launch to first step:", [round(r["first_step_s"], 1) for r in results])
+    print("launch to first step:", [round(r["phases"]["first step"], 1) for r in results])
