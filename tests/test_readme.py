@@ -1,0 +1,99 @@
+"""The README's examples run as written: its training script under every launcher line that needs
+neither root nor other hosts, and the transport example.
+
+The quick start's ``make test`` is this suite, and ``make demo``'s command is the end-to-end run of
+``tests/train/test_mnist1d_e2e.py``; lines for launchers that are not installed (srun) are skipped.
+"""
+
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+BIN = Path(sys.executable).parent  # the environment's python, p2plearn-run and torchrun
+pytestmark = pytest.mark.timeout(1200)
+
+
+def section(title: str) -> str:
+    start = README.index(f"## {title}\n")
+    end = README.find("\n## ", start + 1)
+    return README[start:end if end > 0 else None]
+
+
+def blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", text, re.S)
+
+
+def commands(block: str) -> list[str]:
+    """One command per line (backslash continuations joined, comments dropped)."""
+    lines = block.replace("\\\n", " ").splitlines()
+    return [line.split("  #")[0].strip() for line in lines if line.strip()]
+
+
+TRAINING = section("Training")
+LINES = commands(blocks(TRAINING, "sh")[0])
+
+
+def runnable(line: str) -> str | None:
+    """Why this line cannot run here, or None."""
+    if line.startswith("sudo "):
+        return "needs root"
+    if "--hostfile" in line:
+        return "needs other hosts"
+    if shutil.which(line.split()[0], path=f"{BIN}:{os.environ.get('PATH', '')}") is None:
+        return f"{line.split()[0]} is not installed"
+    return None
+
+
+def test_the_readme_names_every_launcher():
+    assert {line.split()[0] for line in LINES} >= {"p2plearn-run", "mpirun", "torchrun", "srun"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("line", LINES)
+def test_training_script_runs_as_written(line, tmp_path):
+    why = runnable(line)
+    if why:
+        pytest.skip(why)
+    (tmp_path / "train.py").write_text(blocks(TRAINING, "python")[0])
+    argv = [sys.executable if word == "python" else word for word in shlex.split(line)]
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1",
+           # Open MPI refuses root and more ranks than cores unless told: this machine's business, not the line's.
+           "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
+    env = {k: v for k, v in env.items() if not k.startswith(("P2PLEARN_", "MASTER_"))}
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=900)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)  # launchers stop their ranks on SIGTERM
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    assert proc.returncode == 0, out[-4000:]
+    size = int(re.search(r"(?:-np|--nproc-per-node) (\d+)", line).group(1))
+    accuracy = {int(r): float(a) for r, a in re.findall(r"rank (\d+): test accuracy ([\d.]+)", out)}
+    assert sorted(accuracy) == list(range(size)), out[-4000:]  # every rank ran once, on its own rank
+    assert min(accuracy.values()) > 0.3, accuracy  # it learned (chance is 0.1)
+    summaries = set(re.findall(r"p2plearn rank (\d+): \d+ rounds, \d+ merges", out))
+    assert summaries == {str(r) for r in range(size)}, out[-4000:]  # each peer's one line at exit
+    assert "Traceback" not in out and "Warning" not in out, out[-4000:]
+
+
+def test_transport_example_runs_as_written():
+    (code,) = blocks(section("The transport alone"), "python")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert re.search(r"\[[\d., ]+\] ", done.stdout), done.stdout  # the layer's delivered fraction, then the stats
