@@ -9,7 +9,7 @@ TORCH   := torch==2.13.0
 TORCH_INDEX ?=
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: demo test test-fast bench asan clean
+.PHONY: demo test test-slow bench asan clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -29,12 +29,14 @@ demo: $(STAMP)
 	@echo "Try SSP:     $(VENV)/bin/p2plearn-run -np 4 --topology topology/heterogeneous-4.json --emulate -- $(VPY) -m p2plearn.examples.mnist1d --sync ssp --staleness 2"
 	@echo "Transfers:   $(VPY) -m p2plearn.examples.transfer_demo   (the engine alone, under injected loss)"
 
+# Everything but the tests marked slow: minutes, for every change.
 test: $(STAMP)
-	$(VPY) -m pytest -q -ra tests
-
-# Without the tests marked slow (end-to-end training, fault injection, testbed rounds).
-test-fast: $(STAMP)
 	$(VPY) -m pytest -q -ra -m "not slow" tests
+
+# The tests marked slow: end-to-end training, fault injection, testbed rounds, the README's launchers.
+# CI runs both targets.
+test-slow: $(STAMP)
+	$(VPY) -m pytest -q -ra -m slow tests
 
 bench: $(STAMP)
 	$(VPY) -m p2plearn.bench selection
