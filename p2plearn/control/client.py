@@ -337,27 +337,30 @@ class Client:
             self._check()
             return self._min_clock >= target
 
-    def wait_members(self, count: int, timeout: float) -> dict[int, Member]:
-        """Wait until ``count`` peers are live members and the view held knows them all (so that
-        every peer plans its first round from the same view); ControlError on timeout."""
+    def wait_members(self, count: int, timeout: float, *, receiving: bool = False) -> dict[int, Member]:
+        """Wait until ``count`` peers are live members; with ``receiving``, also until the view
+        held plans them all as receivers (their engines are known), so that every peer plans its
+        first round from the same view. ControlError on timeout."""
         def ready() -> bool:
             view = self._views[-1] if self._views else None
-            return self._dead or (len(self._members) >= count and view is not None and int(view.alive.sum()) >= count)
+            planned = not receiving or (view is not None and int(view.alive.sum()) >= count)
+            return self._dead or (len(self._members) >= count and planned)
 
-        def missing() -> list[int]:
-            return sorted(set(range(count)) - set(self._members))
+        def awaited() -> str:
+            missing = sorted(set(range(count)) - set(self._members))
+            if missing:
+                return f"ranks {missing} to register ({len(self._members)} of {count} have)"
+            silent = sorted(r for r, m in self._members.items() if m.engine is None)
+            return f"ranks {silent} to start their engines" if silent else "a view that plans every rank"
 
         start = time.monotonic()
         with self._cond:
             while not self._cond.wait_for(ready, min(WAIT_NOTICE_S, start + timeout - time.monotonic())):
                 waited = time.monotonic() - start
                 if waited >= timeout:
-                    raise ControlError(f"only {len(self._members)} of {count} peers registered within "
-                                       f"{timeout:g} s (missing ranks {missing()})")
+                    raise ControlError(f"still waiting for {awaited()} after {timeout:g} s")
                 if self.rank == 0:  # one line for the job, not one per rank
-                    log.warning("p2plearn: waiting for %s after %.0f s (%d of %d registered)",
-                                f"ranks {missing()} to register" if missing() else "the first view",
-                                waited, len(self._members), count)
+                    log.warning("p2plearn: waiting for %s after %.0f s", awaited(), waited)
             self._check()
             return dict(self._members)
 

@@ -347,6 +347,7 @@ class Coordinator:
                 known.standby = str(standby) if standby else known.standby
                 self._epoch += 1
                 self._publish(p.MEMBER, event="update", epoch=self._epoch, member=known.to_dict())
+                self._publish_view()  # after the member: whoever plans with it knows where it receives
         self._detectors[rank].heartbeat()
         header, view_blobs = self._view().to_blobs()
         return {"type": p.OK, "rank": rank, "clock": self._members[rank].clock, **self._snapshot(),
@@ -491,7 +492,9 @@ class Coordinator:
         alive = np.zeros(self._size, dtype=bool)
         clock = np.zeros(self._size, dtype=np.int64)
         for r, m in self._members.items():
-            alive[r], clock[r] = True, m.clock
+            # Planned as a receiver only once its engine is known: before that, a peer that knew
+            # the member but not its engine would skip it while the member waited for its message.
+            alive[r], clock[r] = m.engine is not None, m.clock
         sizes = np.array([self._message_bytes.get(r, 0.0) for r in range(self._size)])
         return GlobalView(round=self._min_clock, alive=alive, clock=clock, message_bytes=sizes, term=self.term,
                           version=self._view_version, from_round=self._view_from,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -22,7 +21,6 @@ import numpy as np
 import torch
 
 from p2plearn.control import ControlError
-from p2plearn.control.client import WAIT_NOTICE_S
 from p2plearn.options import Options
 from p2plearn.runtime import Runtime, init
 from p2plearn.sync import SYNCHRONIZERS, RoundStats, Synchronizer
@@ -148,8 +146,7 @@ class DecentralizedOptimizer:
         self.channel = engine or self._make_channel()
         self.runtime.register(self.channel.address)
         if self.runtime.client.donor is None:  # a joiner does not wait for the original job size
-            self.runtime.client.wait_members(self.runtime.world_size, 60.0)
-            self._wait_engines(60.0)
+            self.runtime.client.wait_members(self.runtime.world_size, 60.0, receiving=True)
         cls = SYNCHRONIZERS[self.options.sync]
         extra = {"staleness": self.options.staleness} if self.options.sync == "ssp" else {}
         self.sync: Synchronizer = cls([p.numpy() for p in self.params], describe_layers(model), self.channel,
@@ -169,22 +166,6 @@ class DecentralizedOptimizer:
         self._last_step_end = time.monotonic()
         if self.runtime.client.donor is not None:
             self._receive_state()
-
-    def _wait_engines(self, timeout: float) -> None:
-        """Wait until every member has published its engine address: a peer registers before its
-        engine exists, and a round-0 plan naming a receiver without an address would skip it, leaving
-        that receiver waiting for the round's cap."""
-        start = time.monotonic()
-        notice = start + WAIT_NOTICE_S
-        while missing := sorted(r for r, m in self.runtime.client.members.items() if not m.engine):
-            now = time.monotonic()
-            if now > start + timeout:
-                raise RuntimeError(f"ranks {missing} did not publish their engine address within {timeout:g} s")
-            if now > notice and self.runtime.rank == 0:
-                print(f"p2plearn: waiting for ranks {missing} to start their engines after {now - start:.0f} s",
-                      file=sys.stderr, flush=True)
-                notice = now + WAIT_NOTICE_S
-            time.sleep(0.01)
 
     def _make_channel(self) -> Channel:
         host = _engine_host(self.runtime)

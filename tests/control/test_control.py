@@ -53,10 +53,12 @@ def test_view_is_seeded_and_corrected_by_measurement(key):
     with Coordinator(JOB, key, world_size=2, rates=rates) as coord:
         with Client(coord.address, JOB, key, rank=0) as a, Client(coord.address, JOB, key, rank=1) as b:
             a.register()
-            b.register()
+            b.register(("127.0.0.1", 9001))
             view = a.fetch_view()
             assert view.uplink.tolist() == [1e6, 3e6] and view.downlink.tolist() == [2e6, 4e6]
-            assert view.alive.tolist() == [True, True]
+            assert view.alive.tolist() == [False, True]  # planned as a receiver once its engine is known
+            a.register(("127.0.0.1", 9000))
+            assert a.fetch_view().alive.tolist() == [True, True]
             # a was saturated sending to b at 0.5 MB/s with 5% loss; b sent unsaturated.
             a.report(1, saturated=True, links={1: {"rate": 5e5, "loss": 0.05, "in_flight_bytes": 1000,
                                                    "in_flight_msgs": 1}})

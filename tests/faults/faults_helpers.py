@@ -38,15 +38,29 @@ class Job:
         base = {**os.environ, "WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                 "P2PLEARN_JOB_ID": self.job_id, "P2PLEARN_JOB_KEY": secrets.token_hex(32),
                 "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+        self.env, self.step_time = base, step_time
         self.lines: dict[int, list[str]] = {r: [] for r in range(n)}
         self.ready: dict[int, tuple[int, int]] = {}  # rank -> (pid, coordinator pid)
-        self.procs = []
+        self.procs: list[subprocess.Popen] = []  # one per rank, then the restarted ones
         for rank in range(n):
-            proc = subprocess.Popen([sys.executable, TRAINER, "--seconds", str(seconds), "--step-time", str(step_time),
-                                     "--out", out], env={**base, "RANK": str(rank)}, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-            self.procs.append(proc)
-            threading.Thread(target=self._pump, args=(rank, proc), daemon=True).start()
+            self.start(rank, seconds)
+
+    def start(self, rank: int, seconds: float) -> None:
+        """Start rank's peer, with the variables its first start had (a restart, when it ran before)."""
+        self.ready.pop(rank, None)
+        proc = subprocess.Popen([sys.executable, TRAINER, "--seconds", str(seconds), "--step-time", str(self.step_time),
+                                 "--out", self.out], env={**self.env, "RANK": str(rank)}, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append(proc)
+        threading.Thread(target=self._pump, args=(rank, proc), daemon=True).start()
+
+    def wait_line(self, rank: int, text: str, timeout: float) -> None:
+        """Wait until rank's output has a line containing ``text``."""
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in self.lines[rank]):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"rank {rank} never printed {text!r}: {self.output()}")
+            time.sleep(0.1)
 
     def _pump(self, rank: int, proc: subprocess.Popen) -> None:
         for raw in iter(proc.stdout.readline, b""):

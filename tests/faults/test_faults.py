@@ -87,6 +87,30 @@ def test_losing_rank0_and_its_coordinator_together(job):
         assert moved - killed < 20.0 and dead is not None
 
 
+def test_rank0_restarted_after_its_host_died_trains_with_the_others(job):
+    """Rank 0's host dies and comes back: rank 0 is started again with its old variables. It finds
+    the successor at the job's endpoint, gets a donor's state and clock, and trains with the others."""
+    j = job(4, seconds=45)
+    j.wait_ready()
+    time.sleep(2.0)
+    os.kill(j.ready[0][0], signal.SIGKILL)
+    os.kill(j.coordinator_pid, signal.SIGKILL)
+    j.wait_line(1, "serving also on", timeout=60)  # the successor took over the job's endpoint
+    restarted = time.time()
+    j.start(0, seconds=12)
+    codes = j.wait(timeout=240)
+    assert codes == [-signal.SIGKILL, 0, 0, 0, 0], j.output()
+    r0 = j.result(0)
+    assert r0["rounds"] == r0["steps"] > 20 and r0["merges"] > 0 and r0["finite"], j.output()
+    assert min(r0["clocks"]) > 20  # it went on from the others' clock, not from 0
+    assert j.ready[0][1] == 0  # it started no second coordinator: it joined the successor
+    longest = max(b - a for a, b in zip(r0["times"], r0["times"][1:]))
+    others = max(gaps_after(j.result(r), r0["times"][0]) for r in (1, 2, 3))
+    print(f"restarted rank 0: first step {r0['times'][0] - restarted:.1f} s after its start, "
+          f"{r0['rounds']} rounds, longest step {longest:.2f} s; the others' longest step since: {others:.2f} s")
+    assert longest < 10.0 and others < 10.0  # nobody stalled on it (before the fix: 25 s, 1 round)
+
+
 @pytest.mark.parametrize("sync", ["bsp", "ssp"])
 def test_a_paused_peer_rejoins_with_the_state(job, sync):
     j = job(4, seconds=25, env={"P2PLEARN_SYNC": sync})

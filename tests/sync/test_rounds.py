@@ -41,7 +41,7 @@ def job():
     def make(n: int, cls, **kw) -> list[Peer]:
         peers.extend(Peer(r, coord, key, cls, **dict(kw)) for r in range(n))
         for p in peers:
-            p.client.wait_members(n, 5.0)
+            p.client.wait_members(n, 5.0, receiving=True)
         return peers
 
     yield make
