@@ -30,6 +30,7 @@ from p2plearn.transport import Delivery
 HISTORY = 50          # rounds of network history kept for the tolerance policies
 GRACE_S = 0.25        # after a sender's deadline, time for its CLOSE to reach us
 LATE_SENDER = 3.0     # deadlines (or typical rounds) a receiver waits for a sender that started late
+AHEAD_ROUNDS = 16     # beyond the staleness window, how far ahead a sender's round may be and still be kept
 MIN_WAIT_S = 1.0      # without a deadline, never give up on an expected sender sooner than this
 SATURATED = 0.5       # delivered below half the paced rate: the link, not random loss, is the bottleneck
 MEASURABLE_S = 0.02   # transfers planned shorter than this are dominated by latency, not bandwidth
@@ -73,6 +74,8 @@ class Synchronizer(ABC):
             planned from another view, or stalled, costs one bounded round, not the cap.
     """
 
+    staleness = 0  # rounds a peer may run ahead of the slowest (SSP sets its own)
+
     def __init__(self, params: list[np.ndarray], layers: list[Layer], channel: Any, client: Any, *,
                  selection: str, fanout: int, seed: int, tolerance: TolerancePolicy,
                  value_filter: UpdateFilter | None = None, round_cap_s: float = 30.0, start_clock: int = 0):
@@ -85,7 +88,7 @@ class Synchronizer(ABC):
         self.round_cap_s = round_cap_s
         self.clock = start_clock
         self.planner = RoundPlanner(selection, fanout, seed)
-        self.inbox = Inbox(channel)
+        self.inbox = Inbox(channel, self._wanted_rounds)
         self._interrupted = False
         self.network = NetworkState()
         self.training = TrainingState()
@@ -126,6 +129,11 @@ class Synchronizer(ABC):
         return RoundStats(rnd, [j for j, _ in receivers], plan.senders, merged, delivered, plan.fanout,
                           plan.planned_time, comm_s, send_s, self.network.expected_bytes * len(receivers),
                           sum(st.retransmitted for st in sent), results, sorted({d.sender for d in inputs}))
+
+    def _wanted_rounds(self) -> tuple[int, int]:
+        """Rounds whose messages are worth keeping: from the one being merged (the clock is one
+        ahead of it by then) to as far ahead as a live peer may legitimately be."""
+        return self.clock - 1 - self.staleness, self.clock + self.staleness + AHEAD_ROUNDS
 
     def interrupt(self) -> None:
         """End the current round's wait early (this peer's state is about to be replaced)."""

@@ -8,15 +8,23 @@ from typing import Callable
 from p2plearn.transport import Delivery
 
 STATE_FLAG = 1 << 31  # message ids with this bit carry a whole model state (join), not a round
+MAX_STATES = 4        # model states kept unasked for: a joiner takes one, a donor sends one per ask
 
 
 class Inbox:
-    """Pulls deliveries off a channel and files them; rounds may arrive early (faster peers)."""
+    """Pulls deliveries off a channel and files them; rounds may arrive early (faster peers).
 
-    def __init__(self, channel) -> None:
+    ``wanted()`` gives the rounds (first, last) worth keeping now; deliveries for other rounds,
+    and model states beyond MAX_STATES (oldest first), are dropped and counted in ``dropped``, so
+    what a peer can make this one hold is bounded by the window, not by what it sends.
+    """
+
+    def __init__(self, channel, wanted: Callable[[], tuple[int, int]]) -> None:
         self._channel = channel
+        self._wanted = wanted
         self._rounds: dict[int, dict[int, Delivery]] = defaultdict(dict)
         self._states: list[Delivery] = []
+        self.dropped = 0
 
     def pump(self, timeout: float) -> bool:
         """Receive at most one delivery (waiting up to `timeout` s); True if one came."""
@@ -25,8 +33,15 @@ class Inbox:
             return False
         if d.msg_id & STATE_FLAG:
             self._states.append(d)
-        else:
+            if len(self._states) > MAX_STATES:
+                del self._states[0]
+                self.dropped += 1
+            return True
+        first, last = self._wanted()
+        if first <= d.msg_id <= last:
             self._rounds[d.msg_id][d.sender] = d
+        else:
+            self.dropped += 1
         return True
 
     def drain(self) -> None:
