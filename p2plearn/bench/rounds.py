@@ -33,7 +33,8 @@ def peer_main(out_dir: str, megabytes: float, rounds: int) -> None:
     opt = p2plearn.DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), model, rt)
     times = []
     for _ in range(rounds):
-        rs = opt.step()
+        opt.step()
+        rs = opt.last_round
         times.append({"comm_s": rs.comm_s, "planned_s": rs.planned_s, "fanout": rs.fanout})
     with open(os.path.join(out_dir, f"rank{rt.rank}.json"), "w") as f:
         json.dump(times, f)

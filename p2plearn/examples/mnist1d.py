@@ -119,9 +119,7 @@ def main(argv: list[str] | None = None) -> None:
           f"sent {st.bytes_sent / 1e6:.1f} MB", flush=True)
     averaged = opt.average_model(root=0)
     if averaged is not None:
-        with torch.no_grad():
-            for p, a in zip(model.parameters(), averaged):
-                p.copy_(a)
+        model.load_state_dict(averaged, strict=False)
         avg = accuracy(model, data.x_test, data.y_test)
         print(f"averaged model test accuracy {avg:.3f} after {wall:.1f} s "
               f"({args.epochs} epochs, {rt.world_size} peers, average p {st.average_p:.2f})", flush=True)

@@ -7,9 +7,10 @@ from typing import Any, Sequence
 import numpy as np
 
 from p2plearn.filter.wire import EncodedUpdate, decode
+from p2plearn.stateful import Stateful
 
 
-class UpdateFilter(ABC):
+class UpdateFilter(Stateful, ABC):
     """Turns a round's per-layer updates into the message a peer sends (see `wire`).
 
     encode(round, updates) -> EncodedUpdate; decode(arrays, shapes, complete) -> dense updates;
@@ -17,6 +18,7 @@ class UpdateFilter(ABC):
     """
 
     name: str = ""
+    STATE: tuple[str, ...] = ("_messages", "_dense_bytes", "_sent_bytes")
 
     def __init__(self) -> None:
         self._messages = 0

@@ -45,6 +45,7 @@ class ValueFilter(UpdateFilter):
     """
 
     name = "value"
+    STATE = UpdateFilter.STATE + ("init", "_residuals", "_shapes")
 
     def __init__(self, granularity: str = "per_element", init: float | None = None, a: float = 2.0,
                  init_scale: float = 1.0, period: int = 1):

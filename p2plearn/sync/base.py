@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -129,6 +129,28 @@ class Synchronizer(ABC):
         return RoundStats(rnd, [j for j, _ in receivers], plan.senders, merged, delivered, plan.fanout,
                           plan.planned_time, comm_s, send_s, self.network.expected_bytes * len(receivers),
                           sum(st.retransmitted for st in sent), results, sorted({d.sender for d in inputs}))
+
+    def state_dict(self) -> dict[str, Any]:
+        """What resuming exactly needs: the round clock, the model as last merged (the filter's
+        and policies' updates are measured from it), the histories the policies read, and the
+        policy's and filter's own state. Plain values and numpy arrays."""
+        return {"clock": self.clock, "previous": [p.copy() for p in self._previous],
+                "history": [asdict(r) for r in self.network.history], "training": asdict(self.training),
+                "tolerance": self.tolerance.state_dict(),
+                "filter": self.filter.state_dict() if self.filter is not None else None}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        previous = state["previous"]
+        if [p.shape for p in previous] != [p.shape for p in self.params]:
+            raise ValueError(f"the state is of a model with tensors {[p.shape for p in previous]}, not this one's "
+                             f"{[p.shape for p in self.params]}")
+        self.clock = int(state["clock"])
+        self._previous = [np.array(p, dtype=own.dtype) for p, own in zip(previous, self.params)]
+        self.network.history = [RoundRecord(**r) for r in state["history"]]
+        self.training = TrainingState(**state["training"])
+        self.tolerance.load_state_dict(state["tolerance"])
+        if self.filter is not None and state["filter"] is not None:
+            self.filter.load_state_dict(state["filter"])
 
     def _wanted_rounds(self) -> tuple[int, int]:
         """Rounds whose messages are worth keeping: from the one being merged (the clock is one

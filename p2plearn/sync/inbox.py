@@ -60,13 +60,13 @@ class Inbox:
             self.pump(min(left, 0.05))
 
     def take(self, first: int, last: int) -> list[Delivery]:
-        """Remove and return the deliveries of rounds first..last; drop anything older."""
+        """Remove and return the deliveries of rounds first..last (by round, then sender); drop anything older."""
         out = []
         for rnd in sorted(self._rounds):
             if rnd <= last:
                 got = self._rounds.pop(rnd)
-                if rnd >= first:
-                    out.extend(got.values())
+                if rnd >= first:  # by sender: the merge's sums do not depend on arrival order
+                    out.extend(got[sender] for sender in sorted(got))
         return out
 
     def take_state(self, sender: int | None, until: float) -> Delivery | None:

@@ -32,6 +32,7 @@ class AdaptivePolicy(TolerancePolicy):
     """
 
     name = "adaptive"
+    STATE = ("bound", "_seen_round")
 
     def __init__(self, max_bound: float = 0.1, step: float = 0.02, relax: float = 0.01,
                  loss_threshold: float = 0.005, timer: RoundTimer | None = None):

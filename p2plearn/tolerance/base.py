@@ -4,6 +4,8 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
+from p2plearn.stateful import Stateful
+
 
 @dataclass(frozen=True)
 class Layer:
@@ -55,7 +57,7 @@ def check_bound(name: str, value: float) -> None:
         raise ValueError(f"{name} must be in [0, 1), got {value}")
 
 
-class TolerancePolicy(ABC):
+class TolerancePolicy(Stateful, ABC):
     """Decides, each round, the loss bound of each layer and the round's transfer deadline.
 
     bounds(...) -> (per-layer bounds in [0, 1), deadline in seconds or None for none).

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from p2plearn.stateful import Stateful
 
-class CriticalRegimeGuard:
+
+class CriticalRegimeGuard(Stateful):
     """Every `k` rounds, compares the mean whole-model update norm of the last k rounds with the
     k rounds before; a relative change above `eta` marks a critical regime (e.g. a learning-rate
     change, the early rounds of training) and the guard stays active for the next k rounds.
@@ -15,6 +17,8 @@ class CriticalRegimeGuard:
         eta: relative change of the norm that counts as critical (Accordion: 0.5). Lower makes
             the guard fire more often (safer, more exact rounds).
     """
+
+    STATE = ("_checked_round", "_active_until")
 
     def __init__(self, k: int = 10, eta: float = 0.5):
         if k < 1:

@@ -40,6 +40,7 @@ class PhasePolicy(TolerancePolicy):
     """
 
     name = "phase"
+    STATE = ("phase", "_accuracies_seen", "_losses_seen", "_ema", "_window_start", "_in_window")
 
     def __init__(self, beginning_bound: float = 0.0, middle_bound: float = 0.1, final_bound: float = 0.0,
                  begin_change: float = 0.07, final_change: float = 0.03, min_accuracy: float = 0.5,

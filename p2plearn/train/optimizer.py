@@ -1,4 +1,4 @@
-"""`DecentralizedOptimizer`: wraps a torch optimizer; every `step()` is a local step plus one round.
+"""`DecentralizedOptimizer`: a torch optimizer whose every `step()` is a local step plus one round.
 
     import p2plearn
     rt = p2plearn.init()                        # rank, size, options from the launcher or mpirun/srun
@@ -7,6 +7,11 @@
         loss = F.cross_entropy(model(x), y); loss.backward(); opt.step(loss=loss); opt.zero_grad()
     print(opt.stats())
     opt.close()
+
+It behaves as the optimizer it wraps: `param_groups`, `state` and `defaults` are the wrapped
+optimizer's own (LR schedulers and gradient clipping act on it), `state_dict()` holds its state
+plus this peer's round state, `step(closure)` returns the closure's loss, and `GradScaler.step`
+works (a step skipped for inf/NaN gradients still takes part in its round).
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.optim import Optimizer
 
 from p2plearn.control import ControlError
 from p2plearn.options import Options
@@ -66,15 +72,47 @@ class TrainingStats:
                 f"{self.rejoins} rejoins, {self.coordinator_changes} coordinator changes")
 
 
-def describe_layers(model: torch.nn.Module) -> list[Layer]:
-    """One Layer per parameter, in `model.parameters()` order; norm and bias parameters marked."""
+def exchanged_tensors(model: torch.nn.Module, buffers: bool = True) -> dict[str, torch.Tensor]:
+    """What peers average, by state-dict name: every parameter, then (``buffers``) every floating
+    buffer, such as BatchNorm's running mean and variance. Integer buffers (BatchNorm's
+    ``num_batches_tracked``) stay local: each counts this peer's own batches."""
+    tensors = dict(model.named_parameters())
+    if buffers:
+        tensors.update((name, b) for name, b in model.named_buffers() if b.is_floating_point())
+    return tensors
+
+
+def describe_layers(model: torch.nn.Module, buffers: bool = False) -> list[Layer]:
+    """One Layer per exchanged tensor (see `exchanged_tensors`), in its order; norm parameters and
+    buffers marked "norm", biases "bias"."""
     kinds = {}
     for module in model.modules():
-        for name, p in module.named_parameters(recurse=False):
-            kinds[id(p)] = "norm" if isinstance(module, NORM_TYPES) else ("bias" if name == "bias" else "weight")
-    names = {id(p): n for n, p in model.named_parameters()}
-    return [Layer(name=names.get(id(p), str(i)), numel=p.numel(), nbytes=p.numel() * p.element_size(), depth=i,
-                  kind=kinds.get(id(p), "weight")) for i, p in enumerate(model.parameters())]
+        for name, t in [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]:
+            kinds[id(t)] = "norm" if isinstance(module, NORM_TYPES) else ("bias" if name == "bias" else "weight")
+    return [Layer(name=name, numel=t.numel(), nbytes=t.numel() * t.element_size(), depth=i,
+                  kind=kinds.get(id(t), "weight"))
+            for i, (name, t) in enumerate(exchanged_tensors(model, buffers).items())]
+
+
+def _to_torch(value: Any) -> Any:
+    """numpy arrays inside a (nested) state become tensors: ``torch.load(weights_only=True)`` reads them."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value.copy())
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_torch(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_torch(v) for k, v in value.items()}
+    return value
+
+
+def _to_numpy(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.numpy().copy()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_to_numpy(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _to_numpy(v) for k, v in value.items()}
+    return value
 
 
 def _engine_host(runtime: Runtime) -> str:
@@ -120,28 +158,47 @@ def make_policy(options: Options) -> TolerancePolicy:
     return make_tolerance("phase", **({"middle_bound": bound} if bound else {}))
 
 
-class DecentralizedOptimizer:
+class DecentralizedOptimizer(Optimizer):
     """Local steps with `optimizer`, then a communication round that averages with other peers.
 
     Args:
-        optimizer: any torch optimizer over `model`'s parameters (CPU, float tensors).
-        model: the model whose parameters are exchanged (in `model.parameters()` order).
+        optimizer: any torch optimizer over `model`'s parameters (CPU tensors, float32, float16
+            or float64; they travel in their own dtype).
+        model: the model whose parameters (and floating buffers) are exchanged.
         runtime: from `p2plearn.init()`; made here when not given.
         engine: an existing Channel to use instead of creating one.
+        buffers: also average floating buffers (BatchNorm's running statistics) with the
+            parameters; False keeps them local to each peer.
+        seed: tie-break seed of the selection policy; the same on every peer.
         overrides: option values over the runtime's (sync, staleness, selection, fanout,
             loss_bound, tolerance, deadline_ms, ...): see `p2plearn.options.Options`.
-        seed: tie-break seed of the selection policy; the same on every peer.
+
+    After each step, `last_round` has what the round did (a `RoundStats`); `stats()` the totals.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module, runtime: Runtime | None = None,
-                 *, engine: Channel | None = None, seed: int = 0, **overrides: Any):
+    # GradScaler.step hands this optimizer `grad_scale` and `found_inf` instead of skipping the
+    # call on inf/NaN gradients: the local step is skipped, the round is not (BSP peers wait for it).
+    _step_supports_amp_scaling = True
+
+    def __init__(self, optimizer: Optimizer, model: torch.nn.Module, runtime: Runtime | None = None,
+                 *, engine: Channel | None = None, buffers: bool = True, seed: int = 0, **overrides: Any):
         self.optimizer = optimizer
+        # torch's Optimizer machinery (step hooks, profiling) without Optimizer.__init__, which
+        # would make param groups of its own: param_groups and state are the wrapped optimizer's.
+        Optimizer.__setstate__(self, {})
         self.model = model
         self.runtime = runtime or init()
         self.options = self.runtime.options.replace(**overrides) if overrides else self.runtime.options
-        self.params = [p.data for p in model.parameters()]
-        if any(not p.is_contiguous() or p.device.type != "cpu" for p in self.params):
-            raise ValueError("every parameter must be a contiguous CPU tensor")
+        self.tensors = {name: t.data for name, t in exchanged_tensors(model, buffers).items()}
+        self.params = list(self.tensors.values())
+        for name, t in self.tensors.items():
+            if t.device.type != "cpu":
+                raise ValueError(f"{name} is on {t.device}: p2plearn exchanges CPU tensors only; train on the CPU "
+                                 f"(a device model needs a CPU copy to average)")
+            if not t.is_contiguous():
+                raise ValueError(f"{name} is not a contiguous CPU tensor")
+            if t.dtype not in (torch.float32, torch.float16, torch.float64):
+                raise ValueError(f"{name} is {t.dtype}: p2plearn exchanges float32, float16 and float64 tensors")
         self._own_engine = engine is None
         self.channel = engine or self._make_channel()
         self.runtime.register(self.channel.address)
@@ -149,7 +206,7 @@ class DecentralizedOptimizer:
             self.runtime.client.wait_members(self.runtime.world_size, 60.0, receiving=True)
         cls = SYNCHRONIZERS[self.options.sync]
         extra = {"staleness": self.options.staleness} if self.options.sync == "ssp" else {}
-        self.sync: Synchronizer = cls([p.numpy() for p in self.params], describe_layers(model), self.channel,
+        self.sync: Synchronizer = cls([p.numpy() for p in self.params], describe_layers(model, buffers), self.channel,
                                       self.runtime.client, selection=self.options.selection,
                                       fanout=self.options.fanout, seed=seed, tolerance=make_policy(self.options),
                                       value_filter=make_filter("value", granularity=self.options.filter_granularity,
@@ -163,9 +220,18 @@ class DecentralizedOptimizer:
         self._lock = threading.Lock()
         self.runtime.client.on_event(self._on_event)
         self._stats = TrainingStats()
+        self.last_round: RoundStats | None = None
         self._last_step_end = time.monotonic()
-        if self.runtime.client.donor is not None:
+        self.joined = self.runtime.client.donor is not None  # took a running job's state, not its own start
+        if self.joined:
             self._receive_state()
+
+    # param_groups, state and defaults are the wrapped optimizer's (its load_state_dict replaces them)
+    param_groups = property(lambda self: self.optimizer.param_groups,
+                            lambda self, groups: setattr(self.optimizer, "param_groups", groups))
+    state = property(lambda self: self.optimizer.state, lambda self, state: setattr(self.optimizer, "state", state))
+    defaults = property(lambda self: self.optimizer.defaults,
+                        lambda self, defaults: setattr(self.optimizer, "defaults", defaults))
 
     def _make_channel(self) -> Channel:
         host = _engine_host(self.runtime)
@@ -181,9 +247,10 @@ class DecentralizedOptimizer:
         return Channel(host=host, sender_id=self.runtime.rank, job_id=job,
                        key=data_key(secret.value) if secret else None, **kwargs)
 
-    def step(self, closure: Any = None, loss: torch.Tensor | float | None = None) -> RoundStats:
-        """A local optimizer step, then one communication round. `loss` (optional) feeds the
-        progress line and the phase-aware tolerance."""
+    def step(self, closure: Any = None, loss: torch.Tensor | float | None = None) -> Any:
+        """A local step of the wrapped optimizer, then one communication round; returns what
+        the closure returned (None without one), as torch optimizers do. `loss` (or else the
+        closure's) feeds the phase-aware tolerance. The round's figures are in `last_round`."""
         if self._expelled:
             raise RuntimeError(f"rank {self.runtime.rank} was declared dead by the job and could not register "
                                f"again (its rank was taken, or no coordinator answered): stopping rather than "
@@ -191,8 +258,10 @@ class DecentralizedOptimizer:
         if self._needs_state:
             self._rejoin()
         t0 = time.monotonic()
-        self.optimizer.step(closure)
+        result = self._local_step(closure)
         self._serve_donations()
+        if loss is None:
+            loss = result
         value = float(loss.detach()) if isinstance(loss, torch.Tensor) else loss
         with torch.no_grad():
             rs = self.sync.step(loss=value)
@@ -213,10 +282,40 @@ class DecentralizedOptimizer:
         st.round_times.append(rs.comm_s)
         st.send_times.append(rs.send_s)
         self._last_step_end = t1
-        return rs
+        self.last_round = rs
+        return result
+
+    def _local_step(self, closure: Any) -> Any:
+        """The wrapped optimizer's step; under GradScaler, unscaled first, or skipped on inf/NaN."""
+        found_inf = getattr(self, "found_inf", None)
+        if found_inf is not None and float(found_inf) > 0:
+            return None
+        scale = getattr(self, "grad_scale", None)
+        if scale is not None:
+            grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+            torch._foreach_mul_(grads, 1.0 / float(scale))
+        return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped optimizer's state dict plus this peer's round state under "p2plearn" (round
+        clock, the model as last merged, the tolerance policy's and value filter's state, the
+        history they read): what `load_state_dict` needs to go on exactly where this left off.
+        Tensors and plain values only, so ``torch.load(weights_only=True)`` reads it."""
+        state = self.optimizer.state_dict()
+        state["p2plearn"] = _to_torch(self.sync.state_dict())
+        return state
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore `state_dict()`'s output. A peer that `joined` a running job keeps the round
+        clock it took with the others' model and loads only the wrapped optimizer's state."""
+        state = dict(state_dict)
+        own = state.pop("p2plearn", None)
+        self.optimizer.load_state_dict(state)
+        if own is not None and not self.joined:
+            self.sync.load_state_dict(_to_numpy(own))
 
     def report_accuracy(self, accuracy: float) -> None:
         """An evaluation accuracy in [0, 1] (e.g. per epoch), for phase-aware tolerance."""
@@ -278,9 +377,10 @@ class DecentralizedOptimizer:
         self.sync.clock = d.msg_id & ~STATE_FLAG
         self.sync._previous = [p.numpy().copy() for p in self.params]
 
-    def average_model(self, root: int = 0, timeout: float = 60.0) -> list[torch.Tensor] | None:
-        """Every live peer sends its parameters to `root` (exactly); `root` returns their average
-        (its own included), the others None. Call it on every peer, after training."""
+    def average_model(self, root: int = 0, timeout: float = 60.0) -> dict[str, torch.Tensor] | None:
+        """Every live peer sends its exchanged tensors to `root` (exactly); `root` returns their
+        average (its own included) by state-dict name, for ``model.load_state_dict(averaged,
+        strict=False)``; the others None. Call it on every peer, after training."""
         members = self.runtime.client.members
         final = STATE_FLAG | (STATE_FLAG - 1)  # a message id no round or join uses
         if self.runtime.rank != root:
@@ -295,7 +395,7 @@ class DecentralizedOptimizer:
                 raise RuntimeError(f"rank {rank} did not send its model within {timeout:g} s")
             for t, a in zip(total, d.arrays):
                 t += torch.from_numpy(a)
-        return [(t / (len(others) + 1)).to(p.dtype) for t, p in zip(total, self.params)]
+        return {name: (t / (len(others) + 1)).to(p.dtype) for name, t, p in zip(self.tensors, total, self.params)}
 
     def close(self) -> None:
         """Leave the job, print this peer's one-line summary, and release the engine."""

@@ -1,47 +1,11 @@
 """DecentralizedOptimizer in an in-process job: rounds, stats, and a peer joining a running job."""
 from __future__ import annotations
 
-import secrets
 import threading
 import time
 
 import pytest
 import torch
-
-from p2plearn.control import Client, Coordinator
-from p2plearn.options import Options
-from p2plearn.runtime import Runtime
-from p2plearn.train import DecentralizedOptimizer
-
-JOB = "train-test"
-
-
-@pytest.fixture
-def job():
-    """runtime(rank, join=False) -> a registered Runtime of an in-process job (closed after the test)."""
-    key = secrets.token_hex(16)
-    coord = Coordinator(JOB, key, world_size=2, heartbeat=0.2).start()
-    made: list[DecentralizedOptimizer] = []
-    clients: list[Client] = []
-
-    def runtime(rank: int | None, join: bool = False) -> Runtime:
-        client = Client(coord.address, JOB, key, rank=rank, connect_timeout=5.0)
-        clients.append(client)
-        client.register(None, join=join)
-        return Runtime(rank=client.rank, world_size=2, local_rank=0, local_world_size=1,
-                       options=Options(sync="bsp", selection="all", fanout=2), job_id=JOB, client=client)
-
-    def optimizer(rt: Runtime, model: torch.nn.Module) -> DecentralizedOptimizer:
-        opt = DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, rt)
-        made.append(opt)
-        return opt
-
-    yield runtime, optimizer
-    for opt in made:
-        opt.close()
-    for client in clients:  # those whose optimizer was never made
-        client.close()
-    coord.stop()
 
 
 def model(seed: int) -> torch.nn.Module:
@@ -90,7 +54,8 @@ def test_joining_peer_receives_the_state_and_takes_part(job):
         x, y = torch.randn(64, 20), torch.randint(0, 4, (64,))
         for _ in range(3):  # and it takes part in the next rounds
             torch.nn.functional.cross_entropy(newcomer(x), y).backward()
-            rs = joiner.step()
+            joiner.step()
+            rs = joiner.last_round
             joiner.zero_grad()
         assert rs.receivers and rs.merged >= 1
     finally:
