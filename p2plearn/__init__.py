@@ -17,10 +17,14 @@ from p2plearn.options import Options, add_arguments
 from p2plearn.runtime import Runtime, init
 
 __version__ = "0.1.0"
-__all__ = ["init", "Runtime", "Options", "add_arguments", "DecentralizedOptimizer", "data"]
+__all__ = ["init", "Runtime", "Options", "add_arguments", "DecentralizedOptimizer", "data", "checkpoint"]
 
 
 def __getattr__(name: str):
+    if name == "checkpoint":
+        import p2plearn.checkpoint as checkpoint
+
+        return checkpoint
     # torch is imported only by programs that train, not by the launcher or the control plane
     if name in ("DecentralizedOptimizer", "data"):
         import p2plearn.train as train

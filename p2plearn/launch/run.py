@@ -27,6 +27,10 @@ Output: each peer's lines prefixed with its rank ("[3] ..."); one live progress 
 rounds/s, loss, slowest peer) on a terminal, a periodic plain line otherwise; --log-dir D keeps
 rank-N.log per rank.
 
+Resuming: --resume DIR restarts a stopped job from the newest round that every rank saved in
+DIR with ``p2plearn.checkpoint.save`` (checked before anything starts); each peer's
+``p2plearn.checkpoint.load(None, ...)`` then restores its model, optimizer and round clock from it.
+
 Stopping: Ctrl-C or SIGTERM stops every peer (SIGTERM, then SIGKILL to each peer's process
 group) and the coordinator within 5 s. When a peer exits non-zero, one line says which rank, on
 which host, how (exit code or signal) and when (seconds into the job), with its last stderr line
@@ -43,6 +47,7 @@ Examples:
   p2plearn-run -np 8 -H node1:4,node2:4 --log-dir logs -- python train.py
   p2plearn-run -np 8 --hostfile hosts.txt --loss-bound 0.05 --tolerance adaptive -- python train.py
   p2plearn-run -np 4 --topology topology/heterogeneous-4.json --emulate -- python train.py
+  p2plearn-run -np 4 --resume ckpt -- python train.py
   sudo p2plearn-run -np 8 --topology topology/incast-8.json --testbed -- python train.py
 """
 
@@ -62,6 +67,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import IO, Any
 
+from .. import checkpoint
 from .. import options as opts
 from ..control import Client, Progress
 from ..control.estimator import rates_from_file
@@ -96,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--testbed", action="store_true", help="run peers in namespaces built from --topology (root)")
     parser.add_argument("--log-dir", help="keep one log per rank in this directory")
     parser.add_argument("--elastic", action="store_true", help="keep the job running when a peer fails")
+    parser.add_argument("--resume", metavar="DIR", help="resume from the newest round every rank saved in DIR "
+                                                        "(p2plearn.checkpoint)")
     parser.add_argument("--advertise", help="address other hosts reach this machine at "
                                             "(default: its host name; only for -H/--hostfile)")
     parser.add_argument("--ssh", default="ssh", help="the ssh command for remote hosts, with its options, e.g. "
@@ -211,8 +219,13 @@ class Launcher:
             stack.callback(coordinator.stop)
             testbed = self._testbed(stack) if self.args.testbed else None
             stack.callback(self._stop_all)  # runs first: peers stop before their namespaces go
+            if self.args.resume:
+                self.output.message(f"resuming from round {checkpoint.newest_complete(self.args.resume, len(slots))} "
+                                    f"of {self.args.resume}")
             for slot in slots:
                 env = peer_env(slot, len(slots), coordinator.address, self.job_id, self.options)
+                if self.args.resume:
+                    env[checkpoint.RESUME_VAR] = self.args.resume
                 self._start(slot, env, testbed)
             return self._supervise(coordinator, len(slots))
 
@@ -359,6 +372,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.testbed and not all(h.local for h in used):
             raise UsageError("--testbed runs every peer on this machine: drop -H/--hostfile")
         check_command(command, local=any(h.local for h in used))
+        if args.resume:
+            if checkpoint.newest_complete(args.resume, len(slots)) is None:
+                raise UsageError(f"--resume: {checkpoint.describe(args.resume, len(slots))}")
+            args.resume = os.path.abspath(args.resume)
         if args.testbed:
             _check_testbed()
         rates = _topology_rates(options.topology) if options.topology else None

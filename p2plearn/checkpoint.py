@@ -1,0 +1,150 @@
+"""Checkpoints of a job: every rank saves its own, and a job resumes from a round all ranks saved.
+
+    start = p2plearn.checkpoint.load("ckpt", model, opt, scheduler=sched, scaler=scaler) or {}
+    for epoch in range(start.get("epoch", 0), epochs):
+        ...                                               # train one epoch
+        p2plearn.checkpoint.save("ckpt", model, opt, scheduler=sched, scaler=scaler, epoch=epoch + 1)
+
+Layout: ``DIR/round-<R>/rank-<r>.pt``, R being the optimizer's round clock (rounds done), each file
+written to a temporary name and renamed, so a file that exists is whole. A round is complete when
+every rank of the job has its file there; `load` takes the newest complete round, so a job stopped
+while some ranks had saved round R and others not resumes from the round before. After saving, a
+rank removes its own files of rounds older than the newest complete one (never that one).
+
+``p2plearn-run --resume DIR`` checks DIR has a complete round for the job's size before anything
+starts and sets ``P2PLEARN_RESUME=DIR``, which `load` uses when called with ``directory=None``.
+
+What a checkpoint holds, per rank: the model's state dict, the optimizer's (the wrapped
+optimizer's state plus p2plearn's round clock, filter residuals and policy state), torch's RNG
+state, the state dict of every other object passed by keyword (scheduler, GradScaler, ...), and
+any plain value passed by keyword (an epoch number). Files load with ``weights_only=True``.
+
+Resuming is exact: under BSP with exact delivery and fixed seeds, a job stopped after a checkpoint
+and resumed from it ends with the same parameters, bit for bit, as one that never stopped (the
+data order must be a function of the epoch, as ``p2plearn.data.shard`` is). A peer that joined a
+running job (its optimizer's ``joined``) keeps the model and clock it took from the others and
+loads only its optimizer's own state and the other objects.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+RESUME_VAR = "P2PLEARN_RESUME"
+_ROUND = re.compile(r"round-(\d+)$")
+_RANK = re.compile(r"rank-(\d+)\.pt$")
+_RESERVED = ("model", "optimizer", "rng", "world_size")
+
+
+class CheckpointError(Exception):
+    """A checkpoint directory that cannot be resumed from (which, and why)."""
+
+
+def rounds(directory: str | os.PathLike) -> dict[int, set[int]]:
+    """The rounds saved under ``directory`` and, for each, the ranks whose file is there."""
+    found: dict[int, set[int]] = {}
+    root = Path(directory)
+    if not root.is_dir():
+        return found
+    for entry in root.iterdir():
+        if (m := _ROUND.match(entry.name)) and entry.is_dir():
+            found[int(m.group(1))] = {int(r.group(1)) for f in entry.iterdir() if (r := _RANK.match(f.name))}
+    return found
+
+
+def newest_complete(directory: str | os.PathLike, world_size: int) -> int | None:
+    """The newest round every rank 0..world_size-1 saved, or None."""
+    complete = [r for r, ranks in rounds(directory).items() if ranks >= set(range(world_size))]
+    return max(complete, default=None)
+
+
+def describe(directory: str | os.PathLike, world_size: int) -> str:
+    """Why ``directory`` has no complete round, in one line (for error messages)."""
+    found = rounds(directory)
+    if not found:
+        return f"{directory} holds no checkpoint (no round-*/rank-*.pt)"
+    newest = max(found)
+    missing = sorted(set(range(world_size)) - found[newest])
+    return (f"no round in {directory} was saved by all {world_size} ranks (newest: round {newest}, "
+            f"missing ranks {', '.join(map(str, missing))})")
+
+
+def save(directory: str | os.PathLike, model: Any, optimizer: Any, /, **objects: Any) -> Path:
+    """Save this rank's checkpoint for the optimizer's current round; returns the file's path.
+    Call it on every rank at the same point (e.g. the end of an epoch). ``objects``: anything
+    with a ``state_dict()`` (scheduler, GradScaler), or a plain value (an epoch number)."""
+    import torch
+
+    clash = [name for name in objects if name in _RESERVED]
+    if clash:
+        raise ValueError(f"{', '.join(clash)}: reserved names in a checkpoint; pass them under another name")
+    runtime = optimizer.runtime
+    folder = Path(directory) / f"round-{optimizer.sync.clock}"
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(),
+             "world_size": runtime.world_size}
+    for name, obj in objects.items():
+        state[name] = obj.state_dict() if hasattr(obj, "state_dict") else obj
+    path = folder / f"rank-{runtime.rank}.pt"
+    tmp = folder / f".rank-{runtime.rank}.pt.tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, path)  # atomic: a file that exists is whole
+    _prune(Path(directory), runtime.rank, runtime.world_size)
+    return path
+
+
+def load(directory: str | os.PathLike | None, model: Any, optimizer: Any, /, **objects: Any) -> dict[str, Any] | None:
+    """Restore this rank from the newest round every rank saved under ``directory`` (None:
+    ``$P2PLEARN_RESUME``, set by ``p2plearn-run --resume``). Returns the plain values saved
+    with it (e.g. ``{"epoch": 3}``), or None when there is nothing to resume from (no directory,
+    or no complete round in it: a fresh start). ``objects`` are loaded from their state dicts."""
+    import torch
+
+    required = directory is None  # --resume promised a complete round
+    directory = os.environ.get(RESUME_VAR) if directory is None else directory
+    if not directory:
+        return None
+    runtime = optimizer.runtime
+    newest = newest_complete(directory, runtime.world_size)
+    if newest is None:
+        if required:
+            raise CheckpointError(describe(directory, runtime.world_size))
+        return None
+    state = torch.load(Path(directory) / f"round-{newest}" / f"rank-{runtime.rank}.pt", weights_only=True)
+    absent = [name for name in objects if name not in state]
+    if absent:
+        raise CheckpointError(f"round {newest} in {directory} holds no {', '.join(absent)} (saved: "
+                              f"{', '.join(k for k in state if k not in _RESERVED) or 'nothing else'})")
+    if state["world_size"] != runtime.world_size:
+        raise CheckpointError(f"round {newest} in {directory} was saved by a job of {state['world_size']} ranks, "
+                              f"this one has {runtime.world_size}")
+    if not optimizer.joined:  # a joiner's model and clock are the running job's, newer than any file
+        model.load_state_dict(state["model"])
+        torch.set_rng_state(state["rng"])
+    optimizer.load_state_dict(state["optimizer"])
+    plain = {}
+    for name, value in state.items():
+        if name in _RESERVED:
+            continue
+        if name in objects:
+            objects[name].load_state_dict(value)
+        else:
+            plain[name] = value
+    return plain
+
+
+def _prune(root: Path, rank: int, world_size: int) -> None:
+    """Remove this rank's files of rounds older than the newest complete one, and emptied folders."""
+    newest = newest_complete(root, world_size)
+    if newest is None:
+        return
+    for rnd in rounds(root):
+        if rnd < newest:
+            folder = root / f"round-{rnd}"
+            (folder / f"rank-{rank}.pt").unlink(missing_ok=True)
+            try:
+                folder.rmdir()  # the last rank to prune removes the folder
+            except OSError:
+                pass

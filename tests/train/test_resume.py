@@ -1,0 +1,54 @@
+"""Checkpoint and resume: a job stopped after a checkpoint and resumed with ``p2plearn-run
+--resume`` ends bit for bit where an uninterrupted job ends (BSP, exact delivery, fixed seeds)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+HERE = Path(__file__).resolve().parent
+RUN = [str(Path(sys.executable).parent / "p2plearn-run"), "-np", "2", "--sync", "bsp", "--selection", "all",
+       "--filter", "value", "--deadline-ms", "5000"]  # a deadline only so that a busy host never skips a sender
+
+
+def job(tmp: Path, ckpt: str, out: str, *extra: str, resume: bool = False) -> str:
+    (tmp / out).mkdir(exist_ok=True)
+    argv = [*RUN, *(["--resume", str(tmp / ckpt)] if resume else []), "--", sys.executable,
+            str(HERE / "resume_peer.py"), "--ckpt", str(tmp / ckpt), "--out", str(tmp / out), *extra]
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=HERE.parent.parent)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+def test_a_resumed_job_ends_bit_for_bit_where_an_uninterrupted_one_ends(tmp_path):
+    job(tmp_path, "ckpt-a", "a")
+    first = job(tmp_path, "ckpt-b", "b", "--stop-after", "1")
+    assert "epoch 1 saved" in first and "epoch 2 saved" not in first
+    assert not list((tmp_path / "b").iterdir()), "the stopped job ran to the end"
+    resumed = job(tmp_path, "ckpt-b", "b", resume=True)
+    assert "resuming from round 42" in resumed, resumed[-2000:]
+    assert "epoch 1 saved" not in resumed and "epoch 3 saved" in resumed
+    for rank in (0, 1):
+        want = torch.load(tmp_path / "a" / f"final-rank-{rank}.pt")
+        got = torch.load(tmp_path / "b" / f"final-rank-{rank}.pt")
+        assert want.keys() == got.keys()
+        for name in want:
+            assert torch.equal(want[name], got[name]), f"rank {rank}: {name} differs after resuming"
+    # older rounds are pruned: a rank that saved first has not seen the newest complete yet and
+    # keeps its file of the round before until its next save
+    kept = {p.name for p in (tmp_path / "ckpt-b").iterdir()}
+    assert "round-126" in kept and kept <= {"round-84", "round-126"}
+
+
+def test_resume_refuses_a_directory_without_a_complete_round(tmp_path):
+    (tmp_path / "round-7").mkdir()
+    (tmp_path / "round-7" / "rank-1.pt").write_bytes(b"")
+    proc = subprocess.run([*RUN, "--resume", str(tmp_path), "--", sys.executable, "-c", "pass"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert f"--resume: no round in {tmp_path} was saved by all 2 ranks (newest: round 7, missing ranks 0)" \
+        in proc.stderr
