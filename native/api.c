@@ -114,7 +114,11 @@ int p2p_engine_open(const p2p_config *cfg_in, p2p_engine **out) {
     epoll_ctl(eng->epfd, EPOLL_CTL_ADD, eng->evfd, &ev);
 
     pthread_mutex_init(&eng->mu, NULL);
-    pthread_cond_init(&eng->cv, NULL);
+    pthread_condattr_t monotonic; /* waits are timed on the monotonic clock: setting the date moves no timeout */
+    pthread_condattr_init(&monotonic);
+    pthread_condattr_setclock(&monotonic, CLOCK_MONOTONIC);
+    pthread_cond_init(&eng->cv, &monotonic);
+    pthread_condattr_destroy(&monotonic);
     if ((rc = pthread_create(&eng->thread, NULL, io_main, eng)) != 0) {
         rc = set_error(rc, "pthread_create: %s", strerror(rc));
         pthread_mutex_destroy(&eng->mu);
@@ -145,9 +149,20 @@ void engine_unref(p2p_engine *eng) {
     int last = --eng->refs == 0;
     pthread_mutex_unlock(&eng->mu);
     if (!last) return;
+    close(eng->evfd); /* only now: a holder may still wake() the I/O thread that close() stopped */
     pthread_mutex_destroy(&eng->mu);
     pthread_cond_destroy(&eng->cv);
     free(eng);
+}
+
+void p2p_engine_hold(p2p_engine *eng) {
+    pthread_mutex_lock(&eng->mu);
+    eng->refs++;
+    pthread_mutex_unlock(&eng->mu);
+}
+
+void p2p_engine_release(p2p_engine *eng) {
+    engine_unref(eng);
 }
 
 void p2p_engine_close(p2p_engine *eng) {
@@ -159,8 +174,7 @@ void p2p_engine_close(p2p_engine *eng) {
     wake(eng);
     pthread_join(eng->thread, NULL);
     io_finish_all(eng);
-    close(eng->fd);
-    close(eng->evfd);
+    close(eng->fd); /* the port is free now; the memory and the eventfd go with the last reference */
     close(eng->epfd);
     free(eng->rbuf);
     free(eng->sbuf);
@@ -361,7 +375,7 @@ fail:
 /* With eng->mu held: waits on eng->cv until ready(arg), for timeout_ms (< 0: forever, 0: not at all). */
 static void wait_ready(p2p_engine *eng, int (*ready)(const void *), const void *arg, int timeout_ms) {
     struct timespec until;
-    clock_gettime(CLOCK_REALTIME, &until);
+    clock_gettime(CLOCK_MONOTONIC, &until);
     if (timeout_ms > 0) {
         until.tv_sec += timeout_ms / 1000;
         until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
@@ -430,6 +444,7 @@ int p2p_send_receiver_stats(p2p_send *s, uint32_t i, p2p_receiver_stats *out, do
     out->loss_rate = r->sent ? 1.0 - (double)r->peer_total / (double)r->sent : 0;
     if (out->loss_rate < 0) out->loss_rate = 0;
     out->rtt_s = (double)r->srtt_ns / 1e9;
+    out->error = r->error;
     if (fractions && nseg) {
         uint64_t *cov = malloc(sizeof(uint64_t) * nseg), *off = malloc(sizeof(uint64_t) * nseg);
         if (!cov || !off) { free(cov); free(off); return set_error(ENOMEM, "out of memory"); }

@@ -9,7 +9,7 @@ import re
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ["api.c", "io.c", "wire.c", "planner.c"]
+SOURCES = ["api.c", "io.c", "tx.c", "rx.c", "wire.c", "planner.c"]
 
 
 def _cdef_text() -> str:

@@ -33,6 +33,7 @@ struct txr {
     uint32_t tries, passes;
     uint64_t sent, retrans, peer_total;
     uint32_t peer_chunks;         /* chunks the receiver reported at DONE */
+    int error;                    /* errno of a send the kernel refused (result UNREACHABLE), else 0 */
 };
 
 struct p2p_send {
@@ -83,6 +84,7 @@ struct delivery_priv {
 
 struct p2p_engine {
     int fd, evfd, epfd, want_out, gso, gro;
+    int no_pwait2;                /* I/O thread: the kernel lacks epoll_pwait2 (before 5.11) */
     pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -111,7 +113,7 @@ void segment_coverage(const uint8_t *bitmap, uint32_t nchunks, uint32_t chunk, u
 int set_error(int err, const char *fmt, ...);
 void engine_unref(p2p_engine *eng);
 
-/* io.c: the I/O thread */
+/* io.c: the I/O thread (tx.c and rx.c are its parts, see io.h) */
 int io_init(p2p_engine *eng);
 void *io_main(void *arg);
 void io_finish_all(p2p_engine *eng);

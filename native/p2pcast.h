@@ -83,6 +83,7 @@ typedef struct {
     double delivery_rate;         /* bytes per second that reached the receiver (every pass) */
     double loss_rate;             /* 1 - received/sent datagrams */
     double rtt_s;                 /* smoothed probe round trip */
+    int error;                    /* errno when the kernel refused to send there (UNREACHABLE), else 0 */
 } p2p_receiver_stats;
 
 typedef struct {
@@ -128,14 +129,21 @@ typedef struct {
     uint64_t drop_duplicate;      /* chunk already received */
     uint64_t drop_injected;       /* dropped on purpose by drop_prob */
     uint64_t drop_too_large;      /* larger than max_message_bytes */
+    uint64_t send_errors;         /* sends the kernel refused (EACCES, ENETUNREACH, ...): receiver ended */
 } p2p_counters;
 
 const char *p2p_last_error(void);
 void p2p_config_default(p2p_config *cfg);
 
 int p2p_engine_open(const p2p_config *cfg, p2p_engine **out);
-/* Stops the I/O thread; sends in flight end as P2P_SEND_CANCELLED, undelivered messages are freed. */
+/* Stops the I/O thread and closes the socket; sends in flight end as P2P_SEND_CANCELLED, undelivered
+ * messages are freed, and callers blocked in p2p_recv return -ESHUTDOWN. The engine's memory lives
+ * until the last reference goes: the caller's (dropped here), each send's, and each hold's. */
 void p2p_engine_close(p2p_engine *eng);
+/* A reference for a call made while another thread may close the engine (p2p_recv, p2p_send_start,
+ * p2p_engine_counters): take it before the call, release it after. */
+void p2p_engine_hold(p2p_engine *eng);
+void p2p_engine_release(p2p_engine *eng);
 int p2p_engine_address(p2p_engine *eng, char *host_out, uint16_t *port_out);
 void p2p_engine_counters(p2p_engine *eng, p2p_counters *out);
 /* Largest payload per chunk the path to host allows (from the route's MTU). */

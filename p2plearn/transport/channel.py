@@ -11,10 +11,13 @@ do not change them until the send's `wait()` returns.
 """
 from __future__ import annotations
 
+import errno
+import os
 import socket
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -48,6 +51,7 @@ class ReceiverStats:
     delivery_rate: float        # bytes/s that reached the receiver, every pass
     loss_rate: float
     rtt_s: float
+    error: str = ""            # why the kernel refused to send there (result "unreachable"), e.g. "EACCES: Permission denied"
 
 
 def _receiver_tuple(r: Any) -> tuple[str, int, float]:
@@ -100,7 +104,8 @@ class SendHandle:
             fractions=[fr[j] for j in range(n)], delivered=st.delivered, datagrams_sent=st.datagrams_sent,
             retransmitted=st.datagrams_retransmitted, datagrams_received=st.datagrams_received,
             passes=st.passes, elapsed_s=st.elapsed_s, delivery_rate=st.delivery_rate,
-            loss_rate=st.loss_rate, rtt_s=st.rtt_s)
+            loss_rate=st.loss_rate, rtt_s=st.rtt_s,
+            error=f"{errno.errorcode.get(st.error, st.error)}: {os.strerror(st.error)}" if st.error else "")
 
 
 class Channel:
@@ -168,6 +173,18 @@ class Channel:
             raise TransportError(9, "channel is closed")
         return self._eng
 
+    @contextmanager
+    def _held(self) -> Iterator[Any]:
+        """The engine, kept alive for one call even if another thread closes the channel meanwhile
+        (a blocked recv then raises "engine is closed")."""
+        with self._lock:
+            eng = self._engine()
+            lib.p2p_engine_hold(eng)
+        try:
+            yield eng
+        finally:
+            lib.p2p_engine_release(eng)
+
     def send(self, msg_id: int, arrays: Sequence[Any], receivers: Iterable[Any],
              loss_bounds: float | Sequence[float] = 0.0, deadline: float | None = None,
              chunk_size: int | None = None) -> SendHandle:
@@ -178,7 +195,7 @@ class Channel:
             when the send to it closes early; 0 = exact delivery.
         deadline: seconds after which each receiver's send closes with whatever arrived.
         """
-        eng = self._engine()
+        self._engine()
         if not 0 <= msg_id < 2**32:
             raise ValueError(f"msg_id must fit in 32 bits, got {msg_id}")
         views = [as_numpy(a) for a in arrays]
@@ -207,7 +224,8 @@ class Channel:
         opt.deadline_ms = 0 if deadline is None else max(1, int(deadline * 1000))
         opt.chunk_size = chunk_size or 0
         out = ffi.new("p2p_send **")
-        check(lib.p2p_send_start(eng, msg_id, segs, len(views), rs, len(rcv), opt, out))
+        with self._held() as eng:
+            check(lib.p2p_send_start(eng, msg_id, segs, len(views), rs, len(rcv), opt, out))
         keep.append(desc)
         handle = SendHandle(out[0], views, rcv, keep)
         self._inflight = [h for h in self._inflight if not h.done()] + [handle]
@@ -215,11 +233,11 @@ class Channel:
 
     def recv(self, timeout: float | None = None) -> Delivery | None:
         """The next delivered message, or None if none arrives within `timeout` seconds."""
-        eng = self._engine()
         out = ffi.new("p2p_delivery **")
         ms = -1 if timeout is None else max(0, int(timeout * 1000))
-        if check(lib.p2p_recv(eng, ms, out)) == 1:
-            return None
+        with self._held() as eng:
+            if check(lib.p2p_recv(eng, ms, out)) == 1:
+                return None
         return self._wrap(ffi.gc(out[0], lib.p2p_delivery_free))
 
     @staticmethod
@@ -279,7 +297,8 @@ class Channel:
     def stats(self) -> dict[str, int]:
         """Engine counters: bytes and datagrams each way, retransmissions, drops by reason."""
         c = ffi.new("p2p_counters *")
-        lib.p2p_engine_counters(self._engine(), c)
+        with self._held() as eng:
+            lib.p2p_engine_counters(eng, c)
         return {name: getattr(c, name) for name, _ in ffi.typeof("p2p_counters").fields}
 
     def close(self) -> None:

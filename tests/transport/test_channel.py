@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -81,6 +82,18 @@ def test_out_of_order_and_duplicate_datagrams(channels, raw_peer):
     np.testing.assert_array_equal(d.arrays[0], x)
     st = b.stats()
     assert st["drop_duplicate"] + st["drop_stale"] == len(order) - len(chunks)
+
+
+def test_a_close_for_a_message_never_seen_delivers_nothing(channels, raw_peer):
+    from tests.transport.craft import CLOSE, DONE, HDR, datagram
+
+    b = channels()
+    raw_peer.sock.settimeout(5)
+    raw_peer.send(datagram(CLOSE, sender=9, msg=78, nchunks=10, chunk_size=CHUNK, meta_len=48), b.address)
+    reply, _ = raw_peer.sock.recvfrom(2048)
+    assert HDR.unpack(reply[:HDR.size])[2] == DONE  # a real sender whose chunks were all lost can finish
+    assert b.recv(timeout=0.3) is None, "a forged CLOSE stood for a message"
+    assert b.stats()["drop_unknown"] == 1
 
 
 @pytest.fixture
@@ -224,6 +237,42 @@ def test_receiver_that_is_gone_ends_unreachable_not_a_hang(channels):
     h = a.send(1, [np.zeros(1000, np.float32)], [addr])
     (st,) = h.wait(20)
     assert st.result == "unreachable"
+
+
+def test_a_receiver_the_kernel_refuses_ends_at_once_and_the_others_get_the_message(channels):
+    a, b = channels(sender_id=1), channels()
+    data = np.arange(500_000, dtype=np.float32)
+    # Broadcast without SO_BROADCAST: the kernel refuses every datagram (EACCES). Listed first, so
+    # that a sender retrying it would never reach the receiver after it.
+    h = a.send(1, [data], [("255.255.255.255", 9), b.address])
+    refused, ok = h.wait(10)
+    assert refused.result == "unreachable" and refused.error.startswith("EACCES"), refused
+    assert refused.elapsed_s < 1.0, "ended by the silence rule (seconds), not at the refusal"
+    assert ok.result == "exact"
+    np.testing.assert_array_equal(recv_one(b).arrays[0], data)
+    assert a.stats()["send_errors"] >= 1
+
+
+def test_close_wakes_threads_blocked_in_recv_with_an_error(channels):
+    for _ in range(20):  # `make asan` runs this: a use after free would abort it
+        ch = channels()
+        errors: list[BaseException] = []
+
+        def wait() -> None:
+            try:
+                ch.recv(timeout=10)
+            except TransportError as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=wait) for _ in range(3)]
+        for t in threads:
+            t.start()
+        time.sleep(0.02)  # they are inside p2p_recv, or about to enter it
+        ch.close()
+        for t in threads:
+            t.join(5)
+        assert not any(t.is_alive() for t in threads), "a recv stayed blocked after close"
+        assert len(errors) == 3 and all("closed" in str(e) for e in errors), errors
 
 
 def test_deadline_closes_with_what_arrived(channels):
