@@ -21,7 +21,6 @@
 #endif
 
 #define MAX_CHUNK 65472u   /* largest multiple of 8 that fits a 65507-byte datagram with its header */
-#define MIN_CHUNK 64u
 
 static __thread char last_error[256];
 
@@ -70,12 +69,16 @@ int p2p_engine_open(const p2p_config *cfg_in, p2p_engine **out) {
         return set_error(EINVAL, "drop_prob must be in [0, 1), got %g", cfg.drop_prob);
     if (cfg.uplink_rate < 0 || isnan(cfg.uplink_rate))
         return set_error(EINVAL, "uplink_rate must be >= 0, got %g", cfg.uplink_rate);
-    if (cfg.max_datagram && (cfg.max_datagram < WIRE_HDR + MIN_CHUNK || cfg.max_datagram > WIRE_MAX_DATAGRAM))
-        return set_error(EINVAL, "max_datagram must be in [%u, %u], got %u", WIRE_HDR + MIN_CHUNK,
+    if (cfg.max_datagram && (cfg.max_datagram < WIRE_HDR + WIRE_MIN_CHUNK || cfg.max_datagram > WIRE_MAX_DATAGRAM))
+        return set_error(EINVAL, "max_datagram must be in [%u, %u], got %u", WIRE_HDR + WIRE_MIN_CHUNK,
                          WIRE_MAX_DATAGRAM, cfg.max_datagram);
     if (!cfg.window_bytes) cfg.window_bytes = 8u << 20;
     if (!cfg.rx_idle_ms) cfg.rx_idle_ms = 5000;
     if (!cfg.max_message_bytes) cfg.max_message_bytes = 4ull << 30;
+    if (!cfg.max_partial_messages) cfg.max_partial_messages = 1024;
+    if (!cfg.max_partial_per_source) cfg.max_partial_per_source = 64;
+    if (!cfg.max_partial_bytes) cfg.max_partial_bytes = 16ull << 30;
+    if (cfg.max_partial_per_source > cfg.max_partial_messages) cfg.max_partial_per_source = cfg.max_partial_messages;
     if (!cfg.socket_buffer) cfg.socket_buffer = 32u << 20;
 
     p2p_engine *eng = calloc(1, sizeof *eng);
@@ -336,8 +339,8 @@ int p2p_send_start(p2p_engine *eng, uint32_t msg_id, const p2p_segment *segs, ui
     }
     if ((rc = build_layout(s, segs, opt))) goto fail;
     uint32_t chunk = opt && opt->chunk_size ? opt->chunk_size : MAX_CHUNK;
-    if (opt && opt->chunk_size && (chunk < MIN_CHUNK || chunk > MAX_CHUNK || chunk % 8)) {
-        rc = set_error(EINVAL, "chunk_size must be a multiple of 8 in [%u, %u], got %u", MIN_CHUNK, MAX_CHUNK, chunk);
+    if (opt && opt->chunk_size && (chunk < WIRE_MIN_CHUNK || chunk > MAX_CHUNK || chunk % 8)) {
+        rc = set_error(EINVAL, "chunk_size must be a multiple of 8 in [%u, %u], got %u", WIRE_MIN_CHUNK, MAX_CHUNK, chunk);
         goto fail;
     }
     for (uint32_t i = 0; i < nrcv && !(opt && opt->chunk_size); i++) {

@@ -64,6 +64,7 @@ struct rx {
     uint8_t *base, *flat, *bitmap;
     uint32_t pass_high, pass_count, dgrams, unacked;
     uint64_t last_ack_ns, last_seen_ns;
+    uint64_t bytes_in, bytes_out; /* datagram bytes received for it, control bytes sent about it */
 };
 
 struct tombstone {
@@ -93,7 +94,9 @@ struct p2p_engine {
     struct delivery_priv *dq_head, *dq_tail;
     /* I/O thread only: */
     struct p2p_send *active;
-    struct rx *rxs;
+    struct rx *rxs;               /* newest first */
+    uint32_t rx_open;             /* messages in rxs, and the bytes they claim (quotas) */
+    uint64_t rx_claimed;
     struct tombstone tomb[TOMBSTONES];
     uint32_t tomb_next;
     double up_tokens;

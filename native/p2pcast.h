@@ -46,6 +46,12 @@ typedef struct {
     uint32_t window_bytes;        /* unacknowledged bytes in flight per receiver; 0 = 8 MiB */
     uint32_t rx_idle_ms;          /* deliver and free an incoming message silent this long; 0 = 5000 */
     uint64_t max_message_bytes;   /* largest incoming message accepted; 0 = 4 GiB */
+    /* Quotas on incoming messages still being received: when a new one would exceed one, the
+     * oldest (of that source, for the per-source quota) is dropped. Legitimate traffic never
+     * comes near them unless a peer receives from hundreds of peers at once. */
+    uint32_t max_partial_messages;  /* open at once, every source together; 0 = 1024 */
+    uint32_t max_partial_per_source; /* open at once from one address and port; 0 = 64 */
+    uint64_t max_partial_bytes;     /* bytes the open ones may claim together; 0 = 16 GiB */
     double uplink_rate;           /* bytes/s this peer may send in total; 0 = unpaced */
     double drop_prob;             /* drop incoming DATA with this probability (loss injection) */
     uint64_t seed;                /* for drop_prob */
@@ -129,6 +135,8 @@ typedef struct {
     uint64_t drop_duplicate;      /* chunk already received */
     uint64_t drop_injected;       /* dropped on purpose by drop_prob */
     uint64_t drop_too_large;      /* larger than max_message_bytes */
+    uint64_t drop_evicted;        /* partial messages dropped for a newer one (quotas above) */
+    uint64_t ack_limited;         /* ACKs not sent: 3x the bytes the message brought in (anti-amplification) */
     uint64_t send_errors;         /* sends the kernel refused (EACCES, ENETUNREACH, ...): receiver ended */
 } p2p_counters;
 

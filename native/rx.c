@@ -11,8 +11,21 @@
 #define ACK_EVERY 32              /* datagrams between receiver ACKs */
 #define TOMB_NS 30000000000ull
 #define ACK_BITS ((WIRE_ACK_MAX - WIRE_HDR - ACK_BODY) * 8u)
+#define AMPLIFICATION 3           /* control bytes sent about a message per byte it brought in, at most */
 
-static void rx_send_ack(p2p_engine *eng, struct rx *m, uint32_t start, uint32_t nbits, uint16_t flags, uint64_t now) {
+/* Whether `bytes` more of control traffic about m stay within AMPLIFICATION times what m brought in:
+ * a forged header claiming a huge message must not draw a huge bitmap back (to its spoofed source). */
+static int affordable(const struct rx *m, uint64_t bytes) {
+    return m->bytes_out + bytes <= AMPLIFICATION * m->bytes_in;
+}
+
+/* Sends one ACK slice; 0 when anti-amplification holds it back (counted). */
+static int rx_send_ack(p2p_engine *eng, struct rx *m, uint32_t start, uint32_t nbits, uint16_t flags, uint64_t now) {
+    size_t blen = ACK_BODY + (nbits + 7) / 8;
+    if (!affordable(m, WIRE_HDR + blen)) {
+        CNT(eng, ack_limited, 1);
+        return 0;
+    }
     uint8_t body[WIRE_ACK_MAX - WIRE_HDR];
     struct ack_body a = {m->pass, flags, m->pass_high, m->pass_count, m->dgrams, start, nbits};
     wire_put_ack(body, &a);
@@ -20,9 +33,11 @@ static void rx_send_ack(p2p_engine *eng, struct rx *m, uint32_t start, uint32_t 
     if (nbits % 8) body[ACK_BODY + nbits / 8] &= (uint8_t)((1u << (nbits % 8)) - 1);
     struct wire_hdr h = {.type = T_ACK, .msg = m->msg, .nchunks = m->nchunks, .chunk_size = m->chunk,
                          .meta_len = m->meta_len};
-    io_send_ctl(eng, &m->src, &h, body, ACK_BODY + (nbits + 7) / 8);
+    io_send_ctl(eng, &m->src, &h, body, blen);
+    m->bytes_out += WIRE_HDR + blen;
     m->unacked = 0;
     m->last_ack_ns = now;
+    return 1;
 }
 
 /* A periodic ACK: the stretch of the bitmap that this pass's latest chunks fall in. */
@@ -32,13 +47,14 @@ static void rx_ack_recent(p2p_engine *eng, struct rx *m, uint64_t now) {
     rx_send_ack(eng, m, start, hi - start, 0, now);
 }
 
-/* A probe answer: the whole bitmap, the last slice flagged FINAL. */
+/* A probe answer: the whole bitmap, the last slice flagged FINAL. Where what the message brought
+ * in cannot pay for another slice, the answer ends there (flagged FINAL): the sender resends the
+ * chunks it did not hear of, and they pay for the rest. */
 static void rx_ack_all(p2p_engine *eng, struct rx *m, uint64_t now) {
     for (uint32_t start = 0;; start += ACK_BITS) {
         uint32_t n = m->nchunks - start > ACK_BITS ? ACK_BITS : m->nchunks - start;
-        int last = start + n >= m->nchunks;
-        rx_send_ack(eng, m, start, n, last ? ACK_FINAL : 0, now);
-        if (last) break;
+        int last = start + n >= m->nchunks || !affordable(m, 2 * (uint64_t)WIRE_ACK_MAX);
+        if (!rx_send_ack(eng, m, start, n, last ? ACK_FINAL : 0, now) || last) break;
     }
 }
 
@@ -75,6 +91,8 @@ static void add_tomb(p2p_engine *eng, const struct rx *m, uint32_t flags, uint64
 static void rx_unlink_free(p2p_engine *eng, struct rx *m) {
     for (struct rx **pp = &eng->rxs; *pp; pp = &(*pp)->next)
         if (*pp == m) { *pp = m->next; break; }
+    eng->rx_open--;
+    eng->rx_claimed -= m->cap;
     free(m->base);
     free(m->bitmap);
     free(m);
@@ -169,14 +187,41 @@ static void deliver(p2p_engine *eng, struct rx *m, int reason, uint64_t now) {
 
 /* Geometry from a DATA/PROBE/CLOSE header, checked before anything is allocated. */
 static int geometry_ok(p2p_engine *eng, const struct wire_hdr *h) {
-    if (h->chunk_size < 8 || h->nchunks == 0 || h->meta_len < 24) { CNT(eng, drop_bad_index, 1); return 0; }
+    if (h->chunk_size < WIRE_MIN_CHUNK || h->nchunks == 0 || h->meta_len < 24) { CNT(eng, drop_bad_index, 1); return 0; }
     uint64_t cap = (uint64_t)h->nchunks * h->chunk_size;
     if (h->meta_len > cap) { CNT(eng, drop_bad_index, 1); return 0; }
     if (cap > eng->cfg.max_message_bytes + h->chunk_size) { CNT(eng, drop_too_large, 1); return 0; }
     return 1;
 }
 
+/* The oldest partial message (of `src`, or of anyone when NULL); the list is newest first. */
+static struct rx *oldest(p2p_engine *eng, const struct sockaddr_in *src) {
+    struct rx *found = NULL;
+    for (struct rx *m = eng->rxs; m; m = m->next)
+        if (!src || same_addr(&m->src, src)) found = m;
+    return found;
+}
+
+static void evict(p2p_engine *eng, struct rx *m, uint64_t now) {
+    CNT(eng, drop_evicted, 1);
+    add_tomb(eng, m, 0, now); /* what else comes for it is stale, not a new message */
+    rx_unlink_free(eng, m);
+}
+
+/* Makes room for a message claiming `cap` bytes from `src` within the quotas, dropping the oldest
+ * partial messages (of that source first); 0 if it can never fit. */
+static int make_room(p2p_engine *eng, const struct sockaddr_in *src, uint64_t cap, uint64_t now) {
+    if (cap > eng->cfg.max_partial_bytes) return 0;
+    uint32_t mine = 0;
+    for (struct rx *m = eng->rxs; m; m = m->next) mine += same_addr(&m->src, src);
+    if (mine >= eng->cfg.max_partial_per_source) evict(eng, oldest(eng, src), now);
+    while (eng->rx_open >= eng->cfg.max_partial_messages || eng->rx_claimed + cap > eng->cfg.max_partial_bytes)
+        evict(eng, oldest(eng, NULL), now);
+    return 1;
+}
+
 static struct rx *rx_create(p2p_engine *eng, const struct wire_hdr *h, const struct sockaddr_in *src, uint64_t now) {
+    if (!make_room(eng, src, (uint64_t)h->nchunks * h->chunk_size, now)) return NULL;
     struct rx *m = calloc(1, sizeof *m);
     if (!m) return NULL;
     m->sender = h->sender;
@@ -201,6 +246,8 @@ static struct rx *rx_create(p2p_engine *eng, const struct wire_hdr *h, const str
     m->last_seen_ns = m->last_ack_ns = now;
     m->next = eng->rxs;
     eng->rxs = m;
+    eng->rx_open++;
+    eng->rx_claimed += m->cap;
     return m;
 }
 
@@ -244,6 +291,7 @@ void rx_on_data(p2p_engine *eng, const struct wire_hdr *h, const struct sockaddr
         return;
     }
     m->last_seen_ns = now;
+    m->bytes_in += WIRE_HDR + len;
     m->dgrams++;
     if (h->pass > m->pass) {
         m->pass = h->pass;
@@ -319,6 +367,7 @@ void rx_on_probe_or_close(p2p_engine *eng, const struct wire_hdr *h, const struc
         return;
     }
     m->last_seen_ns = now;
+    m->bytes_in += WIRE_HDR + blen;
     if (h->type == T_PROBE) {
         uint16_t pass = get16(body);
         if (pass > m->pass) {

@@ -25,6 +25,7 @@
 #define WIRE_MAX_DATAGRAM 65507u
 /* ACKs stay below a 1500-byte MTU whatever the data path allows. */
 #define WIRE_ACK_MAX 1472u
+#define WIRE_MIN_CHUNK 64u   /* smallest chunk a sender cuts and a receiver accepts (but a message's last) */
 
 enum wire_type { T_DATA = 1, T_ACK = 2, T_PROBE = 3, T_CLOSE = 4, T_DONE = 5 };
 

@@ -122,6 +122,11 @@ class Channel:
             receivers overflow their socket buffer (shows as loss without a shaped link).
         rx_idle: seconds without a datagram after which a partial message is handed over as EXPIRED.
         max_message_bytes: largest incoming message accepted (memory bound against bad peers).
+        max_partial_messages, max_partial_per_source, max_partial_bytes: quotas on incoming
+            messages still being received (all sources; one address and port; the bytes they
+            claim together). A new message that would exceed one drops the oldest partial message
+            (that source's first), counted as ``drop_evicted``. Raise them only for a peer that
+            receives from hundreds of peers at once, or more than 16 GiB at once.
         uplink_rate: bytes/s this peer may send in total (its uplink); 0 = unpaced. Per-receiver
             rates are given with each send.
         drop_prob, seed: drop incoming data datagrams with this probability (loss injection for
@@ -132,7 +137,8 @@ class Channel:
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, sender_id: int = 0, job_id: int = 0,
                  key: bytes | None = None, max_datagram: int | None = None, window_bytes: int = 8 << 20,
-                 rx_idle: float = 5.0, max_message_bytes: int = 4 << 30, uplink_rate: float = 0.0,
+                 rx_idle: float = 5.0, max_message_bytes: int = 4 << 30, max_partial_messages: int = 1024,
+                 max_partial_per_source: int = 64, max_partial_bytes: int = 16 << 30, uplink_rate: float = 0.0,
                  drop_prob: float = 0.0, seed: int = 0, socket_buffer: int = 32 << 20, gso: bool = True):
         if not 0 <= sender_id < 65536:
             raise ValueError(f"sender_id must be in 0..65535, got {sender_id}")
@@ -151,6 +157,9 @@ class Channel:
         cfg.window_bytes = window_bytes
         cfg.rx_idle_ms = max(1, int(rx_idle * 1000))
         cfg.max_message_bytes = max_message_bytes
+        cfg.max_partial_messages = max_partial_messages
+        cfg.max_partial_per_source = max_partial_per_source
+        cfg.max_partial_bytes = max_partial_bytes
         cfg.uplink_rate = uplink_rate
         cfg.drop_prob = drop_prob
         cfg.seed = seed
