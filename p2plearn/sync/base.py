@@ -21,6 +21,7 @@ import numpy as np
 
 from p2plearn.filter import UpdateFilter
 from p2plearn.filter.wire import DENSE, SPARSE, layout
+from p2plearn.sync.bfloat16 import values
 from p2plearn.sync.inbox import Inbox
 from p2plearn.sync.merge import Contribution, merge_parameter
 from p2plearn.sync.planner import RoundPlanner
@@ -145,7 +146,7 @@ class Synchronizer(ABC):
             raise ValueError(f"the state is of a model with tensors {[p.shape for p in previous]}, not this one's "
                              f"{[p.shape for p in self.params]}")
         self.clock = int(state["clock"])
-        self._previous = [np.array(p, dtype=own.dtype) for p, own in zip(previous, self.params)]
+        self._previous = [np.array(p, dtype=own.dtype).view(type(own)) for p, own in zip(previous, self.params)]
         self.network.history = [RoundRecord(**r) for r in state["history"]]
         self.training = TrainingState(**state["training"])
         self.tolerance.load_state_dict(state["tolerance"])
@@ -191,12 +192,12 @@ class Synchronizer(ABC):
         msg = self.filter.encode(rnd, deltas)
         arrays = list(msg.arrays)
         shapes = [p.shape for p in self.params]
-        for layer, (code, idx, values) in enumerate(layout(arrays, shapes)):
-            flat = self.params[layer].reshape(-1)
+        for layer, (code, idx, at) in enumerate(layout(arrays, shapes)):
+            flat = values(self.params[layer]).reshape(-1)
             if code == DENSE:
-                arrays[values] = flat.astype(np.float32, copy=False)
+                arrays[at] = flat.astype(np.float32, copy=False)
             elif code == SPARSE:
-                arrays[values] = flat[arrays[idx]].astype(np.float32)
+                arrays[at] = flat[arrays[idx]].astype(np.float32)
         return arrays, msg.wire_bounds
 
     def _contributions(self, d: Delivery) -> list[Contribution | None] | None:
@@ -217,15 +218,15 @@ class Synchronizer(ABC):
     def _filtered_contributions(self, d: Delivery, masks: list[np.ndarray | None]) -> list[Contribution | None]:
         parts = layout(d.arrays, [p.shape for p in self.params], [m is None for m in masks])
         out: list[Contribution | None] = []
-        for p, (code, idx, values) in zip(self.params, parts):
+        for p, (code, idx, at) in zip(self.params, parts):
             if code == DENSE:
-                mask = masks[values]
-                out.append(Contribution(d.arrays[values].reshape(p.shape), None if mask is None else mask.reshape(p.shape)))
+                mask = masks[at]
+                out.append(Contribution(d.arrays[at].reshape(p.shape), None if mask is None else mask.reshape(p.shape)))
             elif code == SPARSE:
                 dense, sent = np.zeros(p.size, dtype=np.float32), np.zeros(p.size, dtype=bool)
                 where = d.arrays[idx]
-                dense[where] = d.arrays[values]
-                sent[where] = True if masks[values] is None else masks[values]
+                dense[where] = d.arrays[at]
+                sent[where] = True if masks[at] is None else masks[at]
                 out.append(Contribution(dense.reshape(p.shape), sent.reshape(p.shape)))
             else:
                 out.append(None)
@@ -243,7 +244,7 @@ class Synchronizer(ABC):
     def _track_updates(self, loss: float | None) -> list[np.ndarray]:
         """The model's change since the last round (for the filter), and its norms (for the
         tolerance policies)."""
-        deltas = [p - q for p, q in zip(self.params, self._previous)]
+        deltas = [values(p) - values(q) for p, q in zip(self.params, self._previous)]
         norms = [float(np.linalg.norm(d.ravel())) for d in deltas]
         self.training.layer_update_norms.append(norms)
         self.training.update_norms.append(float(np.sqrt(sum(n * n for n in norms))))

@@ -30,6 +30,7 @@ from p2plearn.control import ControlError
 from p2plearn.options import Options
 from p2plearn.runtime import Runtime, init
 from p2plearn.sync import SYNCHRONIZERS, RoundStats, Synchronizer
+from p2plearn.sync.bfloat16 import BF16Array, bf16_values
 from p2plearn.sync.inbox import STATE_FLAG
 from p2plearn.filter import make_filter
 from p2plearn.keys import data_key
@@ -92,6 +93,13 @@ def describe_layers(model: torch.nn.Module, buffers: bool = False) -> list[Layer
     return [Layer(name=name, numel=t.numel(), nbytes=t.numel() * t.element_size(), depth=i,
                   kind=kinds.get(id(t), "weight"))
             for i, (name, t) in enumerate(exchanged_tensors(model, buffers).items())]
+
+
+def numpy_view(t: torch.Tensor) -> np.ndarray:
+    """A numpy array over the tensor's memory: bfloat16, which numpy lacks, as a `BF16Array`."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16).view(BF16Array)
+    return t.numpy()
 
 
 def _to_torch(value: Any) -> Any:
@@ -162,8 +170,9 @@ class DecentralizedOptimizer(Optimizer):
     """Local steps with `optimizer`, then a communication round that averages with other peers.
 
     Args:
-        optimizer: any torch optimizer over `model`'s parameters (CPU tensors, float32, float16
-            or float64; they travel in their own dtype).
+        optimizer: any torch optimizer over `model`'s parameters (CPU tensors of any float
+            dtype: float32, float16, bfloat16, float64; they travel in their own dtype and are
+            merged in float64).
         model: the model whose parameters (and floating buffers) are exchanged.
         runtime: from `p2plearn.init()`; made here when not given.
         engine: an existing Channel to use instead of creating one.
@@ -197,8 +206,8 @@ class DecentralizedOptimizer(Optimizer):
                                  f"(a device model needs a CPU copy to average)")
             if not t.is_contiguous():
                 raise ValueError(f"{name} is not a contiguous CPU tensor")
-            if t.dtype not in (torch.float32, torch.float16, torch.float64):
-                raise ValueError(f"{name} is {t.dtype}: p2plearn exchanges float32, float16 and float64 tensors")
+            if not t.is_floating_point():
+                raise ValueError(f"{name} is {t.dtype}: p2plearn exchanges floating-point tensors")
         self._own_engine = engine is None
         self.channel = engine or self._make_channel()
         self.runtime.register(self.channel.address)
@@ -206,7 +215,7 @@ class DecentralizedOptimizer(Optimizer):
             self.runtime.client.wait_members(self.runtime.world_size, 60.0, receiving=True)
         cls = SYNCHRONIZERS[self.options.sync]
         extra = {"staleness": self.options.staleness} if self.options.sync == "ssp" else {}
-        self.sync: Synchronizer = cls([p.numpy() for p in self.params], describe_layers(model, buffers), self.channel,
+        self.sync: Synchronizer = cls([numpy_view(p) for p in self.params], describe_layers(model, buffers), self.channel,
                                       self.runtime.client, selection=self.options.selection,
                                       fanout=self.options.fanout, seed=seed, tolerance=make_policy(self.options),
                                       value_filter=make_filter("value", granularity=self.options.filter_granularity,
@@ -346,7 +355,7 @@ class DecentralizedOptimizer(Optimizer):
             ready = [r for r in self._donations if r in members and members[r].engine]
             self._donations = [r for r in self._donations if r not in ready and r in members]
         for rank in ready:  # a copy: training goes on while it travels
-            snapshot = [p.numpy().copy() for p in self.params]
+            snapshot = [a.copy() for a in self.sync.params]
             self.channel.send(STATE_FLAG | self.sync.clock, snapshot, [members[rank].engine])
 
     def _rejoin(self) -> None:
@@ -372,10 +381,10 @@ class DecentralizedOptimizer(Optimizer):
                 donor = client.ask_for_state() or donor
             except ControlError:
                 pass  # no coordinator answered just now: keep waiting, ask again later
-        for p, a in zip(self.params, d.arrays):
-            p.copy_(torch.from_numpy(a))
+        for own, a in zip(self.sync.params, d.arrays):
+            np.copyto(own, a.reshape(own.shape))  # the bits as sent: bfloat16 stays bfloat16
         self.sync.clock = d.msg_id & ~STATE_FLAG
-        self.sync._previous = [p.numpy().copy() for p in self.params]
+        self.sync._previous = [a.copy() for a in self.sync.params]
 
     def average_model(self, root: int = 0, timeout: float = 60.0) -> dict[str, torch.Tensor] | None:
         """Every live peer sends its exchanged tensors to `root` (exactly); `root` returns their
@@ -384,7 +393,7 @@ class DecentralizedOptimizer(Optimizer):
         members = self.runtime.client.members
         final = STATE_FLAG | (STATE_FLAG - 1)  # a message id no round or join uses
         if self.runtime.rank != root:
-            self.channel.send(final, self.params, [members[root].engine]).wait(timeout)
+            self.channel.send(final, self.sync.params, [members[root].engine]).wait(timeout)
             return None
         total = [p.double().clone() for p in self.params]
         until = time.monotonic() + timeout
@@ -393,8 +402,8 @@ class DecentralizedOptimizer(Optimizer):
             d = self.sync.inbox.take_state(rank, until)
             if d is None or not d.complete:
                 raise RuntimeError(f"rank {rank} did not send its model within {timeout:g} s")
-            for t, a in zip(total, d.arrays):
-                t += torch.from_numpy(a)
+            for t, a, p in zip(total, d.arrays, self.params):
+                t += torch.from_numpy(bf16_values(a) if p.dtype == torch.bfloat16 else a)
         return {name: (t / (len(others) + 1)).to(p.dtype) for name, t, p in zip(self.tensors, total, self.params)}
 
     def close(self) -> None:

@@ -13,9 +13,10 @@ def model(seed: int) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(20, 30), torch.nn.ReLU(), torch.nn.Linear(30, 4))
 
 
-def test_joining_peer_receives_the_state_and_takes_part(job):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_joining_peer_receives_the_state_and_takes_part(job, dtype):
     runtime, optimizer = job
-    models = [model(0), model(0)]
+    models = [model(0).to(dtype), model(0).to(dtype)]
     rts = [runtime(0), runtime(1)]
     opts = []
     threads = [threading.Thread(target=lambda r=r, m=m: opts.append(optimizer(r, m))) for r, m in zip(rts, models)]
@@ -27,7 +28,7 @@ def test_joining_peer_receives_the_state_and_takes_part(job):
     errors = []
 
     def train(opt, m):
-        x, y = torch.randn(64, 20), torch.randint(0, 4, (64,))
+        x, y = torch.randn(64, 20, dtype=dtype), torch.randint(0, 4, (64,))
         try:
             while not stop.is_set():
                 torch.nn.functional.cross_entropy(m(x), y).backward()
@@ -45,13 +46,13 @@ def test_joining_peer_receives_the_state_and_takes_part(job):
         while min(o.sync.clock for o in opts) < 3:  # the job is running before anyone joins
             assert time.monotonic() < deadline and not errors, errors or "the job made no rounds"
             time.sleep(0.01)
-        newcomer = model(123)  # a different initialisation: must be replaced by the donor's state
+        newcomer = model(123).to(dtype)  # a different initialisation: must be replaced by the donor's state
         before = [p.detach().clone() for p in newcomer.parameters()]
         joiner = optimizer(runtime(None, join=True), newcomer)
         assert joiner.runtime.client.donor is not None
         assert joiner.sync.clock > 0, "the joiner starts at the donor's clock"
         assert not all(torch.equal(a, b) for a, b in zip(before, newcomer.parameters()))
-        x, y = torch.randn(64, 20), torch.randint(0, 4, (64,))
+        x, y = torch.randn(64, 20, dtype=dtype), torch.randint(0, 4, (64,))
         for _ in range(3):  # and it takes part in the next rounds
             torch.nn.functional.cross_entropy(newcomer(x), y).backward()
             joiner.step()

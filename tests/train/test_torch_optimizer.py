@@ -185,26 +185,38 @@ def test_batchnorm_statistics_are_averaged_unless_kept_local(job, buffers):
     assert n0 == n1 == 1, "num_batches_tracked is each peer's own count"
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.float64])
-def test_parameters_of_other_float_dtypes_are_averaged_in_their_dtype(job, dtype):
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("value_filter", ["none", "value"])
+def test_parameters_of_other_float_dtypes_are_averaged_in_their_dtype(job, dtype, value_filter):
+    starts = [mlp(seed) for seed in (1, 2)]  # two different models: the average is not either
+
     def body(rank, opt):
         with torch.no_grad():
-            for p in opt.model.parameters():
-                p.fill_(1.0 + 2 * rank)
+            for p, q in zip(opt.model.parameters(), starts[rank].parameters()):
+                p.copy_(q)
         opt.step()
         return [p.detach().clone() for p in opt.model.parameters()], opt.last_round
 
     models = [mlp().to(dtype), mlp().to(dtype)]
-    for params, rs in on_both_peers(job, models, body, make_inner=lambda m: torch.optim.SGD(m.parameters(), lr=0.0)):
-        assert all(p.dtype == dtype and torch.all(p == 2.0) for p in params)
-        assert rs.bytes_sent == sum(p.numel() for p in params) * torch.tensor([], dtype=dtype).element_size()
+    results = on_both_peers(job, models, body, make_inner=lambda m: torch.optim.SGD(m.parameters(), lr=0.0),
+                            filter=value_filter, filter_init_scale=1e-9)  # a filter that lets everything through
+    for params, rs in results:
+        for p, a, b in zip(params, starts[0].parameters(), starts[1].parameters()):
+            assert p.dtype == dtype
+            # each peer's own values in its dtype, averaged in float64, rounded once to the dtype
+            want = ((a.to(dtype).double() + b.to(dtype).double()) / 2).to(dtype)
+            assert torch.equal(p, want), f"{dtype}: not the average rounded to {dtype}"
+        if value_filter == "none":
+            assert rs.bytes_sent == sum(p.numel() for p in params) * p.element_size()
 
 
-def test_tensors_off_the_cpu_or_of_other_dtypes_are_refused_clearly(job):
+def test_tensors_off_the_cpu_or_not_floating_point_are_refused_clearly(job):
     runtime, optimizer = job
     off_cpu = torch.nn.Linear(3, 3, device="meta")
     with pytest.raises(ValueError, match="weight is on meta: p2plearn exchanges CPU tensors only"):
         DecentralizedOptimizer(torch.optim.SGD(off_cpu.parameters(), lr=0.1), off_cpu, runtime(0))
-    bf16 = torch.nn.Linear(3, 3).to(torch.bfloat16)
-    with pytest.raises(ValueError, match="bfloat16"):
-        DecentralizedOptimizer(torch.optim.SGD(bf16.parameters(), lr=0.1), bf16, runtime(1))
+    m = torch.nn.Linear(3, 3)
+    m.register_buffer("steps", torch.zeros(3, dtype=torch.int64))
+    m.register_parameter("scale", torch.nn.Parameter(torch.ones(3, dtype=torch.complex64)))
+    with pytest.raises(ValueError, match="scale is torch.complex64: p2plearn exchanges floating-point tensors"):
+        DecentralizedOptimizer(torch.optim.SGD(m.parameters(), lr=0.1), m, runtime(1))
