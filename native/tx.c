@@ -528,16 +528,7 @@ uint64_t tx_next_wake(p2p_engine *eng, uint64_t now, uint64_t wake) {
 
 /* After the I/O thread stopped: every send, queued or active, ends as cancelled. */
 void tx_cancel_all(p2p_engine *eng, uint64_t now) {
-    pthread_mutex_lock(&eng->mu);
-    struct p2p_send *pending = eng->cmd_head;
-    eng->cmd_head = eng->cmd_tail = NULL;
-    pthread_mutex_unlock(&eng->mu);
-    while (pending) {
-        struct p2p_send *next = pending->next;
-        pending->next = eng->active;
-        eng->active = pending;
-        pending = next;
-    }
+    tx_take_commands(eng, now);
     for (struct p2p_send *s = eng->active; s; s = s->next) {
         for (uint32_t i = 0; i < s->nrcv; i++) finish(eng, s, &s->r[i], P2P_SEND_CANCELLED, now);
         if (s->nrcv == 0) complete_send(eng, s);
