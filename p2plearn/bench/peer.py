@@ -2,7 +2,7 @@
 
     python -m p2plearn.bench.peer recv KIND PORT SIZE REPS [DROP]   -> prints "ready", then one JSON line per message
     python -m p2plearn.bench.peer send KIND HOST PORT SIZE REPS BOUND RATE -> one JSON line per message
-KIND: engine | tcp (TcpChannel) | raw (a plain TCP socket).
+KIND: engine (tags on, as in training) | engine-untagged (tags off) | tcp (TcpChannel) | raw (a plain TCP socket).
 """
 from __future__ import annotations
 
@@ -17,6 +17,15 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
 from p2plearn.transport import Channel, TcpChannel  # noqa: E402
+
+BENCH_KEY = bytes(range(16))  # the data-plane key both sides of a tagged run share
+
+
+def _channel(kind: str, **kwargs):
+    """The transport a KIND names; engines get the benchmark's key unless untagged."""
+    if kind == "tcp":
+        return TcpChannel(**kwargs)
+    return Channel(key=BENCH_KEY if kind == "engine" else None, **kwargs)
 
 
 def _raw_recv(port: int, size: int, reps: int) -> None:
@@ -57,9 +66,8 @@ def main(argv: list[str]) -> None:
         drop = float(argv[5]) if len(argv) > 5 else 0.0
         if kind == "raw":
             return _raw_recv(port, size, reps)
-        cls = Channel if kind == "engine" else TcpChannel
-        extra = {"drop_prob": drop, "seed": port} if kind == "engine" else {}
-        with cls(host="0.0.0.0", port=port, sender_id=1, **extra) as ch:
+        extra = {"drop_prob": drop, "seed": port} if kind != "tcp" else {}
+        with _channel(kind, host="0.0.0.0", port=port, sender_id=1, **extra) as ch:
             print("ready", flush=True)
             for _ in range(reps):
                 d = ch.recv(timeout=120)
@@ -73,9 +81,7 @@ def main(argv: list[str]) -> None:
     if kind == "raw":
         return _raw_send(host, port, size, reps)
     data = np.zeros(size, dtype=np.uint8)
-    cls = Channel if kind == "engine" else TcpChannel
-    bind = "0.0.0.0"
-    with cls(host=bind, sender_id=0) as ch:
+    with _channel(kind, host="0.0.0.0", sender_id=0) as ch:
         for i in range(reps):
             t = time.perf_counter()
             (st,) = ch.send(i + 1, [data], [(host, port, rate)], loss_bounds=bound).wait(300)

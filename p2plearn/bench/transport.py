@@ -6,7 +6,9 @@ Paths: loopback; and, when root, a veth pair between two network namespaces (uns
 by tbf at 100 Mbit/s and 1 Gbit/s with a 64 KB queue). Each configuration moves one message of the
 given size `reps` times (sender and receiver are separate processes) and reports the median.
 Targets (issue 2): engine goodput >= 0.8x raw TCP on the unshaped veth pair; on a shaped link,
-goodput >= 0.95 of the shaped rate with <= 1% of datagrams dropped at the queue.
+goodput >= 0.95 of the shaped rate with <= 1% of datagrams dropped at the queue. "engine" runs with
+SipHash tags on, as training does; "engine-untagged" without, for the tags' cost ("x untagged",
+issue 17's target: >= 0.8).
 """
 from __future__ import annotations
 
@@ -106,7 +108,7 @@ def _iperf3(path: Path, size: int, port: int) -> float | None:
 
 def measure(path: Path, kind: str, size: int, reps: int, loss: float = 0.0, bound: float = 0.0,
             port: int = 47100) -> Result:
-    rate = path.shaped_mbit * 1e6 / 8 if path.shaped_mbit and kind == "engine" else 0.0
+    rate = path.shaped_mbit * 1e6 / 8 if path.shaped_mbit and kind.startswith("engine") else 0.0
     drops0 = path.queue_drops()
     if kind == "iperf3":
         secs = _iperf3(path, size, port)
@@ -159,7 +161,7 @@ def run(megabytes: float, reps: int, veth: bool) -> list[Result]:
     results: list[Result] = []
 
     def suite(path: Path, size: int, lossy: bool) -> None:
-        for kind in ("engine", "tcp", "raw", "iperf3"):
+        for kind in ("engine", "engine-untagged", "tcp", "raw", "iperf3"):
             results.append(measure(path, kind, size, reps))
             print(f"  {path.name:22s} {kind:8s} {results[-1].goodput_mbit:9.0f} Mbit/s", file=sys.stderr)
         if lossy:
@@ -184,18 +186,19 @@ def run(megabytes: float, reps: int, veth: bool) -> list[Result]:
 def table(results: list[Result]) -> str:
     base = {(r.path, r.transport): r for r in results if r.loss == 0}
     lines = ["| path | transport | injected loss | bound | MB | goodput Mbit/s | x raw TCP | x TcpChannel "
-             "| x shaped rate | delivered | retransmitted | queue drops |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| x untagged | x shaped rate | delivered | retransmitted | queue drops |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         raw, tcp = base.get((r.path, "raw")), base.get((r.path, "tcp"))
+        untagged = base.get((r.path, "engine-untagged")) if r.transport == "engine" and r.loss == 0 else None
         ratio = lambda b: f"{r.goodput_mbit / b.goodput_mbit:.2f}" if b and b.goodput_mbit > 0 else "-"  # noqa: E731
         shaped = next((float(m) for m in re.findall(r"tbf ([\d.]+)", r.path)), None)
         drops = f"{r.queue_drops} ({r.queue_drops / r.datagrams:.2%})" if r.datagrams and shaped else str(r.queue_drops)
         lines.append(f"| {r.path} | {r.transport} | {r.loss:g} | {r.bound:g} | {r.megabytes:g} | "
-                     f"{r.goodput_mbit:.0f} | {ratio(raw)} | {ratio(tcp)} | "
+                     f"{r.goodput_mbit:.0f} | {ratio(raw)} | {ratio(tcp)} | {ratio(untagged)} | "
                      f"{r.goodput_mbit / shaped:.3f} | " if shaped else
                      f"| {r.path} | {r.transport} | {r.loss:g} | {r.bound:g} | {r.megabytes:g} | "
-                     f"{r.goodput_mbit:.0f} | {ratio(raw)} | {ratio(tcp)} | - | ")
+                     f"{r.goodput_mbit:.0f} | {ratio(raw)} | {ratio(tcp)} | {ratio(untagged)} | - | ")
         lines[-1] += f"{r.delivered:.3f} | {r.retransmitted} | {drops} |"
     return "\n".join(lines)
 

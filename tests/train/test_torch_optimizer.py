@@ -123,7 +123,7 @@ def test_load_state_dict_restores_the_clock_the_momentum_and_the_policy(job):
         own = opt.sync.state_dict()
         own["clock"] = 7
         own["tolerance"] = {"bound": 0.04, "_seen_round": 6}
-        state = dict(opt_state, p2plearn=own)
+        state = dict(copy.deepcopy(opt_state), p2plearn=own)  # torch keeps the loaded tensors: one each
         opt.load_state_dict(state)
         loaded = [opt.state[p]["momentum_buffer"].clone() for p in opt.model.parameters()]
         x, y = batch(rank)
