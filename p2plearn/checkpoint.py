@@ -1,21 +1,23 @@
-"""Checkpoints of a job: every rank saves its own, and a job resumes from a round all ranks saved.
+"""Checkpoints of a job: every rank saves its own, and a job resumes from a step all ranks saved.
 
     start = p2plearn.checkpoint.load("ckpt", model, opt, scheduler=sched, scaler=scaler) or {}
     for epoch in range(start.get("epoch", 0), epochs):
         ...                                               # train one epoch
         p2plearn.checkpoint.save("ckpt", model, opt, scheduler=sched, scaler=scaler, epoch=epoch + 1)
 
-Layout: ``DIR/round-<R>/rank-<r>.pt``, R being the optimizer's round clock (rounds done), each file
-written to a temporary name and renamed, so a file that exists is whole. A round is complete when
-every rank of the job has its file there; `load` takes the newest complete round, so a job stopped
-while some ranks had saved round R and others not resumes from the round before. After saving, a
-rank removes its own files of rounds older than the newest complete one (never that one).
+Layout: ``DIR/step-<S>/rank-<r>.pt``, S being the optimizer's local steps taken (several may fall
+in one round with ``--period``), each file written to a temporary name and renamed, so a file that
+exists is whole. A step is complete when every rank of the job has its file there; `load` takes
+the newest complete step, so a job stopped while some ranks had saved step S and others not
+resumes from the step before. After saving, a rank removes its own files of steps older than the
+newest complete one (never that one).
 
-``p2plearn-run --resume DIR`` checks DIR has a complete round for the job's size before anything
+``p2plearn-run --resume DIR`` checks DIR has a complete step for the job's size before anything
 starts and sets ``P2PLEARN_RESUME=DIR``, which `load` uses when called with ``directory=None``.
 
 What a checkpoint holds, per rank: the model's state dict, the optimizer's (the wrapped
-optimizer's state plus p2plearn's round clock, filter residuals and policy state), torch's RNG
+optimizer's state plus p2plearn's step and round clocks, outer momentum, filter residuals and
+policy state), torch's RNG
 state, the state dict of every other object passed by keyword (scheduler, GradScaler, ...), and
 any plain value passed by keyword (an epoch number). Files load with ``weights_only=True``.
 
@@ -33,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 RESUME_VAR = "P2PLEARN_RESUME"
-_ROUND = re.compile(r"round-(\d+)$")
+_STEP = re.compile(r"step-(\d+)$")
 _RANK = re.compile(r"rank-(\d+)\.pt$")
 _RESERVED = ("model", "optimizer", "rng", "world_size")
 
@@ -42,37 +44,37 @@ class CheckpointError(Exception):
     """A checkpoint directory that cannot be resumed from (which, and why)."""
 
 
-def rounds(directory: str | os.PathLike) -> dict[int, set[int]]:
-    """The rounds saved under ``directory`` and, for each, the ranks whose file is there."""
+def steps(directory: str | os.PathLike) -> dict[int, set[int]]:
+    """The steps saved under ``directory`` and, for each, the ranks whose file is there."""
     found: dict[int, set[int]] = {}
     root = Path(directory)
     if not root.is_dir():
         return found
     for entry in root.iterdir():
-        if (m := _ROUND.match(entry.name)) and entry.is_dir():
+        if (m := _STEP.match(entry.name)) and entry.is_dir():
             found[int(m.group(1))] = {int(r.group(1)) for f in entry.iterdir() if (r := _RANK.match(f.name))}
     return found
 
 
 def newest_complete(directory: str | os.PathLike, world_size: int) -> int | None:
-    """The newest round every rank 0..world_size-1 saved, or None."""
-    complete = [r for r, ranks in rounds(directory).items() if ranks >= set(range(world_size))]
+    """The newest step every rank 0..world_size-1 saved, or None."""
+    complete = [s for s, ranks in steps(directory).items() if ranks >= set(range(world_size))]
     return max(complete, default=None)
 
 
 def describe(directory: str | os.PathLike, world_size: int) -> str:
-    """Why ``directory`` has no complete round, in one line (for error messages)."""
-    found = rounds(directory)
+    """Why ``directory`` has no complete step, in one line (for error messages)."""
+    found = steps(directory)
     if not found:
-        return f"{directory} holds no checkpoint (no round-*/rank-*.pt)"
+        return f"{directory} holds no checkpoint (no step-*/rank-*.pt)"
     newest = max(found)
     missing = sorted(set(range(world_size)) - found[newest])
-    return (f"no round in {directory} was saved by all {world_size} ranks (newest: round {newest}, "
+    return (f"no step in {directory} was saved by all {world_size} ranks (newest: step {newest}, "
             f"missing ranks {', '.join(map(str, missing))})")
 
 
 def save(directory: str | os.PathLike, model: Any, optimizer: Any, /, **objects: Any) -> Path:
-    """Save this rank's checkpoint for the optimizer's current round; returns the file's path.
+    """Save this rank's checkpoint for the optimizer's current step; returns the file's path.
     Call it on every rank at the same point (e.g. the end of an epoch). ``objects``: anything
     with a ``state_dict()`` (scheduler, GradScaler), or a plain value (an epoch number)."""
     import torch
@@ -81,7 +83,7 @@ def save(directory: str | os.PathLike, model: Any, optimizer: Any, /, **objects:
     if clash:
         raise ValueError(f"{', '.join(clash)}: reserved names in a checkpoint; pass them under another name")
     runtime = optimizer.runtime
-    folder = Path(directory) / f"round-{optimizer.sync.clock}"
+    folder = Path(directory) / f"step-{optimizer.steps}"
     folder.mkdir(parents=True, exist_ok=True)
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(),
              "world_size": runtime.world_size}
@@ -96,13 +98,13 @@ def save(directory: str | os.PathLike, model: Any, optimizer: Any, /, **objects:
 
 
 def load(directory: str | os.PathLike | None, model: Any, optimizer: Any, /, **objects: Any) -> dict[str, Any] | None:
-    """Restore this rank from the newest round every rank saved under ``directory`` (None:
+    """Restore this rank from the newest step every rank saved under ``directory`` (None:
     ``$P2PLEARN_RESUME``, set by ``p2plearn-run --resume``). Returns the plain values saved
     with it (e.g. ``{"epoch": 3}``), or None when there is nothing to resume from (no directory,
-    or no complete round in it: a fresh start). ``objects`` are loaded from their state dicts."""
+    or no complete step in it: a fresh start). ``objects`` are loaded from their state dicts."""
     import torch
 
-    required = directory is None  # --resume promised a complete round
+    required = directory is None  # --resume promised a complete step
     directory = os.environ.get(RESUME_VAR) if directory is None else directory
     if not directory:
         return None
@@ -112,13 +114,13 @@ def load(directory: str | os.PathLike | None, model: Any, optimizer: Any, /, **o
         if required:
             raise CheckpointError(describe(directory, runtime.world_size))
         return None
-    state = torch.load(Path(directory) / f"round-{newest}" / f"rank-{runtime.rank}.pt", weights_only=True)
+    state = torch.load(Path(directory) / f"step-{newest}" / f"rank-{runtime.rank}.pt", weights_only=True)
     absent = [name for name in objects if name not in state]
     if absent:
-        raise CheckpointError(f"round {newest} in {directory} holds no {', '.join(absent)} (saved: "
+        raise CheckpointError(f"step {newest} in {directory} holds no {', '.join(absent)} (saved: "
                               f"{', '.join(k for k in state if k not in _RESERVED) or 'nothing else'})")
     if state["world_size"] != runtime.world_size:
-        raise CheckpointError(f"round {newest} in {directory} was saved by a job of {state['world_size']} ranks, "
+        raise CheckpointError(f"step {newest} in {directory} was saved by a job of {state['world_size']} ranks, "
                               f"this one has {runtime.world_size}")
     if not optimizer.joined:  # a joiner's model and clock are the running job's, newer than any file
         model.load_state_dict(state["model"])
@@ -136,13 +138,13 @@ def load(directory: str | os.PathLike | None, model: Any, optimizer: Any, /, **o
 
 
 def _prune(root: Path, rank: int, world_size: int) -> None:
-    """Remove this rank's files of rounds older than the newest complete one, and emptied folders."""
+    """Remove this rank's files of steps older than the newest complete one, and emptied folders."""
     newest = newest_complete(root, world_size)
     if newest is None:
         return
-    for rnd in rounds(root):
-        if rnd < newest:
-            folder = root / f"round-{rnd}"
+    for step in steps(root):
+        if step < newest:
+            folder = root / f"step-{step}"
             (folder / f"rank-{rank}.pt").unlink(missing_ok=True)
             try:
                 folder.rmdir()  # the last rank to prune removes the folder

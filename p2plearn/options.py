@@ -44,6 +44,16 @@ class Options:
                                   "rounds sooner on lossy links, at some cost in accuracy")
     tolerance: str = _opt("fixed", "how the loss bound is set per layer and round",
                           ("fixed", "adaptive", "layerwise", "phase"))
+    period: int = _opt(1, "local steps between rounds (H): a round every H steps costs 1/H of the communication; "
+                          "larger drifts the peers further apart between rounds (4-16 is typical, as in local SGD)")
+    outer_lr: float = _opt(1.0, "step size of the outer update on a round's averaged change (DiLoCo): the model becomes "
+                                "its value at the last round + outer-lr x the change; 1 with --outer-momentum 0 is plain "
+                                "averaging; DiLoCo uses 0.7 with momentum 0.9")
+    outer_momentum: float = _opt(0.0, "Nesterov momentum of the outer update, in [0, 1): it carries the averaged change of "
+                                      "earlier rounds into later ones; try 0.9 with --outer-lr 0.7 at large --period")
+    overlap: bool = _opt(False, "run each round while the next period's local steps compute: a step waits only when a "
+                                "round outlasts the period; the round's merge is added to the current parameters as "
+                                "a change (one round late), not copied over them")
     filter: str = _opt("none", "value: send only updates above a decaying threshold (with residuals)",
                        ("none", "value"))
     filter_granularity: str = _opt("per_element", "--filter value: per_element sends the elements above the threshold "
@@ -72,6 +82,9 @@ class Options:
         checks = [
             ("staleness", self.staleness >= 0, "must be >= 0"),
             ("fanout", self.fanout >= 1, "must be >= 1"),
+            ("period", self.period >= 1, "must be >= 1"),
+            ("outer_lr", self.outer_lr > 0, "must be > 0"),
+            ("outer_momentum", 0.0 <= self.outer_momentum < 1.0, "must be in [0, 1)"),
             ("loss_bound", 0.0 <= self.loss_bound < 1.0, "must be in [0, 1)"),
             ("filter_init_scale", self.filter_init_scale > 0, "must be > 0"),
             ("filter_period", self.filter_period >= 1, "must be >= 1"),

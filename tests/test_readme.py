@@ -108,7 +108,7 @@ def test_checkpointed_loop_runs_and_resumes_as_written(tmp_path):
     first, resumed = outputs
     accuracy = {int(r): float(a) for r, a in re.findall(r"rank (\d+): test accuracy ([\d.]+)", first)}
     assert sorted(accuracy) == [0, 1, 2, 3] and min(accuracy.values()) > 0.3, first[-4000:]
-    rounds = re.search(r"resuming from round (\d+)", resumed)
+    rounds = re.search(r"resuming from step (\d+)", resumed)
     assert rounds and int(rounds.group(1)) > 0, resumed[-4000:]
     # every epoch was saved, so the resumed job has nothing left to train and ends as the first did
     assert re.findall(r"rank 0: test accuracy ([\d.]+)", resumed) == [f"{accuracy[0]:.3f}"], resumed[-4000:]

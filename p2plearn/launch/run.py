@@ -27,7 +27,7 @@ Output: each peer's lines prefixed with its rank ("[3] ..."); one live progress 
 rounds/s, loss, slowest peer) on a terminal, a periodic plain line otherwise; --log-dir D keeps
 rank-N.log per rank.
 
-Resuming: --resume DIR restarts a stopped job from the newest round that every rank saved in
+Resuming: --resume DIR restarts a stopped job from the newest step that every rank saved in
 DIR with ``p2plearn.checkpoint.save`` (checked before anything starts); each peer's
 ``p2plearn.checkpoint.load(None, ...)`` then restores its model, optimizer and round clock from it.
 
@@ -102,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--testbed", action="store_true", help="run peers in namespaces built from --topology (root)")
     parser.add_argument("--log-dir", help="keep one log per rank in this directory")
     parser.add_argument("--elastic", action="store_true", help="keep the job running when a peer fails")
-    parser.add_argument("--resume", metavar="DIR", help="resume from the newest round every rank saved in DIR "
+    parser.add_argument("--resume", metavar="DIR", help="resume from the newest step every rank saved in DIR "
                                                         "(p2plearn.checkpoint)")
     parser.add_argument("--advertise", help="address other hosts reach this machine at "
                                             "(default: its host name; only for -H/--hostfile)")
@@ -220,7 +220,7 @@ class Launcher:
             testbed = self._testbed(stack) if self.args.testbed else None
             stack.callback(self._stop_all)  # runs first: peers stop before their namespaces go
             if self.args.resume:
-                self.output.message(f"resuming from round {checkpoint.newest_complete(self.args.resume, len(slots))} "
+                self.output.message(f"resuming from step {checkpoint.newest_complete(self.args.resume, len(slots))} "
                                     f"of {self.args.resume}")
             for slot in slots:
                 env = peer_env(slot, len(slots), coordinator.address, self.job_id, self.options)

@@ -6,7 +6,8 @@
     3. multicast the parameters (or the value-filtered part of them) through the engine;
     4. gather what the round's rule allows (BSP: this round from every live sender, or the
        round's limit; SSP: whatever arrived within the staleness bound);
-    5. merge per element with the delivery masks, in place;
+    5. merge per element with the delivery masks, in place, then (given an outer optimizer)
+       take the outer step on the merged change since the last round;
     6. report the round's measurements and the new clock (one-way), which feed later views.
 The engine reads the parameters in place, so merging waits until this peer's own send is done.
 """
@@ -24,6 +25,7 @@ from p2plearn.filter.wire import DENSE, SPARSE, layout
 from p2plearn.sync.bfloat16 import values
 from p2plearn.sync.inbox import Inbox
 from p2plearn.sync.merge import Contribution, merge_parameter
+from p2plearn.sync.outer import OuterOptimizer
 from p2plearn.sync.planner import RoundPlanner
 from p2plearn.tolerance import Layer, NetworkState, RoundRecord, TolerancePolicy, TrainingState
 from p2plearn.transport import Delivery
@@ -69,6 +71,7 @@ class Synchronizer(ABC):
         value_filter: when given, only what it lets through is sent: the elements (or layers)
             whose accumulated change crossed its threshold, carrying their current values;
             receivers average just those and keep their own values elsewhere.
+        outer: the outer update on each round's averaged change (DiLoCo); None averages plainly.
         round_cap_s: the longest any round may wait for inputs; a safety net against hangs, not a
             tuning knob. Without a deadline a BSP round waits for an expected sender at most
             LATE_SENDER times the median of recent rounds (at least MIN_WAIT_S): a sender that
@@ -79,13 +82,15 @@ class Synchronizer(ABC):
 
     def __init__(self, params: list[np.ndarray], layers: list[Layer], channel: Any, client: Any, *,
                  selection: str, fanout: int, seed: int, tolerance: TolerancePolicy,
-                 value_filter: UpdateFilter | None = None, round_cap_s: float = 30.0, start_clock: int = 0):
+                 value_filter: UpdateFilter | None = None, outer: OuterOptimizer | None = None,
+                 round_cap_s: float = 30.0, start_clock: int = 0):
         self.params = params
         self.layers = layers
         self.channel = channel
         self.client = client
         self.tolerance = tolerance
         self.filter = value_filter
+        self.outer = outer
         self.round_cap_s = round_cap_s
         self.clock = start_clock
         self.planner = RoundPlanner(selection, fanout, seed)
@@ -122,6 +127,8 @@ class Synchronizer(ABC):
         self._report(rnd, receivers, sent, comm_s, loss, deadline)
         inputs = self._inputs(rnd)
         merged, delivered = self._merge(inputs)
+        if self.outer is not None:
+            self.outer.step(self.params, self._previous)  # the model as last merged is the anchor
         self._previous = [p.copy() for p in self.params]
         results: dict[str, int] = {}
         for st in sent:
@@ -138,7 +145,8 @@ class Synchronizer(ABC):
         return {"clock": self.clock, "previous": [p.copy() for p in self._previous],
                 "history": [asdict(r) for r in self.network.history], "training": asdict(self.training),
                 "tolerance": self.tolerance.state_dict(),
-                "filter": self.filter.state_dict() if self.filter is not None else None}
+                "filter": self.filter.state_dict() if self.filter is not None else None,
+                "outer": self.outer.state_dict() if self.outer is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         previous = state["previous"]
@@ -152,6 +160,8 @@ class Synchronizer(ABC):
         self.tolerance.load_state_dict(state["tolerance"])
         if self.filter is not None and state["filter"] is not None:
             self.filter.load_state_dict(state["filter"])
+        if self.outer is not None and state.get("outer") is not None:
+            self.outer.load_state_dict(state["outer"])
 
     def _wanted_rounds(self) -> tuple[int, int]:
         """Rounds whose messages are worth keeping: from the one being merged (the clock is one

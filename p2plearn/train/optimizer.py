@@ -1,4 +1,5 @@
-"""`DecentralizedOptimizer`: a torch optimizer whose every `step()` is a local step plus one round.
+"""`DecentralizedOptimizer`: a torch optimizer whose `step()` is a local step, and every
+`--period` steps also a communication round (overlapped with the next steps under `--overlap`).
 
     import p2plearn
     rt = p2plearn.init()                        # rank, size, options from the launcher or mpirun/srun
@@ -31,7 +32,9 @@ from p2plearn.options import Options
 from p2plearn.runtime import Runtime, init
 from p2plearn.sync import SYNCHRONIZERS, RoundStats, Synchronizer
 from p2plearn.sync.bfloat16 import BF16Array, bf16_values
+from p2plearn.sync.bfloat16 import store, values
 from p2plearn.sync.inbox import STATE_FLAG
+from p2plearn.sync.outer import OuterOptimizer
 from p2plearn.filter import make_filter
 from p2plearn.keys import data_key
 from p2plearn.tolerance import Layer, TolerancePolicy, make_tolerance
@@ -167,7 +170,13 @@ def make_policy(options: Options) -> TolerancePolicy:
 
 
 class DecentralizedOptimizer(Optimizer):
-    """Local steps with `optimizer`, then a communication round that averages with other peers.
+    """Local steps with `optimizer`; every `period` steps a communication round averages with other peers.
+
+    Options that shape the schedule (flags, or keyword overrides here): ``period`` (H local steps
+    per round), ``outer_lr`` and ``outer_momentum`` (the outer update on each round's averaged
+    change, DiLoCo-style; 1 and 0 average plainly), ``overlap`` (the round runs in the background
+    while the next H steps compute; its merge is added to the parameters as a change when the
+    next round starts, so a step waits only for a round longer than the period).
 
     Args:
         optimizer: any torch optimizer over `model`'s parameters (CPU tensors of any float
@@ -208,6 +217,7 @@ class DecentralizedOptimizer(Optimizer):
                 raise ValueError(f"{name} is not a contiguous CPU tensor")
             if not t.is_floating_point():
                 raise ValueError(f"{name} is {t.dtype}: p2plearn exchanges floating-point tensors")
+        self._arrays = [numpy_view(p) for p in self.params]  # the model's own memory, as numpy
         self._own_engine = engine is None
         self.channel = engine or self._make_channel()
         self.runtime.register(self.channel.address)
@@ -215,13 +225,16 @@ class DecentralizedOptimizer(Optimizer):
             self.runtime.client.wait_members(self.runtime.world_size, 60.0, receiving=True)
         cls = SYNCHRONIZERS[self.options.sync]
         extra = {"staleness": self.options.staleness} if self.options.sync == "ssp" else {}
-        self.sync: Synchronizer = cls([numpy_view(p) for p in self.params], describe_layers(model, buffers), self.channel,
+        # Overlapped rounds work on a snapshot of the model, so local steps go on meanwhile.
+        round_arrays = [a.copy() for a in self._arrays] if self.options.overlap else self._arrays
+        self.sync: Synchronizer = cls(round_arrays, describe_layers(model, buffers), self.channel,
                                       self.runtime.client, selection=self.options.selection,
                                       fanout=self.options.fanout, seed=seed, tolerance=make_policy(self.options),
                                       value_filter=make_filter("value", granularity=self.options.filter_granularity,
                                                                    init_scale=self.options.filter_init_scale,
                                                                    period=self.options.filter_period)
                                       if self.options.filter == "value" else None,
+                                      outer=OuterOptimizer(self.options.outer_lr, self.options.outer_momentum),
                                       start_clock=self.runtime.client.start_clock, **extra)
         self._donations: list[int] = []
         self._needs_state = False
@@ -230,6 +243,10 @@ class DecentralizedOptimizer(Optimizer):
         self.runtime.client.on_event(self._on_event)
         self._stats = TrainingStats()
         self.last_round: RoundStats | None = None
+        self.steps = self.runtime.client.start_clock * self.options.period  # local steps taken (a joiner's: the donor's)
+        self._round: threading.Thread | None = None  # the overlapped round in flight
+        self._round_outcome: RoundStats | BaseException | None = None
+        self._snapshot: list[np.ndarray] = []  # what the round in flight started from
         self._last_step_end = time.monotonic()
         self.joined = self.runtime.client.donor is not None  # took a running job's state, not its own start
         if self.joined:
@@ -257,27 +274,40 @@ class DecentralizedOptimizer(Optimizer):
                        key=data_key(secret.value) if secret else None, **kwargs)
 
     def step(self, closure: Any = None, loss: torch.Tensor | float | None = None) -> Any:
-        """A local step of the wrapped optimizer, then one communication round; returns what
-        the closure returned (None without one), as torch optimizers do. `loss` (or else the
-        closure's) feeds the phase-aware tolerance. The round's figures are in `last_round`."""
+        """A local step of the wrapped optimizer and, every `period` steps, a communication round;
+        returns what the closure returned (None without one), as torch optimizers do. `loss` (or
+        else the closure's) feeds the phase-aware tolerance. The last round's figures are in
+        `last_round`."""
         if self._expelled:
             raise RuntimeError(f"rank {self.runtime.rank} was declared dead by the job and could not register "
                                f"again (its rank was taken, or no coordinator answered): stopping rather than "
                                f"training alone")
         if self._needs_state:
+            self._finish_round(apply=False)  # its merge is of a model about to be replaced
             self._rejoin()
-        t0 = time.monotonic()
         result = self._local_step(closure)
-        self._serve_donations()
-        if loss is None:
-            loss = result
-        value = float(loss.detach()) if isinstance(loss, torch.Tensor) else loss
-        with torch.no_grad():
-            rs = self.sync.step(loss=value)
-        t1 = time.monotonic()
+        self.steps += 1
+        waited = 0.0
+        if self.steps % self.options.period == 0:
+            if loss is None:
+                loss = result
+            value = float(loss.detach()) if isinstance(loss, torch.Tensor) else loss
+            waited = self._finish_round()
+            self._serve_donations()
+            if self.options.overlap:
+                self._start_round(value)
+            else:
+                rs = self.sync.step(loss=value)
+                waited = rs.comm_s
+                self._record(rs)
+        now = time.monotonic()
+        self._stats.compute_s += now - self._last_step_end - waited
+        self._stats.comm_s += waited
+        self._last_step_end = now
+        return result
+
+    def _record(self, rs: RoundStats) -> None:
         st = self._stats
-        st.compute_s += t0 - self._last_step_end + (t1 - t0 - rs.comm_s)
-        st.comm_s += rs.comm_s
         st.rounds += 1
         st.bytes_sent += rs.bytes_sent
         st.retransmitted += rs.retransmitted
@@ -290,9 +320,47 @@ class DecentralizedOptimizer(Optimizer):
         st.delivered += (rs.delivered - st.delivered) / n
         st.round_times.append(rs.comm_s)
         st.send_times.append(rs.send_s)
-        self._last_step_end = t1
         self.last_round = rs
-        return result
+
+    # -- overlapped rounds: one in flight on a snapshot, its merge added to the model as a change --
+
+    def _start_round(self, loss: float | None) -> None:
+        for buffer, own in zip(self.sync.params, self._arrays):
+            np.copyto(buffer, own)
+        self._snapshot = [a.copy() for a in self._arrays]
+
+        def run() -> None:
+            try:
+                self._round_outcome = self.sync.step(loss=loss)
+            except BaseException as exc:  # noqa: BLE001 - raised again in the training thread
+                self._round_outcome = exc
+
+        self._round = threading.Thread(target=run, name=f"p2plearn-round-{self.sync.clock}", daemon=True)
+        self._round.start()
+
+    def _finish_round(self, apply: bool = True) -> float:
+        """Wait for the round in flight (if any) and add what it changed to the model; returns the
+        seconds waited. The model has taken local steps since the snapshot: they are kept."""
+        if self._round is None:
+            return 0.0
+        t0 = time.monotonic()
+        self._round.join()
+        waited = time.monotonic() - t0
+        self._round, outcome, self._round_outcome = None, self._round_outcome, None
+        if isinstance(outcome, BaseException):
+            raise outcome
+        if apply:
+            for own, merged, before in zip(self._arrays, self.sync.params, self._snapshot):
+                store(own, values(own) + (values(merged) - values(before)))
+        self._record(outcome)
+        return waited
+
+    def flush(self) -> None:
+        """Finish the overlapped round in flight and apply it (a no-op without --overlap);
+        `state_dict`, `average_model` and `close` call it."""
+        waited = self._finish_round()
+        self._stats.comm_s += waited
+        self._last_step_end += waited  # not the next step's compute
 
     def _local_step(self, closure: Any) -> Any:
         """The wrapped optimizer's step; under GradScaler, unscaled first, or skipped on inf/NaN."""
@@ -309,12 +377,14 @@ class DecentralizedOptimizer(Optimizer):
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def state_dict(self) -> dict[str, Any]:
-        """The wrapped optimizer's state dict plus this peer's round state under "p2plearn" (round
-        clock, the model as last merged, the tolerance policy's and value filter's state, the
-        history they read): what `load_state_dict` needs to go on exactly where this left off.
-        Tensors and plain values only, so ``torch.load(weights_only=True)`` reads it."""
+        """The wrapped optimizer's state dict plus this peer's round state under "p2plearn" (local
+        steps, round clock, the model as last merged, the outer update's momentum, the tolerance
+        policy's and value filter's state, the history they read): what `load_state_dict` needs to
+        go on exactly where this left off. An overlapped round in flight is finished and applied
+        first. Tensors and plain values only, so ``torch.load(weights_only=True)`` reads it."""
+        self.flush()
         state = self.optimizer.state_dict()
-        state["p2plearn"] = _to_torch(self.sync.state_dict())
+        state["p2plearn"] = _to_torch({**self.sync.state_dict(), "steps": self.steps})
         return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -324,7 +394,9 @@ class DecentralizedOptimizer(Optimizer):
         own = state.pop("p2plearn", None)
         self.optimizer.load_state_dict(state)
         if own is not None and not self.joined:
-            self.sync.load_state_dict(_to_numpy(own))
+            own = _to_numpy(own)
+            self.steps = int(own.get("steps", own["clock"] * self.options.period))
+            self.sync.load_state_dict(own)
 
     def report_accuracy(self, accuracy: float) -> None:
         """An evaluation accuracy in [0, 1] (e.g. per epoch), for phase-aware tolerance."""
@@ -355,7 +427,7 @@ class DecentralizedOptimizer(Optimizer):
             ready = [r for r in self._donations if r in members and members[r].engine]
             self._donations = [r for r in self._donations if r not in ready and r in members]
         for rank in ready:  # a copy: training goes on while it travels
-            snapshot = [a.copy() for a in self.sync.params]
+            snapshot = [a.copy() for a in self._arrays]
             self.channel.send(STATE_FLAG | self.sync.clock, snapshot, [members[rank].engine])
 
     def _rejoin(self) -> None:
@@ -381,19 +453,21 @@ class DecentralizedOptimizer(Optimizer):
                 donor = client.ask_for_state() or donor
             except ControlError:
                 pass  # no coordinator answered just now: keep waiting, ask again later
-        for own, a in zip(self.sync.params, d.arrays):
+        for own, a in zip(self._arrays, d.arrays):
             np.copyto(own, a.reshape(own.shape))  # the bits as sent: bfloat16 stays bfloat16
         self.sync.clock = d.msg_id & ~STATE_FLAG
-        self.sync._previous = [a.copy() for a in self.sync.params]
+        self.steps = self.sync.clock * self.options.period  # donors send at round boundaries
+        self.sync._previous = [a.copy() for a in self._arrays]
 
     def average_model(self, root: int = 0, timeout: float = 60.0) -> dict[str, torch.Tensor] | None:
         """Every live peer sends its exchanged tensors to `root` (exactly); `root` returns their
         average (its own included) by state-dict name, for ``model.load_state_dict(averaged,
         strict=False)``; the others None. Call it on every peer, after training."""
+        self.flush()
         members = self.runtime.client.members
         final = STATE_FLAG | (STATE_FLAG - 1)  # a message id no round or join uses
         if self.runtime.rank != root:
-            self.channel.send(final, self.sync.params, [members[root].engine]).wait(timeout)
+            self.channel.send(final, self._arrays, [members[root].engine]).wait(timeout)
             return None
         total = [p.double().clone() for p in self.params]
         until = time.monotonic() + timeout
@@ -407,8 +481,12 @@ class DecentralizedOptimizer(Optimizer):
         return {name: (t / (len(others) + 1)).to(p.dtype) for name, t, p in zip(self.tensors, total, self.params)}
 
     def close(self) -> None:
-        """Leave the job, print this peer's one-line summary, and release the engine."""
-        print(f"p2plearn rank {self.runtime.rank}: {self.stats().summary()}", flush=True)
-        self.runtime.close()
-        if self._own_engine:
-            self.channel.close()
+        """Finish the round in flight, leave the job, print this peer's one-line summary, and
+        release the engine (also when the round in flight failed: its error is raised after)."""
+        try:
+            self.flush()
+        finally:
+            print(f"p2plearn rank {self.runtime.rank}: {self.stats().summary()}", flush=True)
+            self.runtime.close()
+            if self._own_engine:
+                self.channel.close()

@@ -41,7 +41,7 @@ for epoch in range(start.get("epoch", 0), args.epochs):
         opt.zero_grad()
     sched.step()
     p2plearn.checkpoint.save(args.ckpt, model, opt, scheduler=sched, scaler=scaler, epoch=epoch + 1)
-    print(f"rank {rt.rank}: epoch {epoch + 1} saved at round {opt.sync.clock}", flush=True)
+    print(f"rank {rt.rank}: epoch {epoch + 1} saved at step {opt.steps}, round {opt.sync.clock}", flush=True)
     if args.stop_after == epoch + 1:
         break
 else:

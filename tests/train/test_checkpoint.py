@@ -1,4 +1,4 @@
-"""p2plearn.checkpoint: the layout, the newest complete round, pruning, and what load refuses."""
+"""p2plearn.checkpoint: the layout, the newest complete step, pruning, and what load refuses."""
 from __future__ import annotations
 
 import threading
@@ -13,21 +13,21 @@ from tests.train.conftest import on_both_peers
 
 
 def touch(root, rnd, *ranks):
-    (root / f"round-{rnd}").mkdir(exist_ok=True)
+    (root / f"step-{rnd}").mkdir(exist_ok=True)
     for r in ranks:
-        (root / f"round-{rnd}" / f"rank-{r}.pt").write_bytes(b"")
+        (root / f"step-{rnd}" / f"rank-{r}.pt").write_bytes(b"")
 
 
-def test_the_newest_complete_round_is_the_newest_every_rank_saved(tmp_path):
+def test_the_newest_complete_step_is_the_newest_every_rank_saved(tmp_path):
     touch(tmp_path, 10, 0, 1, 2)
-    touch(tmp_path, 20, 0, 2)        # rank 1 had not saved round 20 when the job stopped
-    (tmp_path / "round-30").mkdir()  # and nobody round 30
-    (tmp_path / "round-20" / ".rank-1.pt.tmp").write_bytes(b"")  # a save cut short is not a file
-    assert checkpoint.rounds(tmp_path) == {10: {0, 1, 2}, 20: {0, 2}, 30: set()}
+    touch(tmp_path, 20, 0, 2)        # rank 1 had not saved step 20 when the job stopped
+    (tmp_path / "step-30").mkdir()  # and nobody step 30
+    (tmp_path / "step-20" / ".rank-1.pt.tmp").write_bytes(b"")  # a save cut short is not a file
+    assert checkpoint.steps(tmp_path) == {10: {0, 1, 2}, 20: {0, 2}, 30: set()}
     assert checkpoint.newest_complete(tmp_path, 3) == 10
-    assert checkpoint.newest_complete(tmp_path, 2) == 10  # round 20 lacks rank 1 in a job of 2 too
+    assert checkpoint.newest_complete(tmp_path, 2) == 10  # step 20 lacks rank 1 in a job of 2 too
     assert checkpoint.newest_complete(tmp_path, 4) is None
-    assert checkpoint.describe(tmp_path, 4) == (f"no round in {tmp_path} was saved by all 4 ranks (newest: round "
+    assert checkpoint.describe(tmp_path, 4) == (f"no step in {tmp_path} was saved by all 4 ranks (newest: step "
                                                 f"30, missing ranks 0, 1, 2, 3)")
     assert checkpoint.newest_complete(tmp_path / "absent", 1) is None
     assert "holds no checkpoint" in checkpoint.describe(tmp_path / "absent", 1)
@@ -73,11 +73,11 @@ def test_save_then_load_restores_model_optimizer_and_objects_and_prunes(job, tmp
         assert extra == {"epoch": 3}
         assert rnd == 6, "the round after loading is the checkpoint's"
         assert last_epoch == 3
-    assert sorted(p.name for p in tmp_path.iterdir())[-1] == "round-6"
-    assert "round-2" not in {p.name for p in tmp_path.iterdir()}
+    assert sorted(p.name for p in tmp_path.iterdir())[-1] == "step-6"
+    assert "step-2" not in {p.name for p in tmp_path.iterdir()}
 
 
-def test_resume_var_promises_a_complete_round(job, tmp_path, monkeypatch):
+def test_resume_var_promises_a_complete_step(job, tmp_path, monkeypatch):
     touch(tmp_path, 4, 0)
     monkeypatch.setenv(checkpoint.RESUME_VAR, str(tmp_path))
 
@@ -114,12 +114,12 @@ def test_a_peer_that_joined_keeps_the_running_jobs_model_and_clock(job, tmp_path
         with torch.no_grad():
             for p in stale.parameters():
                 p.fill_(7.0)
-        (tmp_path / "round-1").mkdir()
+        (tmp_path / "step-1").mkdir()
         for r in (0, 1, 2):  # the joiner gets rank 2 here (a restarted peer would get its own back)
             torch.save({"model": stale.state_dict(), "world_size": 2, "rng": torch.get_rng_state(),
                         "optimizer": {**torch.optim.SGD(stale.parameters(), lr=0.1).state_dict(),
                                       "p2plearn": {"clock": 1}}},
-                       tmp_path / "round-1" / f"rank-{r}.pt")
+                       tmp_path / "step-1" / f"rank-{r}.pt")
         joiner = optimizer(runtime(None, join=True), mlp())
         assert joiner.joined
         clock = joiner.sync.clock

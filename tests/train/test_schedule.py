@@ -1,0 +1,131 @@
+"""The communication schedule: a round every --period steps, the outer update on the averaged change
+(DiLoCo), and rounds overlapped with the next period's steps."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from p2plearn.sync.outer import OuterOptimizer
+from tests.train.conftest import on_both_peers
+
+
+def mlp(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+
+
+def local_step(opt, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    F.cross_entropy(opt.model(torch.randn(32, 8, generator=g)), torch.randint(0, 3, (32,), generator=g)).backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def params(model: torch.nn.Module) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_a_round_every_period_steps_and_none_between(job):
+    def body(rank, opt):
+        seen = []
+        for i in range(7):
+            local_step(opt, 100 * rank + i)  # each peer its own batches: the models part between rounds
+            seen.append((opt.sync.clock, params(opt.model)))
+        return seen, opt.stats().rounds, opt.steps
+
+    (seen0, rounds0, steps0), (seen1, rounds1, steps1) = on_both_peers(job, [mlp(), mlp()], body, period=3)
+    assert [clock for clock, _ in seen0] == [0, 0, 1, 1, 1, 2, 2]
+    assert rounds0 == rounds1 == 2 and steps0 == steps1 == 7
+    for i, ((_, a), (_, b)) in enumerate(zip(seen0, seen1)):
+        same = all(torch.equal(x, y) for x, y in zip(a, b))
+        assert same == (i in (2, 5)), f"after step {i + 1}: the peers' models are {'' if same else 'not '}equal"
+
+
+def test_the_outer_update_is_nesterov_sgd_on_the_averaged_change():
+    rng = np.random.default_rng(0)
+    anchor = [rng.standard_normal((4, 3)).astype(np.float32), rng.standard_normal(5).astype(np.float32)]
+    outer = OuterOptimizer(lr=0.7, momentum=0.9)
+    reference = [torch.tensor(a.copy(), requires_grad=True) for a in anchor]
+    torch_outer = torch.optim.SGD(reference, lr=0.7, momentum=0.9, nesterov=True)
+    for _ in range(3):
+        merged = [a + rng.standard_normal(a.shape).astype(np.float32) for a in anchor]
+        for t, m in zip(reference, merged):  # DiLoCo's outer gradient: anchor - average
+            t.grad = torch.from_numpy(t.detach().numpy() - m)
+        torch_outer.step()
+        outer.step(merged, anchor)
+        for got, want in zip(merged, reference):
+            np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-6, atol=1e-6)
+        anchor = [m.copy() for m in merged]
+
+
+def test_outer_lr_one_without_momentum_is_the_plain_average():
+    outer = OuterOptimizer()
+    merged = [np.arange(6, dtype=np.float32)]
+    outer.step(merged, [np.zeros(6, dtype=np.float32)])
+    assert outer.plain and np.array_equal(merged[0], np.arange(6, dtype=np.float32))
+    with pytest.raises(ValueError, match="outer lr must be > 0"):
+        OuterOptimizer(lr=0.0)
+
+
+def test_peers_take_the_same_outer_step_and_keep_its_momentum_in_the_state(job):
+    def body(rank, opt):
+        anchor = params(opt.model)
+        for i in range(2):
+            local_step(opt, 10 * rank + i)
+        return anchor, params(opt.model), opt.state_dict()["p2plearn"]["outer"]
+
+    starts = [mlp(), mlp()]
+    (anchor, after0, outer0), (_, after1, outer1) = on_both_peers(job, starts, body, period=2, outer_lr=0.5,
+                                                                  outer_momentum=0.9)
+    for a, b, start in zip(after0, after1, anchor):
+        assert torch.equal(a, b), "the peers' outer steps differ"
+    # with one round: buffer = change, model = anchor + lr * (1 + momentum) * change
+    for a, start, buf in zip(after0, anchor, outer0["buffers"]):
+        torch.testing.assert_close(a, start + 0.5 * 1.9 * buf)
+    assert all(torch.equal(x, y) for x, y in zip(outer0["buffers"], outer1["buffers"]))
+
+
+def test_an_overlapped_round_adds_its_merge_to_the_steps_taken_since(job):
+    snapshots: dict[int, list[torch.Tensor]] = {}
+    both_started = threading.Barrier(2)
+
+    def body(rank, opt):
+        local_step(opt, rank)          # step 1 of a period of 2
+        local_step(opt, 10 + rank)     # step 2: the round starts on this model and runs on
+        snapshots[rank] = params(opt.model)
+        both_started.wait(10)
+        local_step(opt, 20 + rank)     # step 3 computes while the round runs
+        before = params(opt.model)
+        opt.flush()                    # the round ends; its merge lands on top of step 3
+        return before, params(opt.model), opt.last_round
+
+    results = on_both_peers(job, [mlp(), mlp()], body, period=2, overlap=True)
+    for rank, (before, after, rs) in enumerate(results):
+        assert rs.round == 0 and rs.merged == 1
+        for b, a, own, s0, s1 in zip(before, after, snapshots[rank], snapshots[0], snapshots[1]):
+            torch.testing.assert_close(a, b + ((s0 + s1) / 2 - own))
+        assert not all(torch.equal(b, a) for b, a in zip(before, after)), "the merge changed nothing"
+
+
+def test_an_overlapped_job_without_local_change_ends_at_the_average(job):
+    starts = [mlp(1), mlp(2)]
+
+    def body(rank, opt):
+        with torch.no_grad():
+            for p, q in zip(opt.model.parameters(), starts[rank].parameters()):
+                p.copy_(q)
+        for _ in range(4):  # two rounds; lr 0: only the rounds move the model
+            opt.step()
+        opt.flush()
+        return params(opt.model), opt.stats().rounds
+
+    results = on_both_peers(job, [mlp(), mlp()], body, make_inner=lambda m: torch.optim.SGD(m.parameters(), lr=0.0),
+                            period=2, overlap=True)
+    for got, rounds in results:
+        assert rounds == 2
+        for p, a, b in zip(got, starts[0].parameters(), starts[1].parameters()):
+            torch.testing.assert_close(p, (a + b) / 2)
