@@ -53,8 +53,9 @@ def train(np_: int, options: dict[str, Any], script: dict[str, Any], *, topology
     flags: list[str] = []  # the failure detector's defaults: a start-up grace covers slow imports
     if topology:
         flags += ["--topology", str(topology), "--testbed" if testbed else "--emulate"]
-    for key, value in options.items():
-        flags += [f"--{key.replace('_', '-')}", str(value)]
+    for key, value in options.items():  # True: a flag alone (--overlap); False: left out
+        if value is not False:
+            flags += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
     with tempfile.TemporaryDirectory(prefix="p2pexp-") as tmp:
         out = Path(tmp) / "result.json"
         argv = [PY, "-m", "p2plearn.launch", "-np", str(np_), *flags, "--", PY, "-m", "p2plearn.examples.mnist1d",

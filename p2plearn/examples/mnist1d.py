@@ -59,7 +59,7 @@ def make_model(args: argparse.Namespace) -> nn.Module:
 
 
 def add_model_arguments(ap: argparse.ArgumentParser) -> None:
-    """The flags shared with the DDP baseline (experiments/ddp_mnist1d.py): model, data, optimizer."""
+    """The flags shared with torch's baselines (experiments/torch_mnist1d.py): model, data, optimizer."""
     ap.add_argument("--model", choices=("cnn", "mlp"), default="cnn",
                     help="cnn: compute-heavy, small messages; mlp: few FLOPs, large messages")
     ap.add_argument("--width", type=int, default=32, help="CNN channels: larger = more bytes per round")
@@ -69,6 +69,8 @@ def add_model_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--samples", type=int, default=12000, help="MNIST-1D samples generated (80%% train)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eval-every", type=int, default=0, metavar="STEPS",
+                    help="test accuracy every STEPS local steps (default: after each epoch)")
     ap.add_argument("--json", metavar="FILE", help="rank 0 writes the results here")
 
 
@@ -93,10 +95,13 @@ def main(argv: list[str] | None = None) -> None:
     if rt.rank == 0:
         print(f"{rt.world_size} peers, sync={opt.options.sync} staleness={opt.options.staleness} "
               f"selection={opt.options.selection} p={opt.options.fanout} tolerance={opt.options.tolerance} "
-              f"loss_bound={opt.options.loss_bound}; {sum(p.numel() for p in model.parameters())} parameters",
+              f"loss_bound={opt.options.loss_bound} period={opt.options.period} "
+              f"overlap={opt.options.overlap} outer_lr={opt.options.outer_lr} "
+              f"outer_momentum={opt.options.outer_momentum}; {sum(p.numel() for p in model.parameters())} parameters",
               flush=True)
     start = time.monotonic()
-    history: list[tuple[float, float]] = []  # (wall s, this peer's test accuracy) per epoch, for time-to-accuracy
+    history: list[tuple[float, float]] = []  # (wall s, this peer's test accuracy), for time-to-accuracy
+    steps = 0
     for epoch in range(args.epochs):
         losses = []
         for x, y in shard(data, args.batch_size, rank=rt.rank, world_size=rt.world_size, epoch=epoch,
@@ -106,11 +111,16 @@ def main(argv: list[str] | None = None) -> None:
             opt.step(loss=loss)
             opt.zero_grad()
             losses.append(float(loss.detach()))
+            steps += 1
+            if args.eval_every and steps % args.eval_every == 0:
+                history.append((time.monotonic() - start, accuracy(model, data.x_test, data.y_test)))
         acc = accuracy(model, data.x_test, data.y_test)
         opt.report_accuracy(acc)
-        history.append((time.monotonic() - start, acc))
+        if not args.eval_every:
+            history.append((time.monotonic() - start, acc))
         print(f"{tag} epoch {epoch + 1}/{args.epochs}: train loss {sum(losses) / len(losses):.3f}, "
               f"test accuracy {acc:.3f}, {time.monotonic() - start:.1f} s", flush=True)
+    opt.flush()  # the last overlapped round, if any, is part of the training
     wall = time.monotonic() - start
     st = opt.stats()
     own = accuracy(model, data.x_test, data.y_test)

@@ -30,6 +30,7 @@ from torch.optim import Optimizer
 from p2plearn.control import ControlError
 from p2plearn.options import Options
 from p2plearn.runtime import Runtime, init
+from p2plearn.selection import NetworkView, plan_flows
 from p2plearn.sync import SYNCHRONIZERS, RoundStats, Synchronizer
 from p2plearn.sync.bfloat16 import BF16Array, bf16_values
 from p2plearn.sync.bfloat16 import store, values
@@ -428,7 +429,19 @@ class DecentralizedOptimizer(Optimizer):
             self._donations = [r for r in self._donations if r not in ready and r in members]
         for rank in ready:  # a copy: training goes on while it travels
             snapshot = [a.copy() for a in self._arrays]
-            self.channel.send(STATE_FLAG | self.sync.clock, snapshot, [members[rank].engine])
+            self.channel.send(STATE_FLAG | self.sync.clock, snapshot, [self._paced(rank, {self.runtime.rank: [rank]})])
+
+    def _paced(self, receiver: int, transfers: dict[int, list[int]]) -> tuple[str, int, float]:
+        """`receiver`'s engine with this peer's pacing rate among `transfers` (sender -> receivers,
+        all at once), from the view's bandwidths as a round's plan is paced: unpaced, a whole model
+        overruns any link slower than this host's NIC and arrives only after many passes."""
+        host, port = self.runtime.client.members[receiver].engine
+        view = self.runtime.client.view
+        if view is None or max(receiver, *transfers) >= view.size:
+            return host, port, 0.0
+        sources, destinations, rates = plan_flows(NetworkView.from_global(view, 1.0), transfers)
+        mine = [rate for i, j, rate in zip(sources, destinations, rates) if i == self.runtime.rank and j == receiver]
+        return host, port, float(mine[0]) if mine else 0.0
 
     def _rejoin(self) -> None:
         self._needs_state = False
@@ -467,7 +480,8 @@ class DecentralizedOptimizer(Optimizer):
         members = self.runtime.client.members
         final = STATE_FLAG | (STATE_FLAG - 1)  # a message id no round or join uses
         if self.runtime.rank != root:
-            self.channel.send(final, self._arrays, [members[root].engine]).wait(timeout)
+            gather = {r: [root] for r in members if r != root}
+            self.channel.send(final, self._arrays, [self._paced(root, gather)]).wait(timeout)
             return None
         total = [p.double().clone() for p in self.params]
         until = time.monotonic() + timeout
