@@ -41,6 +41,7 @@ test-slow: $(STAMP)
 bench: $(STAMP)
 	$(VPY) -m p2plearn.bench selection
 	$(VPY) -m p2plearn.bench rounds
+	$(VPY) -m p2plearn.bench average
 	$(VPY) -m p2plearn.bench transport
 
 # The engine built with AddressSanitizer + UndefinedBehaviorSanitizer, running the engine tests.

@@ -35,7 +35,9 @@ def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any
 @dataclass(frozen=True)
 class Options:
     sync: str = _opt("bsp", "bsp: every round waits for its senders (or the deadline); ssp: a peer runs up "
-                            "to --staleness rounds ahead of the slowest", ("bsp", "ssp"))
+                            "to --staleness rounds ahead of the slowest; partitioned: every round is a full "
+                            "average at a ring all-reduce's bytes (each peer aggregates a part sized by its "
+                            "bandwidth; --selection and --fanout do not apply)", ("bsp", "ssp", "partitioned"))
     staleness: int = _opt(2, "SSP bound in rounds: larger hides more stragglers, but merges older models")
     selection: str = _opt("selmcast", "how each peer picks its receivers per round",
                           ("selmcast", "random", "all", "ring", "exponential"))

@@ -6,6 +6,7 @@ import sys
 BENCHES = {
     "transport": "p2plearn.bench.transport",
     "rounds": "p2plearn.bench.rounds",
+    "average": "p2plearn.bench.average",
     "selection": "p2plearn.bench.selection",
     "sim": "p2plearn.bench.sim",
     "startup": "p2plearn.bench.startup",

@@ -1,9 +1,10 @@
-"""Synchronizers: BSP and SSP rounds on top of the engine, merging with delivery masks."""
+"""Synchronizers: BSP, SSP and partitioned rounds on top of the engine, merging with delivery masks."""
 from p2plearn.sync.base import RoundStats, Synchronizer
 from p2plearn.sync.bsp import BSP
 from p2plearn.sync.merge import Contribution, merge_parameter
+from p2plearn.sync.partitioned import Partitioned
 from p2plearn.sync.ssp import SSP
 
-SYNCHRONIZERS = {"bsp": BSP, "ssp": SSP}
+SYNCHRONIZERS = {"bsp": BSP, "ssp": SSP, "partitioned": Partitioned}
 
-__all__ = ["BSP", "SSP", "SYNCHRONIZERS", "Contribution", "RoundStats", "Synchronizer", "merge_parameter"]
+__all__ = ["BSP", "SSP", "Partitioned", "SYNCHRONIZERS", "Contribution", "RoundStats", "Synchronizer", "merge_parameter"]

@@ -129,3 +129,22 @@ def test_an_overlapped_job_without_local_change_ends_at_the_average(job):
         assert rounds == 2
         for p, a, b in zip(got, starts[0].parameters(), starts[1].parameters()):
             torch.testing.assert_close(p, (a + b) / 2)
+
+
+def test_partitioned_rounds_average_whole_models_through_the_optimizer(job):
+    starts = [mlp(1), mlp(2)]
+
+    def body(rank, opt):
+        with torch.no_grad():
+            for p, q in zip(opt.model.parameters(), starts[rank].parameters()):
+                p.copy_(q)
+        opt.step()
+        return params(opt.model), opt.last_round
+
+    results = on_both_peers(job, [mlp(), mlp()], body, make_inner=lambda m: torch.optim.SGD(m.parameters(), lr=0.0),
+                            sync="partitioned")
+    model_bytes = sum(p.numel() * 4 for p in starts[0].parameters())
+    for got, rs in results:
+        assert rs.merged == 1 and rs.bytes_sent == pytest.approx(model_bytes, rel=0.05)  # 2(n-1)/n, n = 2
+        for p, a, b in zip(got, starts[0].parameters(), starts[1].parameters()):
+            torch.testing.assert_close(p, (a + b) / 2)

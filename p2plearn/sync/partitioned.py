@@ -1,0 +1,243 @@
+"""Partitioned rounds: a full average that costs each uplink about what a ring all-reduce does.
+
+The exchanged tensors, read as one sequence of elements, are cut into one contiguous part per live
+peer; peer k aggregates part k. Round r has two phases:
+
+    1. scatter: every peer sends part k of its model to peer k (message 2r);
+    2. peer k averages the part-k values that arrived with its own, per element (a lost chunk does
+       not count, as in every merge), and sends the result to every other peer (message 2r+1);
+       each puts it in place where it arrived: a lost piece keeps the peer's own value.
+
+With exact delivery every peer ends the round with the same model, the average of all of them (to
+float rounding). Each uplink carries (M - m_i) in the scatter and (n-1) m_i in the gather: with
+equal parts 2(n-1)/n of the model M, as a ring all-reduce does, instead of (n-1) M for a full
+average by multicast. Parts are sized from the view's bandwidths so that every peer's transfers
+take about as long (`part_bytes`): a slow peer aggregates a smaller part, down to none.
+
+Loss bounds and Early Close apply per part (the tolerance policy's bound of each tensor a part
+covers) and the deadline per phase. The value filter does not apply (each part is averaged whole).
+Peers that plan a round from different views cut different parts: such a message does not fit and
+counts as not arrived (the round keeps those elements as they are), so a view change costs at
+most a partial round. Tuning: this mode pays where a full average is wanted each round (few
+peers, a large --period); with many peers, a sparse plan (--sync bsp --selection selmcast) mixes
+less per round but its uplinks carry only p copies.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from p2plearn.selection import PACING_HEADROOM
+from p2plearn.sync.base import AHEAD_ROUNDS, RoundStats, Synchronizer
+from p2plearn.sync.merge import Contribution, merge_parameter
+from p2plearn.transport import Delivery
+
+ALIGN = 64  # part boundaries fall on multiples of this many elements: whole chunks, no sliver parts
+
+Slices = list[tuple[int, int, int]]  # (tensor index, first element, end element)
+
+
+def part_bytes(capacity: np.ndarray, model_bytes: float) -> np.ndarray:
+    """Bytes of the model each peer aggregates, from each peer's bandwidth (bytes/s over its slower
+    direction; 0 for a peer that takes no part in the round).
+
+    Among n peers, peer k moves M + (n-2) m_k each way (M - m_k of its own model out and n-1
+    others' part k in, then its part out to n-1 peers and the rest in), so parts
+    m_k = (T c_k - M) / (n - 2), with T = (n - 2 + a) M / sum(c) over the a aggregators, give every
+    aggregator the same time T. A peer too slow for even that (m_k < 0) aggregates nothing, and
+    the rest are solved again. Two peers: equal parts (their traffic does not depend on the cut).
+    """
+    capacity = np.asarray(capacity, dtype=float)
+    parts = np.zeros(len(capacity))
+    aggregators = capacity > 0
+    n = int(aggregators.sum())
+    if n == 0:
+        return parts
+    if n <= 2:
+        parts[aggregators] = model_bytes / n
+        return parts
+    while True:
+        c = capacity[aggregators]
+        t = (n - 2 + len(c)) * model_bytes / c.sum()
+        share = (t * c - model_bytes) / (n - 2)
+        if (share >= 0).all():
+            parts[aggregators] = share
+            return parts
+        aggregators[np.flatnonzero(aggregators)[share < 0]] = False
+
+
+def partition(numels: list[int], parts: np.ndarray) -> list[Slices]:
+    """Cut tensors of `numels` elements, read in order as one sequence, into consecutive parts of
+    about `parts` elements each (boundaries on multiples of ALIGN); per part, its pieces of tensors."""
+    total = sum(numels)
+    weights = np.asarray(parts, dtype=float)
+    cuts = np.concatenate(([0.0], np.cumsum(weights))) / max(weights.sum(), 1e-300) * total
+    bounds = np.minimum(np.round(cuts / ALIGN).astype(np.int64) * ALIGN, total)
+    bounds[-1] = total
+    starts = np.concatenate(([0], np.cumsum(numels)))
+    out: list[Slices] = []
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        pieces = []
+        for t, (t0, t1) in enumerate(zip(starts[:-1], starts[1:])):
+            a, b = max(lo, t0), min(hi, t1)
+            if a < b:
+                pieces.append((t, int(a - t0), int(b - t0)))
+        out.append(pieces)
+    return out
+
+
+class Partitioned(Synchronizer):
+    """BSP rounds in which every live peer averages with every other, through parts (see the
+    module's docstring). Takes Synchronizer's arguments; ``selection`` and ``fanout`` are unused
+    (every live peer is in every round) and ``value_filter`` must be None."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("value_filter") is not None:
+            raise ValueError("the value filter does not apply to partitioned rounds (each part is averaged whole)")
+        super().__init__(*args, **kwargs)
+        self._flat = [p.reshape(-1) for p in self.params]  # views of the (contiguous) parameters
+        self._layout: tuple[tuple, _Layout] | None = None  # the last view's layout, by (view order, engines)
+
+    def _wanted_rounds(self) -> tuple[int, int]:
+        """Message ids: round r scatters as 2r and gathers as 2r + 1."""
+        return 2 * (self.clock - 1), 2 * (self.clock + AHEAD_ROUNDS) + 1
+
+    def _wait_round(self, rnd: int, senders: set[int], until: float) -> None:
+        """Wait for round `rnd`'s scatter messages (this peer's part) from `senders`."""
+        self.inbox.wait_round(2 * rnd, senders, until, self._alive)
+
+    def _inputs(self, rnd: int) -> list[Delivery]:
+        """Round `rnd`'s scatter messages that came (this peer's part, from each sender)."""
+        self.inbox.drain()
+        return self.inbox.take(2 * rnd, 2 * rnd)
+
+    def step(self, loss: float | None = None) -> RoundStats:
+        rnd = self.clock
+        t0 = time.monotonic()
+        self._track_updates(loss)
+        me = self.client.rank
+        self.network.expected_bytes = sum(p.nbytes for p in self.params)
+        layout = self._plan(self.client.view_for(rnd))
+        self.network.planned_time_s = layout.planned_time if layout else 0.0
+        bounds, deadline = self.tolerance.bounds(rnd, self.layers, self.network, self.training)
+        if layout is None or me not in layout.ranks:  # alone, or not in the view that plans this round yet
+            self.clock = rnd + 1
+            self._report(rnd, [], [], time.monotonic() - t0, loss, deadline)
+            return RoundStats(rnd, [], [], 0, 1.0, 0.0, 0.0, time.monotonic() - t0, 0.0, 0, 0)
+        engines = self.client.members
+        others = [k for k in layout.ranks if k != me and k in engines and engines[k].engine]
+        mine = layout.slices[me]
+
+        def pieces(slices: Slices) -> list[np.ndarray]:
+            return [self._flat[t][a:b] for t, a, b in slices]
+
+        def piece_bounds(slices: Slices) -> list[float]:
+            return [bounds[t] for t, _, _ in slices]
+
+        # 1. scatter: part k to its aggregator k
+        scatter = [(k, self.channel.send(2 * rnd, pieces(layout.slices[k]),
+                                         [(*engines[k].engine, layout.scatter_rate[me][k])],
+                                         loss_bounds=piece_bounds(layout.slices[k]), deadline=deadline))
+                   for k in others if layout.slices[k]]
+        merged_from: set[int] = set()
+        fractions: list[float] = []
+        if mine:
+            self._wait_round(rnd, set(others), t0 + self._wait_limit(deadline))
+            usable = [(d.sender, c) for d in self._inputs(rnd) if (c := _fits(d, pieces(mine))) is not None]
+            for i, own in enumerate(pieces(mine)):
+                fractions.append(merge_parameter(own, [c[i] for _, c in usable]))
+            merged_from.update(sender for sender, _ in usable)
+        # 2. gather: the averaged part to everyone else; theirs into place where it arrived
+        gather = self.channel.send(2 * rnd + 1, pieces(mine), [(*engines[j].engine, layout.gather_rate[me][j])
+                                                               for j in others],
+                                   loss_bounds=piece_bounds(mine), deadline=deadline) if mine and others else None
+        aggregators = {k for k in others if layout.slices[k]}
+        self.inbox.wait_round(2 * rnd + 1, aggregators, time.monotonic() + self._wait_limit(deadline), self._alive)
+        sent = [handle.wait()[0] for _, handle in scatter]  # they read the parts about to be overwritten
+        self.inbox.drain()
+        for d in self.inbox.take(2 * rnd + 1, 2 * rnd + 1):
+            theirs = layout.slices.get(d.sender, [])
+            arrived = _fits(d, pieces(theirs)) if d.sender in aggregators else None
+            if arrived is None:
+                continue
+            for own, c in zip(pieces(theirs), arrived):
+                np.copyto(own, c.values, where=True if c.mask is None else c.mask)
+            merged_from.add(d.sender)
+        gathered = gather.wait() if gather is not None else []
+        comm_s = time.monotonic() - t0
+        if self.outer is not None:
+            self.outer.step(self.params, self._previous)
+        self._previous = [p.copy() for p in self.params]
+        self.clock = rnd + 1
+        flows = [(k, layout.scatter_rate[me][k]) for k, _ in scatter] + \
+                ([(j, layout.gather_rate[me][j]) for j in others] if gather is not None else [])
+        stats = sent + list(gathered)
+        self._report(rnd, flows, stats, comm_s, loss, deadline)
+        results: dict[str, int] = {}
+        for st in stats:
+            results[st.result] = results.get(st.result, 0) + 1
+        bytes_sent = sum(sum(x.nbytes for x in pieces(layout.slices[k])) for k, _ in scatter) + \
+            sum(x.nbytes for x in pieces(mine)) * len(gathered)
+        return RoundStats(rnd, [k for k, _ in flows], sorted(aggregators), len(merged_from),
+                          float(np.mean(fractions)) if fractions else 1.0, float(len(layout.ranks) - 1),
+                          layout.planned_time, comm_s, max((st.elapsed_s for st in stats), default=0.0), bytes_sent,
+                          sum(st.retransmitted for st in stats), results, sorted(merged_from))
+
+    def _plan(self, view: Any) -> _Layout | None:
+        """This round's parts and pacing, from the view (the same on every peer that holds it)."""
+        if view is None:
+            return None
+        key = view.order
+        if self._layout is None or self._layout[0] != key:
+            self._layout = (key, _Layout.from_view(view, [p.size for p in self.params],
+                                                   sum(p.nbytes for p in self.params)))
+        layout = self._layout[1]
+        return layout if len(layout.ranks) >= 2 else None
+
+
+class _Layout:
+    """Who aggregates which elements, and how fast each flow is paced (bytes/s), for one view."""
+
+    def __init__(self, ranks: list[int], slices: dict[int, Slices], scatter_rate: dict[int, dict[int, float]],
+                 gather_rate: dict[int, dict[int, float]], planned_time: float) -> None:
+        self.ranks = ranks
+        self.slices = slices
+        self.scatter_rate = scatter_rate
+        self.gather_rate = gather_rate
+        self.planned_time = planned_time
+
+    @classmethod
+    def from_view(cls, view: Any, numels: list[int], model_bytes: float) -> _Layout:
+        ranks = [int(r) for r in np.flatnonzero(np.asarray(view.alive, dtype=bool))]
+        up = np.asarray(view.uplink, dtype=float)[ranks]
+        down = np.asarray(view.downlink, dtype=float)[ranks]
+        capacity = np.minimum(up, down)
+        m = part_bytes(capacity, model_bytes)
+        cut = partition(numels, m)
+        n = len(ranks)
+        slices = {k: cut[i] for i, k in enumerate(ranks)}
+        # each sender's flows end together: its uplink shared in proportion to their sizes, capped
+        # by the receiver's downlink shared among the n - 1 flows it takes in that phase
+        scatter = {k: {j: 0.0 for j in ranks} for k in ranks}
+        gather = {k: {j: 0.0 for j in ranks} for k in ranks}
+        for a, i in enumerate(ranks):
+            for b, j in enumerate(ranks):
+                if i == j or n < 2:
+                    continue
+                out_i = max(model_bytes - m[a], 1.0)
+                scatter[i][j] = PACING_HEADROOM * min(up[a] * m[b] / out_i, down[b] / (n - 1))
+                gather[i][j] = PACING_HEADROOM * min(up[a] / (n - 1), down[b] * m[a] / max(model_bytes - m[b], 1.0))
+        planned = float(np.max((model_bytes + (n - 2) * m) / np.maximum(capacity, 1e-9))) if n >= 2 else 0.0
+        return cls(ranks, slices, scatter, gather, planned)
+
+
+def _fits(d: Delivery, pieces: list[np.ndarray]) -> list[Contribution] | None:
+    """d's arrays as contributions to `pieces`, or None when they do not fit (another view's parts,
+    a malformed message, or a layout that never arrived)."""
+    if d.arrays is None or len(d.arrays) != len(pieces) or any(
+            a.shape != p.shape or a.dtype != p.dtype for a, p in zip(d.arrays, pieces)):
+        return None
+    return [Contribution(a, None if f >= 1.0 else d.element_mask(i))
+            for i, (a, f) in enumerate(zip(d.arrays, d.fractions))]

@@ -1,0 +1,102 @@
+"""Partitioned rounds: parts sized by bandwidth, a cut that covers every element once, and a full
+average among real engines that equals the arithmetic mean, at a ring all-reduce's bytes."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from p2plearn.filter import make_filter
+from p2plearn.sync.partitioned import ALIGN, Partitioned, part_bytes, partition
+from tests.sync.test_rounds import job, run_threads  # noqa: F401 - job is the fixture
+
+MB = 1e6
+
+
+def round_time(capacity: np.ndarray, parts: np.ndarray, model: float) -> np.ndarray:
+    n = int((capacity > 0).sum())
+    return (model + (n - 2) * parts) / capacity
+
+
+def test_equal_links_get_equal_parts_and_two_peers_split_evenly():
+    np.testing.assert_allclose(part_bytes(np.full(4, 12.5 * MB), 10 * MB), 2.5 * MB)
+    np.testing.assert_allclose(part_bytes(np.array([1.0, 100.0]), 10 * MB), 5 * MB)
+    np.testing.assert_allclose(part_bytes(np.array([0.0, 5.0, 5.0, 0.0]), 8.0), [0, 4, 4, 0])
+
+
+def test_uneven_links_take_parts_that_end_together():
+    capacity = np.array([80.0, 90.0, 100.0, 130.0]) * MB
+    parts = part_bytes(capacity, 10 * MB)
+    assert parts.sum() == pytest.approx(10 * MB) and (parts > 0).all()
+    times = round_time(capacity, parts, 10 * MB)
+    np.testing.assert_allclose(times, times[0])
+    assert list(np.argsort(parts)) == [0, 1, 2, 3], "a faster peer aggregates more"
+
+
+def test_peers_too_slow_for_any_part_aggregate_none():
+    capacity = np.array([12.5, 25.0, 50.0, 100.0]) * MB
+    parts = part_bytes(capacity, 10 * MB)
+    assert list(parts[:2]) == [0, 0] and parts.sum() == pytest.approx(10 * MB)
+    times = round_time(capacity, parts, 10 * MB)
+    np.testing.assert_allclose(times[2:], times[2])
+    own = 10 * MB / capacity[:2]  # what a peer without a part moves: its model out, the others' parts in
+    assert (own >= times[2]).all(), "a peer was left out that could have aggregated"
+    ring = 2 * 3 / 4 * 10 * MB / capacity.min()  # a ring all-reduce goes at its slowest uplink
+    assert max(own.max(), times.max()) <= 0.7 * ring
+
+
+def test_the_cut_covers_every_element_once_in_order_on_aligned_boundaries():
+    numels = [1000, 7, 4096, 3, 500]
+    cut = partition(numels, np.array([1.0, 0.0, 2.0, 1.0]))
+    flat = [(t, a, b) for part in cut for t, a, b in part]
+    covered = [np.zeros(n, dtype=int) for n in numels]
+    for t, a, b in flat:
+        covered[t][a:b] += 1
+    assert all((c == 1).all() for c in covered)
+    assert cut[1] == [], "a part of weight 0 is empty"
+    starts = np.concatenate(([0], np.cumsum(numels)))
+    boundaries = [int(starts[part[0][0]] + part[0][1]) for part in cut if part]
+    assert all(b % ALIGN == 0 for b in boundaries)
+    sizes = [sum(b - a for _, a, b in part) for part in cut]
+    assert sizes[2] == pytest.approx(2 * sizes[0], rel=0.05)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_a_partitioned_round_is_the_full_average_at_a_ring_all_reduces_bytes(job, n):  # noqa: F811
+    peers = job(n, Partitioned)
+    rng = np.random.default_rng(n)
+    for p in peers:
+        for a in p.params:
+            a[...] = rng.standard_normal(a.shape).astype(np.float32)
+    want = [np.mean([p.params[i].astype(np.float64) for p in peers], axis=0) for i in range(2)]
+    run_threads(peers, 1)
+    for p in peers:
+        for got, mean in zip(p.params, want):
+            np.testing.assert_allclose(got, mean, rtol=2e-7, atol=2e-7)
+        for got, first in zip(p.params, peers[0].params):
+            assert np.array_equal(got, first), "the peers' models differ after a full average"
+        assert p.sync.clock == 1
+
+
+def test_each_uplink_carries_about_two_n_minus_one_over_n_models(job):  # noqa: F811
+    peers = job(4, Partitioned)
+    results = {}
+
+    def step(peer):
+        results[peer.client.rank] = peer.sync.step()
+
+    threads = [threading.Thread(target=step, args=(p,)) for p in peers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    model = sum(a.nbytes for a in peers[0].params)
+    for rs in results.values():
+        assert rs.bytes_sent == pytest.approx(2 * 3 / 4 * model, rel=0.05)
+        assert rs.merged == 3 and rs.delivered == 1.0
+
+
+def test_the_value_filter_is_refused(job):  # noqa: F811
+    with pytest.raises(ValueError, match="value filter does not apply to partitioned rounds"):
+        job(2, Partitioned, value_filter=make_filter("value"))
