@@ -92,7 +92,8 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     doc = __doc__ or ""
     # The whole docstring is the manual: what a job gets, where peers run, output, stopping, exit codes.
-    parser = _Parser(prog="p2plearn-run", description=doc[:doc.index("Examples:")].strip(),
+    # No abbreviations: the command's own flags (--out) must never be taken for ours (--outer-lr).
+    parser = _Parser(prog="p2plearn-run", allow_abbrev=False, description=doc[:doc.index("Examples:")].strip(),
                      epilog=doc[doc.index("Examples:"):], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-np", "-n", dest="np", type=int, help="number of peers (default: the hosts' slots)")
     where = parser.add_mutually_exclusive_group()
