@@ -201,6 +201,6 @@ def accuracy_curves(ax: plt.Axes, rows: list[Row], keys: list[str], title: str) 
         if hist:
             ax.plot([h[0] for h in hist], [h[1] for h in hist], marker="o", label=" ".join(str(k) for k in key))
     ax.set_xlabel("wall time since training start (s)")
-    ax.set_ylabel("test accuracy (rank 0, per epoch)")
+    ax.set_ylabel("test accuracy (rank 0)")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7)

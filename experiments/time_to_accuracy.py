@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> None:
     c.write_results(args.out, NAME, rows, "Time to accuracy: p2plearn vs torch local SGD, DDP and one process",
                     setup, "\n\n".join(tables),
                     lambda ax: c.accuracy_curves(ax, [r for r in rows if r["topology"] in (topologies[0], "none")],
-                                                 ["system"], f"Test accuracy over wall time, {topologies[0]}, seed 0"))
+                                                 ["system", "settings"],
+                                                 f"Test accuracy over wall time, {topologies[0]}, seed 0"))
 
 
 if __name__ == "__main__":

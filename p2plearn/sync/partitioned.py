@@ -141,6 +141,7 @@ class Partitioned(Synchronizer):
                                          [(*engines[k].engine, layout.scatter_rate[me][k])],
                                          loss_bounds=piece_bounds(layout.slices[k]), deadline=deadline))
                    for k in others if layout.slices[k]]
+        self._interrupted = False
         merged_from: set[int] = set()
         fractions: list[float] = []
         if mine:

@@ -32,8 +32,7 @@ from p2plearn.options import Options
 from p2plearn.runtime import Runtime, init
 from p2plearn.selection import NetworkView, plan_flows
 from p2plearn.sync import SYNCHRONIZERS, RoundStats, Synchronizer
-from p2plearn.sync.bfloat16 import BF16Array, bf16_values
-from p2plearn.sync.bfloat16 import store, values
+from p2plearn.sync.bfloat16 import BF16Array, bf16_values, store, values
 from p2plearn.sync.inbox import STATE_FLAG
 from p2plearn.sync.outer import OuterOptimizer
 from p2plearn.filter import make_filter
@@ -469,7 +468,9 @@ class DecentralizedOptimizer(Optimizer):
         for own, a in zip(self._arrays, d.arrays):
             np.copyto(own, a.reshape(own.shape))  # the bits as sent: bfloat16 stays bfloat16
         self.sync.clock = d.msg_id & ~STATE_FLAG
-        self.steps = self.sync.clock * self.options.period  # donors send at round boundaries
+        # The donor sent this just before its round `clock`, at its step (clock + 1) * period: the
+        # next local step here is that round's, as it is the others'.
+        self.steps = (self.sync.clock + 1) * self.options.period - 1
         self.sync._previous = [a.copy() for a in self._arrays]
 
     def average_model(self, root: int = 0, timeout: float = 60.0) -> dict[str, torch.Tensor] | None:

@@ -13,13 +13,14 @@ def model(seed: int) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(20, 30), torch.nn.ReLU(), torch.nn.Linear(30, 4))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_joining_peer_receives_the_state_and_takes_part(job, dtype):
+@pytest.mark.parametrize("dtype,period", [(torch.float32, 1), (torch.bfloat16, 1), (torch.float32, 3)])
+def test_joining_peer_receives_the_state_and_takes_part(job, dtype, period):
     runtime, optimizer = job
     models = [model(0).to(dtype), model(0).to(dtype)]
     rts = [runtime(0), runtime(1)]
     opts = []
-    threads = [threading.Thread(target=lambda r=r, m=m: opts.append(optimizer(r, m))) for r, m in zip(rts, models)]
+    threads = [threading.Thread(target=lambda r=r, m=m: opts.append(optimizer(r, m, period=period)))
+               for r, m in zip(rts, models)]
     for t in threads:
         t.start()
     for t in threads:
@@ -48,12 +49,13 @@ def test_joining_peer_receives_the_state_and_takes_part(job, dtype):
             time.sleep(0.01)
         newcomer = model(123).to(dtype)  # a different initialisation: must be replaced by the donor's state
         before = [p.detach().clone() for p in newcomer.parameters()]
-        joiner = optimizer(runtime(None, join=True), newcomer)
+        joiner = optimizer(runtime(None, join=True), newcomer, period=period)
         assert joiner.runtime.client.donor is not None
         assert joiner.sync.clock > 0, "the joiner starts at the donor's clock"
+        assert joiner.steps == (joiner.sync.clock + 1) * period - 1, "its next step is not the donor's next round"
         assert not all(torch.equal(a, b) for a, b in zip(before, newcomer.parameters()))
         x, y = torch.randn(64, 20, dtype=dtype), torch.randint(0, 4, (64,))
-        for _ in range(3):  # and it takes part in the next rounds
+        for _ in range(3 * period):  # and it takes part in the next rounds
             torch.nn.functional.cross_entropy(newcomer(x), y).backward()
             joiner.step()
             rs = joiner.last_round
