@@ -69,8 +69,8 @@ def part_bytes(capacity: np.ndarray, model_bytes: float) -> np.ndarray:
 
 
 def partition(numels: list[int], parts: np.ndarray) -> list[Slices]:
-    """Cut tensors of `numels` elements, read in order as one sequence, into consecutive parts of
-    about `parts` elements each (boundaries on multiples of ALIGN); per part, its pieces of tensors."""
+    """Cut tensors of `numels` elements, read in order as one sequence, into consecutive parts in
+    proportion to `parts` (boundaries on multiples of ALIGN); per part, its pieces of tensors."""
     total = sum(numels)
     weights = np.asarray(parts, dtype=float)
     cuts = np.concatenate(([0.0], np.cumsum(weights))) / max(weights.sum(), 1e-300) * total
