@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -130,9 +131,7 @@ class Synchronizer(ABC):
         if self.outer is not None:
             self.outer.step(self.params, self._previous)  # the model as last merged is the anchor
         self._previous = [p.copy() for p in self.params]
-        results: dict[str, int] = {}
-        for st in sent:
-            results[st.result] = results.get(st.result, 0) + 1
+        results = dict(Counter(st.result for st in sent))
         send_s = max((st.elapsed_s for st in sent), default=0.0)
         return RoundStats(rnd, [j for j, _ in receivers], plan.senders, merged, delivered, plan.fanout,
                           plan.planned_time, comm_s, send_s, self.network.expected_bytes * len(receivers),

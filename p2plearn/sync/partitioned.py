@@ -25,6 +25,8 @@ less per round but its uplinks carry only p copies.
 from __future__ import annotations
 
 import time
+from collections import Counter
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -98,7 +100,7 @@ class Partitioned(Synchronizer):
             raise ValueError("the value filter does not apply to partitioned rounds (each part is averaged whole)")
         super().__init__(*args, **kwargs)
         self._flat = [p.reshape(-1) for p in self.params]  # views of the (contiguous) parameters
-        self._layout: tuple[tuple, _Layout] | None = None  # the last view's layout, by (view order, engines)
+        self._layout: tuple[tuple, _Layout] | None = None  # the last view's layout, by the view's order
 
     def _wanted_rounds(self) -> tuple[int, int]:
         """Message ids: round r scatters as 2r and gathers as 2r + 1."""
@@ -176,9 +178,7 @@ class Partitioned(Synchronizer):
                 ([(j, layout.gather_rate[me][j]) for j in others] if gather is not None else [])
         stats = sent + list(gathered)
         self._report(rnd, flows, stats, comm_s, loss, deadline)
-        results: dict[str, int] = {}
-        for st in stats:
-            results[st.result] = results.get(st.result, 0) + 1
+        results = dict(Counter(st.result for st in stats))
         bytes_sent = sum(sum(x.nbytes for x in pieces(layout.slices[k])) for k, _ in scatter) + \
             sum(x.nbytes for x in pieces(mine)) * len(gathered)
         return RoundStats(rnd, [k for k, _ in flows], sorted(aggregators), len(merged_from),
@@ -198,16 +198,15 @@ class Partitioned(Synchronizer):
         return layout if len(layout.ranks) >= 2 else None
 
 
+@dataclass(frozen=True)
 class _Layout:
     """Who aggregates which elements, and how fast each flow is paced (bytes/s), for one view."""
 
-    def __init__(self, ranks: list[int], slices: dict[int, Slices], scatter_rate: dict[int, dict[int, float]],
-                 gather_rate: dict[int, dict[int, float]], planned_time: float) -> None:
-        self.ranks = ranks
-        self.slices = slices
-        self.scatter_rate = scatter_rate
-        self.gather_rate = gather_rate
-        self.planned_time = planned_time
+    ranks: list[int]
+    slices: dict[int, Slices]
+    scatter_rate: dict[int, dict[int, float]]  # sender -> aggregator -> rate
+    gather_rate: dict[int, dict[int, float]]   # aggregator -> receiver -> rate
+    planned_time: float
 
     @classmethod
     def from_view(cls, view: Any, numels: list[int], model_bytes: float) -> _Layout:
@@ -225,7 +224,7 @@ class _Layout:
         gather = {k: {j: 0.0 for j in ranks} for k in ranks}
         for a, i in enumerate(ranks):
             for b, j in enumerate(ranks):
-                if i == j or n < 2:
+                if i == j:
                     continue
                 out_i = max(model_bytes - m[a], 1.0)
                 scatter[i][j] = PACING_HEADROOM * min(up[a] * m[b] / out_i, down[b] / (n - 1))
