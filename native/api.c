@@ -20,7 +20,7 @@
 #define UDP_GRO 104
 #endif
 
-#define MAX_CHUNK 65472u   /* largest multiple of 8 that fits a 65507-byte datagram with its header */
+#define MAX_CHUNK ((WIRE_MAX_DATAGRAM - WIRE_HDR) & ~7u) /* largest multiple of 8 a datagram fits */
 
 static __thread char last_error[256];
 
@@ -88,9 +88,10 @@ int p2p_engine_open(const p2p_config *cfg_in, p2p_engine **out) {
     eng->fd = eng->evfd = eng->epfd = -1;
     eng->refs = 1;
     eng->rng = cfg.seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
-    wire_key_init(&eng->key, cfg.key, cfg.job_id);
     int rc = parse_ipv4(cfg.host, cfg.port, &eng->local);
     if (rc) goto fail;
+    if ((rc = auth_init(&eng->auth, cfg.key, cfg.job_id))) goto fail;
+    if (replay_init(&eng->replay)) { rc = set_error(ENOMEM, "out of memory"); goto fail; }
 
     eng->fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (eng->fd < 0) { rc = set_error(errno, "socket: %s", strerror(errno)); goto fail; }
@@ -137,6 +138,8 @@ fail:
     free(eng->rbuf);
     free(eng->sbuf);
     free(eng->batch);
+    auth_free(&eng->auth);
+    replay_free(&eng->replay);
     free(eng);
     return rc;
 }
@@ -182,6 +185,8 @@ void p2p_engine_close(p2p_engine *eng) {
     free(eng->rbuf);
     free(eng->sbuf);
     free(eng->batch);
+    auth_free(&eng->auth);
+    replay_free(&eng->replay);
     engine_unref(eng);
 }
 

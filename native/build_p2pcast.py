@@ -9,7 +9,7 @@ import re
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ["api.c", "io.c", "tx.c", "rx.c", "wire.c", "planner.c"]
+SOURCES = ["api.c", "io.c", "datagram.c", "tx.c", "rx.c", "wire.c", "auth.c", "replay.c", "planner.c"]
 
 
 def _cdef_text() -> str:
@@ -39,6 +39,7 @@ ffibuilder.set_source(
     include_dirs=[os.path.relpath(HERE)],
     extra_compile_args=_cflags,
     extra_link_args=_ldflags,
+    libraries=["crypto"],  # OpenSSL's libcrypto: AES-256-GMAC tags (auth.c)
 )
 
 if __name__ == "__main__":

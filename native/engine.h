@@ -5,7 +5,9 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "auth.h"
 #include "p2pcast.h"
+#include "replay.h"
 #include "wire.h"
 
 #define BIT_GET(bm, i) (((bm)[(i) >> 3] >> ((i) & 7)) & 1u)
@@ -103,9 +105,10 @@ struct p2p_engine {
     uint64_t up_refill_ns, last_sweep_ns, rng;
     uint8_t *rbuf, *sbuf;
     struct batch *batch;          /* sendmmsg scratch */
+    struct auth auth;             /* tags on what it sends and receives */
+    struct replay replay;         /* what it already received */
     /* settings */
     p2p_config cfg;
-    struct siphash_key key;
     struct sockaddr_in local;
     p2p_counters counters;
 };

@@ -1,5 +1,6 @@
-/* The I/O thread's units and what they share: io.c runs the loop and owns the socket, tx.c sends
- * this peer's messages, rx.c reassembles the messages it receives. Everything declared here runs
+/* The I/O thread's units and what they share: io.c runs the loop, datagram.c reads and checks
+ * what the socket received and sends control datagrams, tx.c sends this peer's messages, rx.c
+ * reassembles the messages it receives. Everything declared here runs
  * on the I/O thread only. */
 #ifndef P2P_IO_H
 #define P2P_IO_H
@@ -15,9 +16,10 @@ static inline int same_addr(const struct sockaddr_in *a, const struct sockaddr_i
     return a->sin_addr.s_addr == b->sin_addr.s_addr && a->sin_port == b->sin_port;
 }
 
-/* io.c */
-void io_send_ctl(p2p_engine *eng, const struct sockaddr_in *to, struct wire_hdr *h, const uint8_t *body,
-                 size_t blen);
+/* datagram.c */
+void dgram_drain(p2p_engine *eng);
+void dgram_send_ctl(p2p_engine *eng, const struct sockaddr_in *to, struct wire_hdr *h, const uint8_t *body,
+                    size_t blen);
 
 /* tx.c: sends */
 int tx_init(p2p_engine *eng);

@@ -41,7 +41,7 @@ typedef struct {
     uint16_t port;                /* 0 = any free port */
     uint16_t sender_id;           /* this peer's id, carried in every datagram */
     uint32_t job_id;
-    uint8_t key[16];              /* per-job authentication key; all zero = tags off (benchmarks) */
+    uint8_t key[32];              /* the job's data key (AES-256-GMAC tags); all zero = tags off */
     uint32_t max_datagram;        /* UDP payload bytes; 0 = from each path's MTU */
     uint32_t window_bytes;        /* unacknowledged bytes in flight per receiver; 0 = 8 MiB */
     uint32_t rx_idle_ms;          /* deliver and free an incoming message silent this long; 0 = 5000 */
@@ -128,6 +128,7 @@ typedef struct {
     uint64_t drop_bad_version;
     uint64_t drop_bad_type;
     uint64_t drop_bad_tag;        /* authentication failed (wrong key or job, or corrupted) */
+    uint64_t drop_replayed;       /* authentic but already received, or older than the last 2048 of its sender */
     uint64_t drop_bad_index;      /* chunk index, count or geometry out of range or inconsistent */
     uint64_t drop_bad_meta;       /* the message's segment table was invalid */
     uint64_t drop_unknown;        /* ACK/DONE for no message in flight */

@@ -33,7 +33,7 @@ static int rx_send_ack(p2p_engine *eng, struct rx *m, uint32_t start, uint32_t n
     if (nbits % 8) body[ACK_BODY + nbits / 8] &= (uint8_t)((1u << (nbits % 8)) - 1);
     struct wire_hdr h = {.type = T_ACK, .msg = m->msg, .nchunks = m->nchunks, .chunk_size = m->chunk,
                          .meta_len = m->meta_len};
-    io_send_ctl(eng, &m->src, &h, body, blen);
+    dgram_send_ctl(eng, &m->src, &h, body, blen);
     m->bytes_out += WIRE_HDR + blen;
     m->unacked = 0;
     m->last_ack_ns = now;
@@ -64,7 +64,7 @@ static void send_done(p2p_engine *eng, uint32_t msg, const struct sockaddr_in *t
     struct done_body d = {flags, total, chunks};
     wire_put_done(body, &d);
     struct wire_hdr h = {.type = T_DONE, .msg = msg};
-    io_send_ctl(eng, to, &h, body, sizeof body);
+    dgram_send_ctl(eng, to, &h, body, sizeof body);
 }
 
 static struct tombstone *find_tomb(p2p_engine *eng, uint16_t sender, uint32_t msg, const struct sockaddr_in *src,
@@ -356,7 +356,7 @@ void rx_on_probe_or_close(p2p_engine *eng, const struct wire_hdr *h, const struc
             wire_put_ack(ab, &a);
             struct wire_hdr r = {.type = T_ACK, .msg = h->msg, .nchunks = h->nchunks, .chunk_size = h->chunk_size,
                                  .meta_len = h->meta_len};
-            io_send_ctl(eng, src, &r, ab, sizeof ab);
+            dgram_send_ctl(eng, src, &r, ab, sizeof ab);
             return;
         }
         /* A CLOSE for a message never seen delivers nothing: a forged or replayed CLOSE must not

@@ -42,14 +42,14 @@ static void send_probe(p2p_engine *eng, struct p2p_send *s, struct txr *r, uint6
     uint8_t body[4] = {0};
     tx_hdr(s, T_PROBE, &h);
     put16(body, r->pass);
-    io_send_ctl(eng, &r->addr, &h, body, sizeof body);
+    dgram_send_ctl(eng, &r->addr, &h, body, sizeof body);
     r->probe_ns = now;
 }
 
 static void send_close(p2p_engine *eng, struct p2p_send *s, struct txr *r, uint64_t now) {
     struct wire_hdr h;
     tx_hdr(s, T_CLOSE, &h);
-    io_send_ctl(eng, &r->addr, &h, NULL, 0);
+    dgram_send_ctl(eng, &r->addr, &h, NULL, 0);
     r->probe_ns = now;
 }
 
@@ -282,7 +282,7 @@ static int pump_receiver(p2p_engine *eng, struct p2p_send *s, struct txr *r, int
         h.pass = r->pass;
         h.chunk = k;
         wire_put_hdr(B->hdr[nd], &h);
-        wire_sign(&eng->key, B->hdr[nd], iv + 1, np);
+        auth_seal(&eng->auth, B->hdr[nd], iv + 1, np);
         iv[0].iov_base = B->hdr[nd];
         iv[0].iov_len = WIRE_HDR;
         uint32_t size = WIRE_HDR + len;

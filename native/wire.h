@@ -1,12 +1,17 @@
 /* The p2pcast wire format (internal). Every field is little-endian.
  *
- * Header, 32 bytes, in front of every datagram:
+ * Header, 56 bytes, in front of every datagram:
  *   0  u16 magic 0x7032 ('p2')     2  u8 version        3  u8 type
  *   4  u16 sender id               6  u16 pass (DATA: transmission pass; else 0)
  *   8  u32 message id             12  u32 chunk index (DATA), else 0
  *  16  u32 chunk count            20  u16 chunk size / 8  22  u16 meta length / 8
- *  24  u64 tag: SipHash-2-4(key, job id || header with tag zeroed || body); with an all-zero
- *      key the tag is the job id itself (no authentication, but jobs stay apart).
+ *  24  u64 session: drawn at random by the sending engine, renewed when its counter wraps
+ *  32  u32 counter: the session's datagram number (every datagram the engine sends, to anyone)
+ *  36  u32 job id
+ *  40  16-byte tag: AES-256-GMAC under the data key, IV = session || counter, over bytes 0-39 and
+ *      the body (auth.c); zero with an all-zero key (no authentication, but jobs stay apart).
+ * (session, counter) never repeats under a key, so each tag's IV is unique and a receiver can refuse
+ * a datagram it already had (replay.c).
  * A message's meta (its first bytes, always delivered exactly): u32 meta length, u32 segment count,
  * u64 data length, u32 app length, u32 0, then per segment (u64 offset, u64 length, u64 bytes that
  * must arrive), then the app blob. Knowing what must arrive lets a receiver close by itself.
@@ -17,11 +22,12 @@
 #define P2P_WIRE_H
 #include <stddef.h>
 #include <stdint.h>
-#include <sys/uio.h>
 
 #define WIRE_MAGIC 0x7032
-#define WIRE_VERSION 1
-#define WIRE_HDR 32
+#define WIRE_VERSION 2
+#define WIRE_HDR 56
+#define WIRE_TAG_AT 40
+#define WIRE_TAG 16
 #define WIRE_MAX_DATAGRAM 65507u
 /* ACKs stay below a 1500-byte MTU whatever the data path allows. */
 #define WIRE_ACK_MAX 1472u
@@ -33,6 +39,8 @@ struct wire_hdr {
     uint8_t type;
     uint16_t sender, pass;
     uint32_t msg, chunk, nchunks, chunk_size, meta_len;
+    uint64_t session;             /* parsed only: auth_seal writes these three */
+    uint32_t counter, job;
 };
 
 #define ACK_FINAL 1u     /* last slice of a probe answer */
@@ -51,15 +59,10 @@ struct ack_body {        /* 24 bytes, then ceil(nbits/8) bitmap bytes */
 struct done_body { uint32_t flags, total, chunks; };
 #define DONE_BODY 12
 
-struct siphash_key { uint64_t k0, k1; int on; uint32_t job; };
-
-void wire_key_init(struct siphash_key *k, const uint8_t key[16], uint32_t job);
+/* Writes the fields before the session; session, counter, job and tag are left zero for auth_seal. */
 void wire_put_hdr(uint8_t *out, const struct wire_hdr *h);
 /* Parses and checks magic/version/type; returns 0 or a negative reason (see engine counters). */
 int wire_get_hdr(const uint8_t *in, size_t len, struct wire_hdr *h);
-/* Writes the tag into hdr (header already filled) over hdr + the body pieces. */
-void wire_sign(const struct siphash_key *k, uint8_t *hdr, const struct iovec *body, int nbody);
-int wire_verify(const struct siphash_key *k, const uint8_t *dgram, size_t len);
 
 void wire_put_ack(uint8_t *out, const struct ack_body *a);
 void wire_get_ack(const uint8_t *in, struct ack_body *a);

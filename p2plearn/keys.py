@@ -1,6 +1,6 @@
 """The keys of a job, derived from its one secret (``P2PLEARN_JOB_KEY``).
 
-The control plane (HMAC-SHA256 over every frame) and the data plane (SipHash-2-4 tags on every
+The control plane (HMAC-SHA256 over every frame) and the data plane (AES-256-GMAC tags on every
 datagram) never use the secret itself: each gets its own key from HKDF-SHA256 (RFC 5869) with a
 label of its own, so a key recovered from one plane says nothing about the other.
 """
@@ -11,7 +11,7 @@ import hashlib
 import hmac
 
 CONTROL_LABEL = b"p2plearn control v1"
-DATA_LABEL = b"p2plearn data v1"
+DATA_LABEL = b"p2plearn data v2"
 _SALT = b"p2plearn job key"
 
 
@@ -41,5 +41,5 @@ def control_key(secret: str | bytes) -> bytes:
 
 
 def data_key(secret: str | bytes) -> bytes:
-    """The 128-bit SipHash key of data-plane datagrams."""
-    return hkdf(secret, DATA_LABEL, 16)
+    """The 256-bit AES-GMAC key of data-plane datagrams."""
+    return hkdf(secret, DATA_LABEL, 32)

@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 
 from p2plearn.transport import Channel, TcpChannel  # noqa: E402
 
-BENCH_KEY = bytes(range(16))  # the data-plane key both sides of a tagged run share
+BENCH_KEY = bytes(range(32))  # the data-plane key both sides of a tagged run share
 
 
 def _channel(kind: str, **kwargs):

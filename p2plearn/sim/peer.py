@@ -5,7 +5,8 @@
 ADDRESSES: every peer's address, comma-separated, in rank order. Prints "ready"; then each line
 "go ROUND BYTES" on stdin runs one round (send BYTES to the round's receivers at their pacing rates,
 wait for the sends and for the messages of the round's senders) and prints one JSON line about it.
-ROUNDS bounds the rounds; BYTES sizes the plans (and the largest message).
+ROUNDS bounds the rounds; BYTES sizes the plans (and the largest message). Datagrams are tagged with
+the data key of ``P2PLEARN_JOB_KEY``, as in training.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
+from p2plearn.keys import data_key  # noqa: E402
 from p2plearn.sim.simulator import Simulator  # noqa: E402
 from p2plearn.topology import load  # noqa: E402
 from p2plearn.transport import Channel  # noqa: E402
@@ -30,7 +32,8 @@ def main(argv: list[str]) -> None:
     # The simulator's own plans and pacing rates: what it predicts is exactly what runs here.
     sim = Simulator.from_topology(load(path), size, policy=policy, p=p, seed=seed)
     message = np.zeros(size, dtype=np.uint8)
-    with Channel(host=hosts[rank], port=port, sender_id=rank) as channel:
+    with Channel(host=hosts[rank], port=port, sender_id=rank,
+                 key=data_key(os.environ["P2PLEARN_JOB_KEY"])) as channel:
         print("ready", flush=True)
         for _ in range(rounds):
             command = sys.stdin.readline().split()

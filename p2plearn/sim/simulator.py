@@ -10,10 +10,10 @@ from p2plearn.selection import NetworkView, average_fanout, make_policy, plan_fl
 from p2plearn.sim.fairness import RTOL, max_min_rates
 from p2plearn.topology import Topology
 
-# The engine's datagram on a 1500-byte MTU: 1440 bytes of data, a 32-byte header, and 42 bytes of
+# The engine's datagram on a 1500-byte MTU: 1416 bytes of data, a 56-byte header, and 42 bytes of
 # IPv4 + UDP + Ethernet. tbf and the engine's pacing both count whole frames, so the data moves at
-# 1440 / 1514 (about 0.95) of a link's rate.
-WIRE_EFFICIENCY = 1440 / (1440 + 32 + 42)
+# 1416 / 1514 (about 0.935) of a link's rate.
+WIRE_EFFICIENCY = 1416 / (1416 + 56 + 42)
 
 
 @dataclass

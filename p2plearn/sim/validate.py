@@ -21,6 +21,7 @@ import csv
 import functools
 import json
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -83,9 +84,10 @@ def measure(topology: Topology, policy: str, p: int, message_bytes: int, rounds:
         path = os.path.join(tmp, "topology.json")
         save(topology, path)
         hosts = ",".join(tb.address(i) for i in range(len(tb.peers)))
+        secret = secrets.token_hex(32)  # tags on, as in training
         peers = [tb.run(i, [sys.executable, "-m", "p2plearn.sim.peer", path, str(i), hosts, str(PORT), policy,
                             str(p), str(message_bytes), str(CALIBRATION + rounds), str(seed)],
-                        env={"OMP_NUM_THREADS": "1"}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                        env={"OMP_NUM_THREADS": "1", "P2PLEARN_JOB_KEY": secret}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
                  for i in range(len(tb.peers))]
         for i, peer in enumerate(peers):
             _expect(peer, i, "ready")

@@ -25,6 +25,8 @@ from p2plearn.transport._native import TransportError, check, ffi, lib
 from p2plearn.transport.arrays import EngineMemory, as_numpy, decode_descriptor, encode_descriptor
 from p2plearn.transport.delivery import Delivery, Reason
 
+KEY_BYTES = 32  # the data key: AES-256 (native/auth.h)
+
 SEND_RESULTS = {
     lib.P2P_SEND_EXACT: "exact",
     lib.P2P_SEND_EARLY_CLOSED: "early_closed",
@@ -114,8 +116,9 @@ class Channel:
     Args (tuning):
         host, port: where to bind (IPv4); port 0 picks a free one (see `address`).
         sender_id: this peer's id (its rank); receivers see it as `Delivery.sender`.
-        job_id, key: datagrams carry a SipHash-2-4 tag keyed with `key` (16 bytes) over the job id;
-            others' datagrams are dropped. key=None turns tags off (a benchmark setting).
+        job_id, key: datagrams carry the job id and an AES-256-GMAC tag keyed with `key` (32 bytes,
+            `p2plearn.keys.data_key`); others' datagrams, and any datagram received before, are
+            dropped and counted. key=None turns tags off (no authentication; jobs stay apart).
         max_datagram: UDP payload per datagram; None = from each path's MTU (1472 on 1500-byte
             links, ~64 KiB on loopback). Lower it if a path has a smaller MTU than its interface.
         window_bytes: unacknowledged bytes in flight per receiver. Raise on long fat paths; lower if
@@ -142,8 +145,8 @@ class Channel:
                  drop_prob: float = 0.0, seed: int = 0, socket_buffer: int = 32 << 20, gso: bool = True):
         if not 0 <= sender_id < 65536:
             raise ValueError(f"sender_id must be in 0..65535, got {sender_id}")
-        if key is not None and len(key) != 16:
-            raise ValueError(f"key must be 16 bytes, got {len(key)}")
+        if key is not None and len(key) != KEY_BYTES:
+            raise ValueError(f"key must be {KEY_BYTES} bytes, got {len(key)}")
         cfg = ffi.new("p2p_config *")
         lib.p2p_config_default(cfg)
         host_c = ffi.new("char[]", socket.gethostbyname(host).encode())
@@ -152,7 +155,7 @@ class Channel:
         cfg.sender_id = sender_id
         cfg.job_id = job_id & 0xFFFFFFFF
         if key:
-            ffi.memmove(cfg.key, key, 16)
+            ffi.memmove(cfg.key, key, KEY_BYTES)
         cfg.max_datagram = max_datagram or 0
         cfg.window_bytes = window_bytes
         cfg.rx_idle_ms = max(1, int(rx_idle * 1000))

@@ -15,7 +15,7 @@ from p2plearn.examples.mnist1d import CNN
 from p2plearn.topology import homogeneous, save
 from p2plearn.train.data import accuracy, mnist1d
 
-# Width 96: its tensors span tens of 1440-byte chunks, so a 5% bound can tolerate lost chunks.
+# Width 96: its tensors span tens of 1416-byte chunks, so a 5% bound can tolerate lost chunks.
 PEERS, BATCH, EPOCHS, LR, WIDTH = 4, 32, 6, 0.1, 96
 # pytest-timeout charges a module fixture's training run to the first test that uses it: on a busy
 # 2-core machine that run and the test's own take minutes each.

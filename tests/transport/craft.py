@@ -6,47 +6,34 @@ import math
 import socket
 import struct
 
-MAGIC, VERSION = 0x7032, 1
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+MAGIC, VERSION = 0x7032, 2
 DATA, ACK, PROBE, CLOSE, DONE = 1, 2, 3, 4, 5
-HDR = struct.Struct("<HBBHHIIIHHQ")  # 32 bytes
-MASK = (1 << 64) - 1
+HDR = struct.Struct("<HBBHHIIIHHQII16s")  # 56 bytes
+TAG_AT = 40
 
 
-def _rotl(x: int, b: int) -> int:
-    return ((x << b) | (x >> (64 - b))) & MASK
-
-
-def siphash24(key: bytes, data: bytes) -> int:
-    k0, k1 = struct.unpack("<QQ", key)
-    v0, v1, v2, v3 = k0 ^ 0x736F6D6570736575, k1 ^ 0x646F72616E646F6D, k0 ^ 0x6C7967656E657261, k1 ^ 0x7465646279746573
-
-    def rounds(n: int) -> None:
-        nonlocal v0, v1, v2, v3
-        for _ in range(n):
-            v0 = (v0 + v1) & MASK; v1 = _rotl(v1, 13) ^ v0; v0 = _rotl(v0, 32)
-            v2 = (v2 + v3) & MASK; v3 = _rotl(v3, 16) ^ v2
-            v0 = (v0 + v3) & MASK; v3 = _rotl(v3, 21) ^ v0
-            v2 = (v2 + v1) & MASK; v1 = _rotl(v1, 17) ^ v2; v2 = _rotl(v2, 32)
-
-    tail = len(data) % 8
-    for (m,) in struct.iter_unpack("<Q", data[: len(data) - tail]):
-        v3 ^= m; rounds(2); v0 ^= m
-    m = int.from_bytes(data[len(data) - tail:], "little") | ((len(data) & 0xFF) << 56)
-    v3 ^= m; rounds(2); v0 ^= m
-    v2 ^= 0xFF
-    rounds(4)
-    return v0 ^ v1 ^ v2 ^ v3
+def gmac(key: bytes, iv: bytes, data: bytes) -> bytes:
+    """AES-256-GMAC: GCM's tag over `data` as additional data, nothing encrypted (native/auth.c)."""
+    return AESGCM(key).encrypt(iv, b"", data)
 
 
 def datagram(type_: int, *, sender: int = 1, msg: int = 1, chunk: int = 0, nchunks: int = 1, chunk_size: int = 1440,
              meta_len: int = 24, pass_: int = 0, body: bytes = b"", job: int = 0, key: bytes | None = None,
-             magic: int = MAGIC, version: int = VERSION) -> bytes:
-    hdr = HDR.pack(magic, version, type_, sender, pass_, msg, chunk, nchunks, chunk_size // 8, meta_len // 8, 0)
-    if key is None:
-        tag = job
-    else:
-        tag = siphash24(key, struct.pack("<I", job) + hdr[:24] + bytes(8) + body)
-    return hdr[:24] + struct.pack("<Q", tag) + body
+             session: int = 0x5E55, counter: int | None = None, magic: int = MAGIC, version: int = VERSION) -> bytes:
+    """One datagram as a sender with `session` makes it; each call takes the session's next counter
+    unless `counter` is given, so that repeated calls are not refused as replays."""
+    if counter is None:
+        counter = _counters.get(session, 0)
+        _counters[session] = counter + 1
+    hdr = HDR.pack(magic, version, type_, sender, pass_, msg, chunk, nchunks, chunk_size // 8, meta_len // 8,
+                   session, counter, job, bytes(16))
+    tag = bytes(16) if key is None else gmac(key, hdr[24:36], hdr[:TAG_AT] + body)
+    return hdr[:TAG_AT] + tag + body
+
+
+_counters: dict[int, int] = {}
 
 
 def message_chunks(arrays_bytes: list[bytes], descriptor: list | bytes, chunk_size: int) -> tuple[list[bytes], int]:

@@ -10,9 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from tests.transport.craft import ACK, CLOSE, DATA, DONE, HDR, PROBE, datagram
+from tests.transport.craft import ACK, CLOSE, DATA, DONE, HDR, PROBE, VERSION, datagram
 
-DROPS = ("drop_bad_length", "drop_bad_magic", "drop_bad_version", "drop_bad_type", "drop_bad_tag",
+DROPS = ("drop_bad_length", "drop_bad_magic", "drop_bad_version", "drop_bad_type", "drop_bad_tag", "drop_replayed",
          "drop_bad_index", "drop_bad_meta", "drop_unknown", "drop_stale", "drop_too_large")
 
 
@@ -28,7 +28,7 @@ def invalid_datagrams(rng: random.Random, job: int, key: bytes | None = None):
             b[0] ^= 1
         return bytes(b)
     if kind == 1:  # truncated below a header
-        return datagram(DATA, body=b"x" * 1440, **ok)[: rng.randrange(0, 32)]
+        return datagram(DATA, body=b"x" * 1440, **ok)[: rng.randrange(0, HDR.size)]
     if kind == 2:  # oversized: more payload than a chunk
         return datagram(DATA, body=rng.randbytes(1441 + rng.randrange(2000)), **ok)
     if kind == 3:  # a middle chunk cut short
@@ -50,21 +50,21 @@ def invalid_datagrams(rng: random.Random, job: int, key: bytes | None = None):
         b[3] = rng.choice([0, 6, 7, 255])
         return bytes(b)
     if kind == 10:  # ACK or DONE for no message in flight
-        body = HDR.pack(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)[:24] if rng.random() < 0.5 else bytes(12)
+        body = bytes(24) if rng.random() < 0.5 else bytes(12)
         return datagram(ACK if len(body) == 24 else DONE, body=body, **ok)
     if kind == 11:  # PROBE / CLOSE with a body of the wrong size
         return datagram(rng.choice([PROBE, CLOSE]), body=rng.randbytes(5 + rng.randrange(100)), **ok)
     if kind == 12:  # the last chunk ends inside the meta
         return datagram(DATA, body=b"x" * 8, **{**ok, "chunk": 0, "nchunks": 1, "meta_len": 64})
-    if kind == 13:  # wrong job id (the tag is the job when authentication is off)
+    if kind == 13:  # wrong job id
         return datagram(DATA, body=b"x" * 1440, **{**ok, "job": job + 1})
-    if kind == 14:  # a valid header with one random header byte flipped into the tag
-        b = bytearray(datagram(DATA, body=b"x" * 1440, **ok))
-        b[24 + rng.randrange(8)] ^= 1 + rng.randrange(255)
+    if kind == 14:  # a valid datagram with one byte of its job id flipped, or with a key, of its session,
+        b = bytearray(datagram(DATA, body=b"x" * 1440, **ok))  # counter, job id or tag
+        b[rng.randrange(24, HDR.size) if key else rng.randrange(36, 40)] ^= 1 + rng.randrange(255)
         return bytes(b)
     # random header fields after a valid magic/version: type/length/geometry all random
-    b = bytearray(rng.randbytes(32 + rng.randrange(64)))
-    b[0:3] = bytes([0x32, 0x70, 1])
+    b = bytearray(rng.randbytes(HDR.size + rng.randrange(64)))
+    b[0:3] = bytes([0x32, 0x70, VERSION])
     b[3] = rng.choice([0, 6, 9])
     return bytes(b)
 
@@ -81,7 +81,7 @@ def fuzz_drops(st: dict[str, int]) -> int:
     return sum(st[k] for k in DROPS if k != "drop_stale")
 
 
-@pytest.mark.parametrize("key", [None, bytes(range(16))], ids=["tags-off", "tags-on-signed-fuzz"])
+@pytest.mark.parametrize("key", [None, bytes(range(32))], ids=["tags-off", "tags-on-signed-fuzz"])
 def test_fuzz_hundred_thousand_datagrams_while_legitimate_messages_flow(channels, raw_peer, key):
     job = 1234
     rx = channels(job_id=job, key=key)  # the default caps
@@ -123,19 +123,19 @@ def test_fuzz_hundred_thousand_datagrams_while_legitimate_messages_flow(channels
     assert st["messages_delivered"] == len(legit) and st["messages_expired"] == 0
     assert rx.recv(timeout=0.05) is None
     behind_the_tag = ("drop_bad_length", "drop_bad_index", "drop_unknown", "drop_too_large")
-    for k in ("drop_bad_magic", "drop_bad_version", "drop_bad_type", "drop_bad_tag", *behind_the_tag):
+    for k in ("drop_bad_magic", "drop_bad_version", "drop_bad_type", "drop_bad_tag", "drop_replayed", *behind_the_tag):
         assert st[k] > 0, f"no datagram exercised {k}"
 
 
 def test_fuzz_with_authentication_rejects_forgeries_by_tag(channels, raw_peer):
-    key = bytes(range(16))
+    key = bytes(range(32))
     rx = channels(job_id=7, key=key)
     rng = random.Random(1)
     n = 5000
     for _ in range(n):  # well-formed headers, but nobody outside the job knows the key
         t = rng.choice([DATA, ACK, PROBE, CLOSE, DONE])
         raw_peer.send(datagram(t, body=rng.randbytes(rng.randrange(0, 1440)), job=7, msg=rng.randrange(9),
-                               nchunks=rng.randrange(1, 9), key=bytes(16 - i for i in range(16))), rx.address)
+                               nchunks=rng.randrange(1, 9), key=bytes(32 - i for i in range(32))), rx.address)
     wait_until(lambda: rx.stats()["datagrams_received"] >= n)
     assert rx.stats()["drop_bad_tag"] == n
     assert rx.recv(timeout=0.05) is None

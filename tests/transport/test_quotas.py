@@ -10,7 +10,7 @@ import pytest
 
 from tests.transport.craft import DATA, PROBE, datagram
 
-KEY, JOB = bytes(range(16)), 7
+KEY, JOB = bytes(range(32)), 7
 
 
 def rss_bytes() -> int:
