@@ -1,6 +1,7 @@
 """python -m p2plearn.bench {transport|selection|rounds|...} [options]"""
 from __future__ import annotations
 
+import signal
 import sys
 
 BENCHES = {
@@ -18,6 +19,8 @@ def main() -> None:
         raise SystemExit(f"usage: python -m p2plearn.bench {{{'|'.join(BENCHES)}}} [--help]")
     import importlib
 
+    # SIGTERM unwinds like Ctrl-C, so that the namespaces and processes a benchmark made are removed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     importlib.import_module(BENCHES[sys.argv[1]]).main(sys.argv[2:])
 
 

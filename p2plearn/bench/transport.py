@@ -7,7 +7,7 @@ by tbf at 100 Mbit/s and 1 Gbit/s with a 64 KB queue). Each configuration moves 
 given size `reps` times (sender and receiver are separate processes) and reports the median.
 Targets (issue 2): engine goodput >= 0.8x raw TCP on the unshaped veth pair; on a shaped link,
 goodput >= 0.95 of the shaped rate with <= 1% of datagrams dropped at the queue. "engine" runs with
-SipHash tags on, as training does; "engine-untagged" without, for the tags' cost ("x untagged",
+AES-256-GMAC tags on, as training does; "engine-untagged" without, for the tags' cost ("x untagged",
 issue 17's target: >= 0.8).
 """
 from __future__ import annotations
@@ -96,8 +96,9 @@ def _iperf3(path: Path, size: int, port: int) -> float | None:
             cli = subprocess.run(path.wrap(path.sender_ns, ["iperf3", "-c", path.receiver_host, "-p", str(port),
                                                             "-n", str(size), "-J"]),
                                  capture_output=True, text=True, timeout=300)
-            if cli.returncode == 0:
-                end = json.loads(cli.stdout)["end"]["sum_received"]
+            # iperf3 can exit 0 with an error in its JSON (a server not yet listening): try again
+            end = json.loads(cli.stdout or "{}").get("end", {}).get("sum_received") if cli.returncode == 0 else None
+            if end:
                 return end["bytes"] * 8 / end["bits_per_second"]
             subprocess.run(["sleep", "0.1"])
         return None
