@@ -45,7 +45,15 @@ bench: $(STAMP)
 	$(VPY) -m p2plearn.bench transport
 
 # The engine built with AddressSanitizer + UndefinedBehaviorSanitizer, running the engine tests.
+# AddressSanitizer + UBSan: the engine alone with leak detection (tests/native/engine_leaks.c: no
+# Python, so each leak reported is the engine's), then the transport tests on a sanitized build
+# (leak detection off there: the interpreter keeps its own memory until exit).
+ENGINE_C := $(filter-out native/build_p2pcast.py,$(wildcard native/*.c))
 asan: $(STAMP)
+	mkdir -p build
+	gcc -O1 -g -std=gnu11 -Wall -Wextra -pthread -fno-omit-frame-pointer -fsanitize=address,undefined \
+	  -Inative $(ENGINE_C) tests/native/engine_leaks.c -lcrypto -lm -o build/engine_leaks
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 build/engine_leaks
 	P2PCAST_SANITIZE=1 $(VPY) -m pip install -q --no-build-isolation --no-deps -e .
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \

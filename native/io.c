@@ -16,7 +16,7 @@ static void set_want_out(p2p_engine *eng, int on) {
 
 /* Waits for socket or wake-up events, at most wait_ns; returns how many (0 also when interrupted). */
 static int wait_events(p2p_engine *eng, struct epoll_event *evs, int max, uint64_t wait_ns) {
-    int n;
+    int n = 0;
     if (!eng->no_pwait2) {
         struct timespec ts = {(time_t)(wait_ns / 1000000000ull), (long)(wait_ns % 1000000000ull)};
         n = epoll_pwait2(eng->epfd, evs, max, &ts, NULL);

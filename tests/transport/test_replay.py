@@ -27,6 +27,13 @@ def capture(sock: socket.socket, until: float) -> list[bytes]:
     return got
 
 
+def wait_for(condition, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.005)
+
+
 def settled(ch) -> dict[str, int]:
     """The channel's counters once its delayed ACKs and DONEs are out (nothing sent for 0.2 s)."""
     last = ch.stats()
@@ -63,14 +70,12 @@ def test_captured_datagrams_replayed_from_another_port_deliver_nothing(channels,
     try:
         for d in captured:
             other.sendto(d, b.address)
-        deadline = time.monotonic() + 5
-        while b.stats()["datagrams_received"] < before["datagrams_received"] + len(captured):
-            assert time.monotonic() < deadline, "the replayed datagrams did not arrive"
-            time.sleep(0.01)
+        wait_for(lambda: b.stats()["drop_replayed"] - before["drop_replayed"] >= len(captured))
     finally:
         other.close()
-    after = b.stats()
+    after = settled(b)
     assert after["drop_replayed"] - before["drop_replayed"] == len(captured)
+    assert after["datagrams_received"] - before["datagrams_received"] == len(captured)
     assert after["datagrams_sent"] == before["datagrams_sent"], "a replay drew an answer"
     assert b.recv(timeout=0.3) is None, "a replayed message was delivered again"
 
@@ -110,8 +115,6 @@ def test_a_forged_tag_does_not_move_the_window(channels, raw_peer):
     forged = datagram(ACK, body=bytes(24), job=JOB, key=bytes(32), session=7, counter=1 << 31)
     raw_peer.send(forged, b.address)
     raw_peer.send(datagram(ACK, body=bytes(24), job=JOB, key=KEY, session=7, counter=1), b.address)
-    deadline = time.monotonic() + 5
-    while b.stats()["datagrams_received"] < 2:
-        assert time.monotonic() < deadline
+    wait_for(lambda: sum(b.stats()[k] for k in ("drop_bad_tag", "drop_unknown", "drop_replayed")) >= 2)
     st = b.stats()
     assert (st["drop_bad_tag"], st["drop_unknown"], st["drop_replayed"]) == (1, 1, 0)
