@@ -15,6 +15,7 @@
  * Cost: O(bisection steps x passes x E log n) for E receivers in all.
  */
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,6 +23,7 @@
 #include "engine.h"
 
 #define REL_EPS 1e-9   /* slack on capacities: loads equal to T x capacity must fit despite rounding */
+#define MAX_STEPS 200  /* bisection: from DBL_MIN to DBL_MAX to within REL_EPS takes about 41 */
 /* Passes of step 1's greedy per T with unequal sizes: PASS_BUDGET / live, within [MIN, MAX]. */
 #define PASS_BUDGET 4096
 #define MIN_PASSES 4
@@ -250,8 +252,11 @@ static int solve(struct planner *pl, double *T_out) {
     int ok = assign_p(pl, lo);
     if (!ok) {
         hi = upper_bound(pl);
-        while (hi > lo * (1 + REL_EPS)) {
-            double mid = sqrt(lo * hi);   /* geometric: the bounds can be orders of magnitude apart */
+        if (!isfinite(hi)) return set_error(EINVAL, "plan: rates and sizes out of range (a round would take %g s)", hi);
+        lo = fmax(lo, DBL_MIN); /* an underflowed bound: a geometric mean with 0 would never move */
+        for (int step = 0; step < MAX_STEPS && hi > lo * (1 + REL_EPS); step++) {
+            /* geometric, the bounds can be orders of magnitude apart; two roots cannot overflow */
+            double mid = sqrt(lo) * sqrt(hi);
             ok = assign_p(pl, mid);
             if (ok) hi = mid; else lo = mid;
         }
@@ -259,6 +264,8 @@ static int solve(struct planner *pl, double *T_out) {
     }
     int rc = add_extras(pl, current_time(pl));
     *T_out = current_time(pl);
+    if (!rc && !isfinite(*T_out))
+        return set_error(EINVAL, "plan: rates and sizes out of range (a round would take %g s)", *T_out);
     return rc;
 }
 

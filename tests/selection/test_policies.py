@@ -118,3 +118,22 @@ def test_dead_peers_rates_are_ignored_unless_invalid():
 def test_blind_policies_reject_negative_p(name):
     with pytest.raises(ValueError, match="p must be >= 0"):
         make_policy(name).plan(_view(), -1, 0)
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize("uplink, downlink, message", [
+    (1e300, 1e6, 1e-20),    # a tiny message on a huge uplink: the lower bound underflows to 0
+    (1e6, 1e300, 1e-300),
+    (1e-300, 1e-300, 1e300),  # a round longer than a double can hold: refused, not inf
+    (1.0, 1e6, 5e-324),
+])
+def test_selmcast_never_hangs_or_returns_inf_on_extreme_valid_input(uplink, downlink, message):
+    view = _view(uplink=np.array([uplink, 1e6, 1e6, 1e6]), downlink=np.array([1e6, downlink, 1e6, 1e6]),
+                 message_bytes=np.array([message, 1e5, 1e5, 1e5]))
+    try:
+        plan, t = Selmcast().solve(view, 2, 0)
+    except ValueError as exc:
+        assert "out of range" in str(exc)
+        return
+    assert np.isfinite(t) and t > 0
+    assert all(len(r) >= 2 for r in plan.values())
