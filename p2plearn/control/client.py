@@ -31,6 +31,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from ..keys import control_key
+from ..transport.nic import link_rate
 from . import protocol as p
 from .coordinator import Progress, set_transport_heartbeat
 from .detector import PhiAccrualDetector
@@ -235,7 +236,7 @@ class Client:
     def _register_body(self, join: bool, resume: dict | None = None) -> dict[str, Any]:
         body = {"type": p.REGISTER, "rank": self.rank, "host": self.host,
                 "engine": list(self._engine) if self._engine else None, "standby": self.standby, "join": join,
-                "clock": self._clock}
+                "clock": self._clock, "link_rate": link_rate(self._engine[0]) if self._engine else None}
         return {**body, "resume": resume} if resume else body
 
     def _apply_registration(self, reply: dict, blobs: list[bytes], admitted: bool) -> None:

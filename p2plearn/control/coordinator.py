@@ -302,6 +302,7 @@ class Coordinator:
         if rank in self._members and self._sessions[rank] not in (None, session):
             return {"type": p.ERROR, "reason": f"rank {rank} is already registered by another process"}
         engine = _engine(body.get("engine"))
+        self._estimator.seed_link(rank, _link_rate(body.get("link_rate")))  # sent with the engine's address
         standby = body.get("standby")
         known = self._members.get(rank)
         if known is not None and self._sessions[rank] is None and not body.get("resume"):
@@ -563,6 +564,15 @@ def _rank(value: Any) -> int:
     if not 0 <= rank < 1 << 20:
         raise ValueError(f"rank {rank} is out of range")
     return rank
+
+
+def _link_rate(value: Any) -> float | None:
+    """A registering peer's interface rate: bytes/s if a positive finite number (< 100 Tbit/s), else unknown."""
+    try:
+        rate = float(value)
+    except (TypeError, ValueError):
+        return None
+    return rate if 0 < rate < 1.25e13 else None
 
 
 def _engine(value: Any) -> tuple[str, int] | None:

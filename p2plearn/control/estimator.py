@@ -2,7 +2,9 @@
 
 The estimator (documented here because selection relies on its behaviour):
 
-- Seed: ``uplink[i]`` / ``downlink[i]`` from the topology when one is given, else ``default_rate``.
+- Seed: ``uplink[i]`` / ``downlink[i]`` from the topology when one is given, else the line rate of
+  the interface peer ``i`` registered from (``p2plearn.transport.nic``: a NIC's negotiated speed,
+  10 Gbit/s on loopback), else ``default_rate``.
 - Every round each sender reports, per receiver, the rate it delivered (bytes/s), the loss,
   and what it still has in flight; plus ``saturated``: its engine had data queued for the whole
   send, so the network, not the application, set the pace.
@@ -20,7 +22,8 @@ The estimator (documented here because selection relies on its behaviour):
 
 Tuning: ``alpha`` (0..1] trades reaction speed against noise (0.3 follows a changed link in
 about 5 rounds); ``loss_threshold`` should sit above the random loss of the network and below
-the loss that congestion causes; ``default_rate`` only matters without a topology.
+the loss that congestion causes; ``default_rate`` only matters for a peer without a topology
+entry whose interface does not report a speed (virtual NICs, Wi-Fi).
 """
 
 from __future__ import annotations
@@ -111,6 +114,13 @@ class BandwidthEstimator:
         """Take over estimates held elsewhere (a predecessor's view, handed over by a peer)."""
         self.uplink.update({r: float(u) for r, u in enumerate(uplink)})
         self.downlink.update({r: float(d) for r, d in enumerate(downlink)})
+
+    def seed_link(self, rank: int, rate: float | None) -> None:
+        """``rank``'s own interface rate (bytes/s; None: unknown) seeds both its estimates, unless a
+        topology or earlier rounds already set them."""
+        if rate is not None:
+            self.uplink.setdefault(rank, rate)
+            self.downlink.setdefault(rank, rate)
 
     def forget(self, rank: int) -> None:
         """``rank`` is gone: what it had in flight no longer loads anyone."""

@@ -75,6 +75,16 @@ def test_view_is_seeded_and_corrected_by_measurement(key):
             assert b.view is not None and np.array_equal(b.view.uplink, view.uplink)
 
 
+def test_without_a_topology_a_peer_is_planned_at_its_interface_rate(connect):
+    from p2plearn.control.estimator import BandwidthEstimator
+    from p2plearn.transport.nic import LOOPBACK_RATE
+
+    a, b = connect(0, ("127.0.0.1", 9000)), connect(1)
+    view = a.fetch_view()
+    assert view.uplink[0] == view.downlink[0] == LOOPBACK_RATE  # registered from loopback
+    assert view.uplink[1] == BandwidthEstimator().default_rate  # no engine address yet: nothing known
+
+
 def test_leave_is_told_to_the_others(connect):
     a, b = connect(0), connect(1)
     b.leave()

@@ -49,3 +49,12 @@ def test_load_sums_latest_in_flight_and_forgets_the_gone():
     assert arrays["uplink"].tolist() == [7.0, 7.0, 7.0]
     est.forget(1)
     assert est.arrays(3)["load"].tolist() == [0, 0, 10]
+
+
+def test_an_interface_rate_seeds_only_what_nothing_else_did():
+    est = BandwidthEstimator({0: (100.0, 200.0)}, default_rate=50.0)
+    est.seed_link(0, 1e9)  # the topology's word stands
+    est.seed_link(1, 1e9)
+    est.seed_link(2, None)  # unknown: the default
+    arrays = est.arrays(3)
+    assert arrays["uplink"].tolist() == [100.0, 1e9, 50.0] and arrays["downlink"].tolist() == [200.0, 1e9, 50.0]
