@@ -184,7 +184,9 @@ int p2p_delivery_fractions(const p2p_delivery *d, double *out, uint32_t nseg);
  * minimising T = the largest (uplink or downlink load) / capacity, then adding receivers beyond p
  * while T does not grow. Application-level multicast (ip_multicast = 0) loads the sender's uplink
  * with one copy per receiver, IP multicast with one copy. max_fanout caps the receivers per sender
- * (0 = no cap, else >= p). (seed, round) break ties, so that each round leaves out other peers.
+ * (0 = no cap, else >= p). Then every live peer still without a sender gets one by moving an edge
+ * from a receiver that has two or more, where its downlink takes the message by T (1 + mixing_slack)
+ * (0: T does not grow). (seed, round) break ties, so that each round leaves out other peers.
  * Rates and sizes must be finite and >= 0, and > 0 for live peers (alive[i] != 0).
  * On success *out owns its arrays: free them with p2p_plan_free. */
 typedef struct {
@@ -195,6 +197,6 @@ typedef struct {
 } p2p_plan;
 
 int p2p_plan_make(int n, const double *uplink, const double *downlink, const double *message_bytes,
-                  const uint8_t *alive, int p, int max_fanout, int ip_multicast, uint64_t seed,
+                  const uint8_t *alive, int p, int max_fanout, double mixing_slack, int ip_multicast, uint64_t seed,
                   uint64_t round, p2p_plan *out);
 void p2p_plan_free(p2p_plan *plan);

@@ -11,7 +11,9 @@
  * to a relative 1e-9 between the best lower bound and a T at which every receiver can take every
  * sender. Step 2 (Pareto extras): within the capacities at the T of step 1's plan, senders in
  * increasing message size (smallest first maximises the count) each add receivers up to their
- * fan-out capacity, again those with the most fan-in left, so T does not grow.
+ * fan-out capacity, again those with the most fan-in left, so T does not grow. Step 3 (mixing): a
+ * live peer still without a sender takes an edge from a receiver that has two or more
+ * (cover_starved), again at no cost in T.
  * Cost: O(bisection steps x passes x E log n) for E receivers in all.
  */
 #include <errno.h>
@@ -24,6 +26,7 @@
 
 #define REL_EPS 1e-9   /* slack on capacities: loads equal to T x capacity must fit despite rounding */
 #define MAX_STEPS 200  /* bisection: from DBL_MIN to DBL_MAX to within REL_EPS takes about 41 */
+#define MAX_SWAP_TRIES 4096 /* step 3: donor edges looked at per peer without a sender (bounds its cost) */
 /* Passes of step 1's greedy per T with unequal sizes: PASS_BUDGET / live, within [MIN, MAX]. */
 #define PASS_BUDGET 4096
 #define MIN_PASSES 4
@@ -31,6 +34,7 @@
 
 struct planner {
     int n, live, p, max_fanout, ip_multicast;
+    double mixing_slack;        /* step 3 may let T grow by this fraction to give a peer a sender */
     int equal;                  /* all live messages equal: fan-in counts whole messages, exactly */
     const double *up, *down, *msg;
     const uint8_t *alive;
@@ -107,13 +111,18 @@ static void heap_remove(struct planner *pl, int v) {
     sift_down(pl, pl->pos[last]);
 }
 
+/* What receiver j's downlink takes by T: messages (equal sizes) or bytes. */
+static double fanin(const struct planner *pl, int j, double T) {
+    double bytes = pl->down[j] * T * (1 + REL_EPS);
+    return pl->equal ? floor(bytes / pl->msg[j]) : bytes;
+}
+
 /* Fan-in of every live receiver at T, every peer pending, all in the heap (not yet ordered). */
 static void reset(struct planner *pl, double T) {
     pl->hn = 0;
     for (int t = 0; t < pl->live; t++) {
         int j = pl->by_size_desc[t];
-        double bytes = pl->down[j] * T * (1 + REL_EPS);
-        pl->cap[j] = pl->equal ? floor(bytes / pl->msg[j]) : bytes;
+        pl->cap[j] = fanin(pl, j, T);
         pl->pending[j] = 1;
         heap_place(pl, pl->hn++, j);
     }
@@ -247,6 +256,60 @@ static double upper_bound(const struct planner *pl) {
     return T;
 }
 
+/* Step 3 (mixing): a live peer that step 1 and 2 left without a sender takes one by an edge swap:
+ * an edge i -> k whose receiver k has another sender moves to j, when j's downlink takes i's
+ * message by T (1 + mixing_slack). No receiver loses its last sender, no uplink carries more, and
+ * T grows by at most mixing_slack (not at all by default). Edges are tried in a random order per
+ * round, so the senders that give one up rotate. A peer whose downlink cannot take any message by
+ * then stays without. */
+static int cover_starved(struct planner *pl, double T) {
+    int64_t E = (int64_t)pl->live * pl->p + pl->nextra;
+    if (pl->p == 0 || E == 0) return 0;
+    int *indeg = calloc((size_t)pl->n, sizeof(int)), *from = malloc(sizeof(int) * (size_t)E);
+    uint32_t **slot = malloc(sizeof(uint32_t *) * (size_t)E);
+    if (!indeg || !from || !slot) {
+        free(indeg); free(from); free(slot);
+        return set_error(ENOMEM, "out of memory");
+    }
+    int64_t e = 0;
+    for (int t = 0; t < pl->live; t++) {
+        int i = pl->by_size_desc[t];
+        for (int k = 0; k < pl->p; k++, e++) {
+            slot[e] = &pl->base[(size_t)i * pl->p + k];
+            from[e] = i;
+        }
+        for (int k = 0; k < pl->nextra_of[i]; k++, e++) {
+            slot[e] = &pl->extra[pl->extra_at[i] + k];
+            from[e] = i;
+        }
+    }
+    for (e = 0; e < E; e++) indeg[*slot[e]]++;
+    uint64_t s = pl->shuffle_seed ^ 0x5A17C0FFEEull;
+    for (int64_t k = E - 1; k > 0; k--) {
+        int64_t r = (int64_t)(splitmix64(&s) % (uint64_t)(k + 1));
+        uint32_t *ts = slot[k]; slot[k] = slot[r]; slot[r] = ts;
+        int tf = from[k]; from[k] = from[r]; from[r] = tf;
+    }
+    int64_t front = 0; /* edges before it can never be given up again: their receiver has one sender */
+    for (int t = 0; t < pl->live; t++) {
+        int j = pl->by_size_desc[t];
+        if (indeg[j] > 0) continue;
+        while (front < E && indeg[*slot[front]] < 2) front++;
+        for (int64_t x = front, tried = 0; x < E && tried < MAX_SWAP_TRIES; x++) {
+            int i = from[x], k = (int)*slot[x];
+            if (indeg[k] < 2) continue;
+            tried++;
+            if (i == j || fanin(pl, j, T * (1 + pl->mixing_slack)) < cost(pl, i)) continue; /* j has nothing yet */
+            *slot[x] = (uint32_t)j;
+            indeg[k]--;
+            indeg[j]++;
+            break;
+        }
+    }
+    free(indeg); free(from); free(slot);
+    return 0;
+}
+
 static int solve(struct planner *pl, double *T_out) {
     double lo = lower_bound(pl), hi = lo;
     int ok = assign_p(pl, lo);
@@ -262,7 +325,9 @@ static int solve(struct planner *pl, double *T_out) {
         }
         if (!ok && !assign_p(pl, hi)) return set_error(EDOM, "planner: no plan at the upper bound");
     }
-    int rc = add_extras(pl, current_time(pl));
+    double T = current_time(pl);
+    int rc = add_extras(pl, T);
+    if (!rc) rc = cover_starved(pl, T);
     *T_out = current_time(pl);
     if (!rc && !isfinite(*T_out))
         return set_error(EINVAL, "plan: rates and sizes out of range (a round would take %g s)", *T_out);
@@ -288,12 +353,14 @@ static int check_array(const double *v, int n, const uint8_t *alive, const char 
 }
 
 static int validate(int n, const double *up, const double *down, const double *msg,
-                    const uint8_t *alive, int p, int max_fanout, const p2p_plan *out) {
+                    const uint8_t *alive, int p, int max_fanout, double mixing_slack, const p2p_plan *out) {
     if (!up || !down || !msg || !alive || !out) return set_error(EINVAL, "plan: NULL argument");
     if (n <= 0) return set_error(EINVAL, "plan: n must be > 0, got %d", n);
     if (p < 0) return set_error(EINVAL, "plan: p must be >= 0, got %d", p);
     if (max_fanout < 0 || (max_fanout > 0 && max_fanout < p))
         return set_error(EINVAL, "plan: max_fanout must be 0 (no cap) or >= p = %d, got %d", p, max_fanout);
+    if (!(mixing_slack >= 0 && mixing_slack <= 1e6))
+        return set_error(EINVAL, "plan: mixing_slack must be in [0, 1e6], got %g", mixing_slack);
     int rc;
     if ((rc = check_array(up, n, alive, "uplink")) || (rc = check_array(down, n, alive, "downlink")) ||
         (rc = check_array(msg, n, alive, "message_bytes")))
@@ -352,12 +419,13 @@ static int planner_init(struct planner *pl, uint64_t seed, uint64_t round) {
 }
 
 int p2p_plan_make(int n, const double *uplink, const double *downlink, const double *message_bytes,
-                  const uint8_t *alive, int p, int max_fanout, int ip_multicast, uint64_t seed,
+                  const uint8_t *alive, int p, int max_fanout, double mixing_slack, int ip_multicast, uint64_t seed,
                   uint64_t round, p2p_plan *out) {
-    int rc = validate(n, uplink, downlink, message_bytes, alive, p, max_fanout, out);
+    int rc = validate(n, uplink, downlink, message_bytes, alive, p, max_fanout, mixing_slack, out);
     if (rc) return rc;
     memset(out, 0, sizeof *out);
-    struct planner pl = {.n = n, .p = p, .max_fanout = max_fanout, .ip_multicast = ip_multicast != 0,
+    struct planner pl = {.n = n, .p = p, .max_fanout = max_fanout, .mixing_slack = mixing_slack,
+                         .ip_multicast = ip_multicast != 0,
                          .up = uplink, .down = downlink, .msg = message_bytes, .alive = alive};
     if ((rc = planner_init(&pl, seed, round)) || (rc = solve(&pl, &out->time))) goto done;
     out->n = n;

@@ -6,10 +6,12 @@ Under application-level multicast (the default: one copy per receiver) sender i'
 |R_i| M_i; under IP multicast one M_i. Receiver j's downlink carries the sum of M_i over the
 senders that chose j. T(plan) = the largest of these loads divided by its capacity (seconds).
 
-SELMCAST (Pareto-optimal in two steps):
+SELMCAST (Pareto-optimal in two steps, then mixing):
 1. minimise T subject to |R_i| >= p for every live sender (bottleneck first), then
 2. add receivers beyond p while T does not grow, maximising the sum of |R_i| (a larger average p
-   converges faster, and nobody gets slower).
+   converges faster, and nobody gets slower), then
+3. give every live peer that still has no sender one, where that costs nothing in T: a peer that
+   never receives never mixes, and its model drifts.
 
 Algorithm (in C, native/planner.c). "Can every sender get p receivers by T?" is a bipartite
 degree-constrained assignment without self-loops: sender fan-out floor(U_i T / M_i) (all live
@@ -25,10 +27,14 @@ bisection to a relative 1e-9 between the best lower bound (max of p M_i / U_i an
 sum(p M) / sum(D)) and a T at which every receiver can take everyone. Step 2 then lets senders by
 increasing M_i (smallest first maximises the count) take extra receivers with the most fan-in
 left, within the capacities at step 1's T; on the tests this is the most receivers possible at
-that T in about 98% of instances, and one or two short otherwise. Ties break by a random rank drawn from
-(seed, round), so each round leaves out different peers. A peer whose downlink is scarce may
-receive nothing in a round: the model asks for fast rounds, not for fan-in. Planning 1,000 peers
-takes about 10 ms, 10,000 well under a second (`python -m p2plearn.bench selection`).
+that T in about 98% of instances, and one or two short otherwise. Step 3 moves an edge i -> k whose
+receiver k has another sender to a peer j without one, when j's downlink holds M_i by T (edges
+tried in a random order per round, so the senders giving one up rotate); no uplink carries more
+and T does not grow; with ``mixing_slack`` T may grow by that fraction so that a peer whose downlink
+cannot take a whole message by T gets one too (else it receives nothing).
+Ties break by a random rank drawn from (seed, round). Planning 1,000 peers takes about 10 ms,
+10,000 well under a second (`python -m p2plearn.bench selection`, which also reports starved
+peers and the mixing matrix's |lambda_2| over 20 rounds).
 
 p larger than live - 1 is clamped to live - 1 (everyone sends to everyone); dead peers neither send
 nor receive. Rates and sizes must be finite and >= 0, and > 0 for live peers (else ValueError).
@@ -52,14 +58,19 @@ class Selmcast(SelectionPolicy):
         the sender's fan-out is then limited by receivers' downlinks only.
     max_fanout: cap on receivers per sender (None = no cap, else >= p). Lower it to bound the
         merge work per round and the plan's size on fast, large networks; it never raises T.
+    mixing_slack: how much T may grow (0.1 = 10%) so that a peer whose downlink cannot take a
+        whole message by T still gets a sender (step 3). 0 keeps T; such a peer then mixes only
+        in rounds whose T is long enough, or never on a view that does not change.
     """
 
     name = "selmcast"
 
-    def __init__(self, seed: int = 0, ip_multicast: bool = False, max_fanout: int | None = None):
+    def __init__(self, seed: int = 0, ip_multicast: bool = False, max_fanout: int | None = None,
+                 mixing_slack: float = 0.0):
         super().__init__(seed)
         self.ip_multicast = ip_multicast
         self.max_fanout = max_fanout
+        self.mixing_slack = mixing_slack
 
     def plan(self, view: NetworkView, p: int, round: int) -> dict[int, list[int]]:
         return self.solve(view, p, round)[0]
@@ -73,7 +84,7 @@ class Selmcast(SelectionPolicy):
             raise ValueError("uplink, downlink, message_bytes and alive must have one entry per peer")
         out = ffi.new("p2p_plan *")
         check(lib.p2p_plan_make(len(alive), *(ffi.from_buffer("double[]", a) for a in arrays),
-                                ffi.from_buffer("uint8_t[]", alive), p, self.max_fanout or 0,
+                                ffi.from_buffer("uint8_t[]", alive), p, self.max_fanout or 0, self.mixing_slack,
                                 int(self.ip_multicast), self.seed & _U64, round & _U64, out))
         try:
             offsets = np.frombuffer(ffi.buffer(out.offsets, 8 * (out.n + 1)), dtype=np.int64).tolist()

@@ -137,3 +137,18 @@ def test_selmcast_never_hangs_or_returns_inf_on_extreme_valid_input(uplink, down
         return
     assert np.isfinite(t) and t > 0
     assert all(len(r) >= 2 for r in plan.values())
+
+
+def test_mixing_slack_gives_every_peer_a_sender_for_a_bounded_increase_of_t():
+    from p2plearn.bench.selection import random_view as bench_view  # loaded downlinks: some take no message by T
+
+    view = bench_view(256, 1e6, seed=0, loaded=True)
+    for rnd in range(3):
+        plan, t = Selmcast(seed=0).solve(view, 4, rnd)
+        plan_slack, t_slack = Selmcast(seed=0, mixing_slack=0.5).solve(view, 4, rnd)
+        fed = {j for receivers in plan.values() for j in receivers}
+        fed_slack = {j for receivers in plan_slack.values() for j in receivers}
+        assert len(fed) < view.n, "the view no longer starves anyone: the test shows nothing"
+        assert len(fed_slack) > len(fed) and t <= t_slack <= t * 1.5 * (1 + 1e-9)
+    with pytest.raises(ValueError, match="mixing_slack"):
+        Selmcast(mixing_slack=-0.1).plan(view, 4, 0)

@@ -45,3 +45,26 @@ def test_ilp_matches_exhaustive_search():
         t, total = brute_force(view, p, ip)
         assert optimal_time(view, p, ip) == pytest.approx(t, rel=1e-6)
         assert max_receivers(view, p, t, ip) == total
+
+
+def starved_with_a_swap(view, plan: dict[int, list[int]], t: float) -> list[int]:
+    """Live peers without a sender although an edge i -> k whose receiver k has another sender could
+    move to them at no cost in T (their downlink holds i's message by T)."""
+    indegree = np.zeros(view.n, dtype=int)
+    for receivers in plan.values():
+        indegree[receivers] += 1
+    donors = [(i, k) for i, receivers in plan.items() for k in receivers if indegree[k] >= 2]
+    return [j for j in np.flatnonzero(view.alive & (indegree == 0)).tolist()
+            if any(i != j and view.message_bytes[i] <= view.downlink[j] * t * (1 + 1e-9) for i, _ in donors)]
+
+
+def test_no_live_peer_is_left_without_a_sender_when_a_swap_costs_nothing():
+    for k, view, p, ip in _instances():
+        plan, t = Selmcast(seed=k, ip_multicast=ip).solve(view, p, round=k)
+        assert starved_with_a_swap(view, plan, t) == [], (k, plan)
+    from p2plearn.bench.selection import random_view as bench_view  # the benchmark's 1,000-peer views
+
+    for rnd in range(3):
+        view = bench_view(1000, 1e6, seed=rnd)
+        plan, t = Selmcast(seed=0).solve(view, 4, round=rnd)
+        assert starved_with_a_swap(view, plan, t) == []
