@@ -11,7 +11,8 @@
  * to a relative 1e-9 between the best lower bound and a T at which every receiver can take every
  * sender. Step 2 (Pareto extras): within the capacities at the T of step 1's plan, senders in
  * increasing message size (smallest first maximises the count) each add receivers up to their
- * fan-out capacity, again those with the most fan-in left, so T does not grow. Step 3 (mixing): a
+ * fan-out capacity, those with the fewest senders so far that still hold the message (spread:
+ * that is what makes the extras mix), so T does not grow. Step 3 (mixing): a
  * live peer still without a sender takes an edge from a receiver that has two or more
  * (cover_starved), again at no cost in T.
  * Cost: O(bisection steps x passes x E log n) for E receivers in all.
@@ -48,6 +49,8 @@ struct planner {
     int *aside;                 /* receivers popped during one sender's turn */
     uint32_t *base;             /* step 1: p receivers per sender, at base[i * p] */
     uint32_t *stamp;            /* stamp[j] == i + 1: j already receives from i */
+    int spread;                 /* step 2: the heap puts receivers with the fewest senders first */
+    int *senders;               /* step 2: senders each receiver has so far */
     uint32_t *extra;            /* step 2 receivers, contiguous per sender */
     int64_t nextra, extra_cap, *extra_at;
     int *nextra_of;
@@ -65,6 +68,7 @@ static double cost(const struct planner *pl, int i) { return pl->equal ? 1.0 : p
 /* ---- indexed max-heap of receivers ---- */
 
 static int better(const struct planner *pl, int a, int b) {
+    if (pl->spread && pl->senders[a] != pl->senders[b]) return pl->senders[a] < pl->senders[b];
     if (pl->cap[a] != pl->cap[b]) return pl->cap[a] > pl->cap[b];
     if (pl->pending[a] != pl->pending[b]) return pl->pending[a] > pl->pending[b];
     return pl->rank[a] > pl->rank[b];
@@ -135,13 +139,17 @@ static int take(struct planner *pl, int i, int want, uint32_t *out) {
     double c = cost(pl, i);
     pl->pending[i] = 0;
     if (pl->pos[i] >= 0) heap_remove(pl, i);
-    /* The top has the most fan-in left: once it cannot hold the message, nobody can. */
-    while (got < want && pl->hn > 0 && pl->cap[pl->heap[0]] >= c) {
+    /* Step 1: the top has the most fan-in left, so once it cannot hold the message nobody can.
+     * Step 2 (spread): the top has the fewest senders; one that cannot hold this message cannot
+     * hold any later sender's either (they come by increasing size), so it leaves the heap. */
+    while (got < want && pl->hn > 0 && (pl->spread || pl->cap[pl->heap[0]] >= c)) {
         int j = pl->heap[0];
         heap_remove(pl, j);
+        if (pl->cap[j] < c) continue;
         pl->aside[nset++] = j;
         if (pl->stamp[j] == (uint32_t)i + 1) continue;
         pl->cap[j] -= c;
+        if (pl->spread) pl->senders[j]++;
         out[got++] = (uint32_t)j;
     }
     for (int k = 0; k < nset; k++) heap_push(pl, pl->aside[k]);
@@ -194,10 +202,16 @@ static int assign_p(struct planner *pl, double T) {
 /* Step 2: receivers beyond p, within the capacities at T that the step 1 plan leaves. */
 static int add_extras(struct planner *pl, double T) {
     reset(pl, T);
+    memset(pl->senders, 0, sizeof(int) * (size_t)pl->n);
     for (int t = 0; t < pl->live; t++) {
         int i = pl->by_size_desc[t];
-        for (int k = 0; k < pl->p; k++) pl->cap[pl->base[(size_t)i * pl->p + k]] -= cost(pl, i);
+        for (int k = 0; k < pl->p; k++) {
+            uint32_t j = pl->base[(size_t)i * pl->p + k];
+            pl->cap[j] -= cost(pl, i);
+            pl->senders[j]++;
+        }
     }
+    pl->spread = 1;
     heapify(pl);
     for (int t = 0; t < pl->live; t++) {
         int i = pl->by_size_asc[t], want = fanout(pl, i, T) - pl->p;
@@ -213,6 +227,7 @@ static int add_extras(struct planner *pl, double T) {
         pl->nextra_of[i] = take(pl, i, want, pl->extra + pl->nextra);
         pl->nextra += pl->nextra_of[i];
     }
+    pl->spread = 0;
     return 0;
 }
 
@@ -372,7 +387,7 @@ static void planner_free(struct planner *pl) {
     free(pl->rank); free(pl->by_size_desc); free(pl->by_size_asc); free(pl->order);
     free(pl->cap); free(pl->pending);
     free(pl->heap); free(pl->pos); free(pl->aside); free(pl->base); free(pl->stamp); free(pl->extra);
-    free(pl->extra_at); free(pl->nextra_of);
+    free(pl->extra_at); free(pl->nextra_of); free(pl->senders);
 }
 
 /* Live peers sorted by message size (ties by the round's random rank), sizes compared. */
@@ -392,9 +407,10 @@ static int planner_init(struct planner *pl, uint64_t seed, uint64_t round) {
     pl->stamp = calloc((size_t)n, sizeof(uint32_t));
     pl->extra_at = calloc((size_t)n, sizeof(int64_t));
     pl->nextra_of = calloc((size_t)n, sizeof(int));
+    pl->senders = calloc((size_t)n, sizeof(int));
     struct sort_item *items = malloc(sizeof *items * (size_t)n);
     if (!pl->rank || !pl->by_size_desc || !pl->by_size_asc || !pl->order || !pl->cap || !pl->pending ||
-        !pl->heap || !pl->pos || !pl->aside || !pl->stamp || !pl->extra_at || !pl->nextra_of || !items) {
+        !pl->heap || !pl->pos || !pl->aside || !pl->stamp || !pl->extra_at || !pl->nextra_of || !pl->senders || !items) {
         free(items);
         return set_error(ENOMEM, "out of memory");
     }
