@@ -95,7 +95,7 @@ class Synchronizer(ABC):
         self.round_cap_s = round_cap_s
         self.clock = start_clock
         self.planner = RoundPlanner(selection, fanout, seed)
-        self.inbox = Inbox(channel, self._wanted_rounds)
+        self.inbox = Inbox(channel, self._wanted_rounds, lambda: len(self.client.members) if self.client else 0)
         self._interrupted = False
         self.network = NetworkState()
         self.training = TrainingState()

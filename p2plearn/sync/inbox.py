@@ -7,23 +7,26 @@ from typing import Callable
 
 from p2plearn.transport import Delivery
 
-STATE_FLAG = 1 << 31  # message ids with this bit carry a whole model state (join), not a round
-MAX_STATES = 4        # model states kept unasked for: a joiner takes one, a donor sends one per ask
+STATE_FLAG = 1 << 31  # message ids with this bit carry a whole model state (join, final average), not a round
+MAX_STATES = 4        # model states kept unasked for, at least: one per sender (a donor's newest, a final model)
 
 
 class Inbox:
     """Pulls deliveries off a channel and files them; rounds may arrive early (faster peers).
 
-    ``wanted()`` gives the rounds (first, last) worth keeping now; deliveries for other rounds,
-    and model states beyond MAX_STATES (oldest first), are dropped and counted in ``dropped``, so
-    what a peer can make this one hold is bounded by the window, not by what it sends.
+    ``wanted()`` gives the rounds (first, last) worth keeping now; deliveries for other rounds are
+    dropped and counted in ``dropped``. Model states are kept one per sender, its newest (a donor
+    sends one per ask), and for at most ``max(MAX_STATES, members())`` senders, the oldest dropped
+    and counted: the root of a final average receives one from every member at once. So what a
+    peer can make this one hold is bounded by the window and the membership, not by what it sends.
     """
 
-    def __init__(self, channel, wanted: Callable[[], tuple[int, int]]) -> None:
+    def __init__(self, channel, wanted: Callable[[], tuple[int, int]], members: Callable[[], int] = lambda: 0) -> None:
         self._channel = channel
         self._wanted = wanted
+        self._members = members
         self._rounds: dict[int, dict[int, Delivery]] = defaultdict(dict)
-        self._states: list[Delivery] = []
+        self._states: dict[int, Delivery] = {}  # by sender, in arrival order
         self.dropped = 0
 
     def pump(self, timeout: float) -> bool:
@@ -32,9 +35,11 @@ class Inbox:
         if d is None:
             return False
         if d.msg_id & STATE_FLAG:
-            self._states.append(d)
-            if len(self._states) > MAX_STATES:
-                del self._states[0]
+            if self._states.pop(d.sender, None) is not None:
+                self.dropped += 1  # superseded by the sender's newer state
+            self._states[d.sender] = d
+            while len(self._states) > max(MAX_STATES, self._members()):
+                del self._states[next(iter(self._states))]
                 self.dropped += 1
             return True
         first, last = self._wanted()
@@ -72,10 +77,8 @@ class Inbox:
     def take_state(self, sender: int | None, until: float) -> Delivery | None:
         """Wait for a model state (from `sender`, or anyone) until the monotonic `until`."""
         while True:
-            for d in self._states:
-                if sender is None or d.sender == sender:
-                    self._states.remove(d)
-                    return d
+            if self._states and (sender is None or sender in self._states):
+                return self._states.pop(next(iter(self._states)) if sender is None else sender)
             left = until - time.monotonic()
             if left <= 0:
                 return None

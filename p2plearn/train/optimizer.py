@@ -484,16 +484,24 @@ class DecentralizedOptimizer(Optimizer):
             gather = {r: [root] for r in members if r != root}
             self.channel.send(final, self._arrays, [self._paced(root, gather)]).wait(timeout)
             return None
-        total = [p.double().clone() for p in self.params]
         until = time.monotonic() + timeout
-        others = [r for r in members if r != root]
-        for rank in others:
-            d = self.sync.inbox.take_state(rank, until)
-            if d is None or not d.complete:
-                raise RuntimeError(f"rank {rank} did not send its model within {timeout:g} s")
-            for t, a, p in zip(total, d.arrays, self.params):
+        models: dict[int, list[np.ndarray]] = {}
+        missing = {r for r in members if r != root}
+        while missing:  # in arrival order: the Inbox keeps only a few states nobody asked for yet
+            d = self.sync.inbox.take_state(None, until)
+            if d is None:
+                raise RuntimeError(f"rank(s) {sorted(missing)} did not send their model within {timeout:g} s")
+            if d.msg_id != final or d.sender not in missing:
+                continue  # a donation to a joiner that came late, not a final model
+            if not d.complete:
+                raise RuntimeError(f"rank {d.sender}'s model arrived incomplete")
+            models[d.sender] = d.arrays
+            missing.discard(d.sender)
+        total = [p.double().clone() for p in self.params]
+        for rank in sorted(models):  # in rank order: the same sum whatever the arrival order
+            for t, a, p in zip(total, models[rank], self.params):
                 t += torch.from_numpy(bf16_values(a) if p.dtype == torch.bfloat16 else a)
-        return {name: (t / (len(others) + 1)).to(p.dtype) for name, t, p in zip(self.tensors, total, self.params)}
+        return {name: (t / (len(models) + 1)).to(p.dtype) for name, t, p in zip(self.tensors, total, self.params)}
 
     def close(self) -> None:
         """Finish the round in flight, leave the job, print this peer's one-line summary, and

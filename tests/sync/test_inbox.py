@@ -1,4 +1,4 @@
-"""The inbox keeps only the rounds a peer may legitimately send, and a few model states."""
+"""The inbox keeps only the rounds a peer may legitimately send, and one model state per sender."""
 
 import numpy as np
 
@@ -7,25 +7,38 @@ from p2plearn.transport import Delivery, Reason
 
 
 class Feed:
-    """A channel that delivers the given message ids, one per recv."""
+    """A channel that delivers the given (sender, message id) pairs, one per recv."""
 
-    def __init__(self, ids):
-        self.ids = list(ids)
+    def __init__(self, items):
+        self.items = [item if isinstance(item, tuple) else (1, item) for item in items]
 
     def recv(self, timeout=None):
-        if not self.ids:
+        if not self.items:
             return None
-        return Delivery(sender=1, msg_id=self.ids.pop(0), arrays=[np.zeros(4, np.float32)],
+        sender, msg_id = self.items.pop(0)
+        return Delivery(sender=sender, msg_id=msg_id, arrays=[np.zeros(4, np.float32)],
                         mask=np.ones(1, bool), reason=Reason.COMPLETE, source=("", 0), fractions=[1.0])
 
 
-def test_rounds_outside_the_window_and_surplus_states_are_dropped_and_counted():
+def test_rounds_outside_the_window_are_dropped_and_counted():
     window = (9, 30)
-    ids = [5, 9, 10, 30, 31, 10**9] + [STATE_FLAG | c for c in range(MAX_STATES + 3)]
-    inbox = Inbox(Feed(ids), lambda: window)
+    inbox = Inbox(Feed([5, 9, 10, 30, 31, 10**9]), lambda: window)
     inbox.drain()
     assert [d.msg_id for d in inbox.take(0, 10**10)] == [9, 10, 30]
-    assert inbox.dropped == 3 + 3  # rounds 5, 31 and 10**9; the three oldest states
-    states = [inbox.take_state(1, 0.0) for _ in range(MAX_STATES)]
-    assert [d.msg_id & ~STATE_FLAG for d in states] == [3, 4, 5, 6]  # the newest are kept
-    assert inbox.take_state(1, 0.0) is None
+    assert inbox.dropped == 3  # rounds 5, 31 and 10**9
+
+
+def test_states_are_kept_one_per_sender_and_for_at_most_as_many_senders_as_members():
+    members = 6
+    # sender 1 sends three states (each supersedes the last); senders 2..8 one each: 8 senders
+    items = [(1, STATE_FLAG | c) for c in range(3)] + [(s, STATE_FLAG | 10 * s) for s in range(2, 9)]
+    inbox = Inbox(Feed(items), lambda: (0, 0), lambda: members)
+    inbox.drain()
+    assert inbox.dropped == 2 + 2  # two superseded states of sender 1; the two oldest senders (1 and 2)
+    assert inbox.take_state(1, 0.0) is None and inbox.take_state(2, 0.0) is None
+    assert inbox.take_state(5, 0.0).msg_id == STATE_FLAG | 50
+    assert [inbox.take_state(None, 0.0).sender for _ in range(members - 1)] == [3, 4, 6, 7, 8]  # by arrival
+    assert inbox.take_state(None, 0.0) is None
+    small = Inbox(Feed([(s, STATE_FLAG) for s in range(10)]), lambda: (0, 0))  # no members known
+    small.drain()
+    assert small.dropped == 10 - MAX_STATES

@@ -1,4 +1,5 @@
-"""An in-process job of two peers: a coordinator, and Runtimes/optimizers made on demand."""
+"""An in-process job (two peers unless a test asks for more): a coordinator, and Runtimes/optimizers
+made on demand."""
 from __future__ import annotations
 
 import secrets
@@ -17,12 +18,14 @@ JOB = "train-test"
 
 
 @pytest.fixture
-def job():
+def job(request):
     """(runtime, optimizer): runtime(rank, join=False) -> a registered Runtime of the job;
     optimizer(rt, model, inner=None, **kw) -> its DecentralizedOptimizer (SGD lr 0.1 unless
-    ``inner`` is given). Everything is closed after the test."""
+    ``inner`` is given). Everything is closed after the test. World size 2, or the test's
+    ``@pytest.mark.parametrize("job", [n], indirect=True)``."""
+    world_size = getattr(request, "param", 2)
     key = secrets.token_hex(16)
-    coord = Coordinator(JOB, key, world_size=2, heartbeat=0.2).start()
+    coord = Coordinator(JOB, key, world_size=world_size, heartbeat=0.2).start()
     made: list[DecentralizedOptimizer] = []
     clients: list[Client] = []
 
@@ -30,7 +33,7 @@ def job():
         client = Client(coord.address, JOB, key, rank=rank, connect_timeout=5.0)
         clients.append(client)
         client.register(None, join=join)
-        return Runtime(rank=client.rank, world_size=2, local_rank=0, local_world_size=1,
+        return Runtime(rank=client.rank, world_size=world_size, local_rank=0, local_world_size=1,
                        options=Options(sync="bsp", selection="all", fanout=2), job_id=JOB, client=client)
 
     def optimizer(rt: Runtime, model: torch.nn.Module, inner: torch.optim.Optimizer | None = None,
@@ -47,14 +50,15 @@ def job():
     coord.stop()
 
 
-def on_both_peers(job, models: list[torch.nn.Module], body: Callable[[int, DecentralizedOptimizer], object],
-                  make_inner: Callable[[torch.nn.Module], torch.optim.Optimizer] | None = None,
-                  **kwargs) -> list[object]:
-    """Start ranks 0 and 1 of `job` on `models`, run body(rank, opt) on both at once; their results."""
+def on_peers(job, models: list[torch.nn.Module], body: Callable[[int, DecentralizedOptimizer], object],
+             make_inner: Callable[[torch.nn.Module], torch.optim.Optimizer] | None = None,
+             **kwargs) -> list[object]:
+    """Start ranks 0..len(models)-1 of `job` on `models`, run body(rank, opt) on all at once; their results."""
     runtime, optimizer = job
-    rts = [runtime(0), runtime(1)]
-    opts: list[DecentralizedOptimizer | None] = [None, None]
-    results: list[object] = [None, None]
+    ranks = range(len(models))
+    rts = [runtime(rank) for rank in ranks]
+    opts: list[DecentralizedOptimizer | None] = [None] * len(models)
+    results: list[object] = [None] * len(models)
     errors: list[BaseException] = []
 
     def peer(rank: int) -> None:
@@ -65,7 +69,7 @@ def on_both_peers(job, models: list[torch.nn.Module], body: Callable[[int, Decen
         except BaseException as exc:  # noqa: BLE001 - reported below, in the test's thread
             errors.append(exc)
 
-    threads = [threading.Thread(target=peer, args=(rank,)) for rank in (0, 1)]
+    threads = [threading.Thread(target=peer, args=(rank,)) for rank in ranks]
     for t in threads:
         t.start()
     for t in threads:

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from p2plearn import checkpoint
-from tests.train.conftest import on_both_peers
+from tests.train.conftest import on_peers
 
 
 def touch(root, rnd, *ranks):
@@ -69,7 +69,7 @@ def test_save_then_load_restores_model_optimizer_and_objects_and_prunes(job, tmp
         train(opt, 1)  # both peers take this round at the restored clock
         return extra, saved, opt.last_round.round, restored_sched.last_epoch
 
-    for extra, saved, rnd, last_epoch in on_both_peers(job, [mlp(), mlp()], body):
+    for extra, saved, rnd, last_epoch in on_peers(job, [mlp(), mlp()], body):
         assert extra == {"epoch": 3}
         assert rnd == 6, "the round after loading is the checkpoint's"
         assert last_epoch == 3
@@ -87,7 +87,7 @@ def test_resume_var_promises_a_complete_step(job, tmp_path, monkeypatch):
         opt.step()
         return True
 
-    assert on_both_peers(job, [mlp(), mlp()], body) == [True, True]
+    assert on_peers(job, [mlp(), mlp()], body) == [True, True]
 
 
 def test_a_peer_that_joined_keeps_the_running_jobs_model_and_clock(job, tmp_path):

@@ -85,3 +85,25 @@ def test_printed_stats_are_one_line():
     text = str(stats)
     assert "\n" not in text and "0.01" not in text
     assert text.startswith("300 rounds, 600 merges, mixed with 2 peers (1,2)")
+
+
+@pytest.mark.parametrize("job", [7], indirect=True)
+def test_average_model_gathers_every_peer_also_more_than_the_inbox_keeps_unasked(job):
+    """7 peers: the root gets 6 models at once, more than the Inbox keeps before they are asked for."""
+    from tests.train.conftest import on_peers
+
+    models = [model(0) for _ in range(7)]
+    for rank, m in enumerate(models):
+        with torch.no_grad():
+            for p in m.parameters():
+                p.fill_(float(rank))
+
+    def body(rank, opt):
+        # rank 6 sends first, rank 1 last, and all are in before the root asks for rank 1's: the
+        # first ones to arrive are the last it asks for
+        time.sleep(2.0 if rank == 0 else 0.2 * (7 - rank))
+        return opt.average_model(root=0, timeout=10)
+
+    averaged, *others = on_peers(job, models, body)
+    assert others == [None] * 6
+    assert all(torch.allclose(t, torch.full_like(t, 3.0)) for t in averaged.values())
