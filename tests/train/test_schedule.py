@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from p2plearn.sync.outer import OuterOptimizer
-from tests.train.conftest import on_both_peers
+from tests.train.conftest import on_peers
 
 
 def mlp(seed: int = 0) -> torch.nn.Module:
@@ -37,7 +37,7 @@ def test_a_round_every_period_steps_and_none_between(job):
             seen.append((opt.sync.clock, params(opt.model)))
         return seen, opt.stats().rounds, opt.steps
 
-    (seen0, rounds0, steps0), (seen1, rounds1, steps1) = on_both_peers(job, [mlp(), mlp()], body, period=3)
+    (seen0, rounds0, steps0), (seen1, rounds1, steps1) = on_peers(job, [mlp(), mlp()], body, period=3)
     assert [clock for clock, _ in seen0] == [0, 0, 1, 1, 1, 2, 2]
     assert rounds0 == rounds1 == 2 and steps0 == steps1 == 7
     for i, ((_, a), (_, b)) in enumerate(zip(seen0, seen1)):
@@ -79,7 +79,7 @@ def test_peers_take_the_same_outer_step_and_keep_its_momentum_in_the_state(job):
         return anchor, params(opt.model), opt.state_dict()["p2plearn"]["outer"]
 
     starts = [mlp(), mlp()]
-    (anchor, after0, outer0), (_, after1, outer1) = on_both_peers(job, starts, body, period=2, outer_lr=0.5,
+    (anchor, after0, outer0), (_, after1, outer1) = on_peers(job, starts, body, period=2, outer_lr=0.5,
                                                                   outer_momentum=0.9)
     for a, b, start in zip(after0, after1, anchor):
         assert torch.equal(a, b), "the peers' outer steps differ"
@@ -103,7 +103,7 @@ def test_an_overlapped_round_adds_its_merge_to_the_steps_taken_since(job):
         opt.flush()                    # the round ends; its merge lands on top of step 3
         return before, params(opt.model), opt.last_round
 
-    results = on_both_peers(job, [mlp(), mlp()], body, period=2, overlap=True)
+    results = on_peers(job, [mlp(), mlp()], body, period=2, overlap=True)
     for rank, (before, after, rs) in enumerate(results):
         assert rs.round == 0 and rs.merged == 1
         for b, a, own, s0, s1 in zip(before, after, snapshots[rank], snapshots[0], snapshots[1]):
@@ -121,7 +121,7 @@ def test_an_overlapped_job_without_local_change_ends_at_the_average(job):
         opt.flush()
         return params(opt.model), opt.stats().rounds
 
-    results = on_both_peers(job, [mlp(), mlp()], body, make_inner=lambda m: torch.optim.SGD(m.parameters(), lr=0.0),
+    results = on_peers(job, [mlp(), mlp()], body, make_inner=lambda m: torch.optim.SGD(m.parameters(), lr=0.0),
                             period=2, overlap=True)
     for got, rounds in results:
         assert rounds == 2
@@ -137,7 +137,7 @@ def test_partitioned_rounds_average_whole_models_through_the_optimizer(job):
         opt.step()
         return params(opt.model), opt.last_round
 
-    results = on_both_peers(job, [mlp(), mlp()], body, make_inner=lambda m: torch.optim.SGD(m.parameters(), lr=0.0),
+    results = on_peers(job, [mlp(), mlp()], body, make_inner=lambda m: torch.optim.SGD(m.parameters(), lr=0.0),
                             sync="partitioned")
     model_bytes = sum(p.numel() * 4 for p in starts[0].parameters())
     for got, rs in results:

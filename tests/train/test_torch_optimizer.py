@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from p2plearn.train import DecentralizedOptimizer
-from tests.train.conftest import on_both_peers
+from tests.train.conftest import on_peers
 
 
 def mlp(seed: int = 0) -> torch.nn.Module:
@@ -38,7 +38,7 @@ def test_an_lr_scheduler_drives_the_wrapped_optimizer(job):
             lrs.append(opt.optimizer.param_groups[0]["lr"])
         return lrs, opt.sync.clock
 
-    for lrs, clock in on_both_peers(job, [mlp(), mlp()], body):
+    for lrs, clock in on_peers(job, [mlp(), mlp()], body):
         assert lrs == pytest.approx([0.05, 0.025, 0.0125])
         assert clock == 3
 
@@ -56,7 +56,7 @@ def test_step_returns_the_closures_loss_and_the_round_goes_to_last_round(job):
         returned = opt.step(closure)
         return returned, opt.last_round
 
-    for returned, rs in on_both_peers(job, [mlp(), mlp()], body):
+    for returned, rs in on_peers(job, [mlp(), mlp()], body):
         assert isinstance(returned, torch.Tensor) and returned.ndim == 0
         assert rs.round == 0 and rs.merged == 1
 
@@ -83,7 +83,7 @@ def test_grad_scaler_unscales_and_a_skipped_step_still_takes_its_round(job):
         unchanged = all(torch.equal(a, p) for a, p in zip(after_first, opt.model.parameters()))
         return after_first, unchanged, opt.sync.clock, scaler.get_scale()
 
-    for after_first, unchanged, clock, scale in on_both_peers(job, [mlp(), mlp()], body):
+    for after_first, unchanged, clock, scale in on_peers(job, [mlp(), mlp()], body):
         for got, want in zip(after_first, reference.parameters()):
             torch.testing.assert_close(got, want)
         assert unchanged, "the overflowing step changed the model"
@@ -104,7 +104,7 @@ def test_state_dict_round_trips_through_torch_save_with_weights_only(job):
         return torch.load(buffer, weights_only=True), copy.deepcopy(opt.optimizer.state_dict())
 
     models = [mlp(), mlp()]
-    saved = on_both_peers(job, models, body, make_inner=lambda m: torch.optim.SGD(m.parameters(), lr=0.1,
+    saved = on_peers(job, models, body, make_inner=lambda m: torch.optim.SGD(m.parameters(), lr=0.1,
                                                                                   momentum=0.9))
     state, inner = saved[0]
     assert state["p2plearn"]["clock"] == 2
@@ -131,7 +131,7 @@ def test_load_state_dict_restores_the_clock_the_momentum_and_the_policy(job):
         opt.step()
         return opt.last_round.round, opt.sync.tolerance.bound, loaded
 
-    results = on_both_peers(job, [mlp(), mlp()], body,
+    results = on_peers(job, [mlp(), mlp()], body,
                             make_inner=lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9),
                             tolerance="adaptive")
     for rnd, bound, momentum in results:
@@ -149,7 +149,7 @@ def test_a_state_of_another_model_is_refused(job):
         opt.step()  # both peers still take their round
         return True
 
-    assert on_both_peers(job, [mlp(), mlp()], body) == [True, True]
+    assert on_peers(job, [mlp(), mlp()], body) == [True, True]
 
 
 class BatchNormNet(torch.nn.Module):
@@ -173,7 +173,7 @@ def test_batchnorm_statistics_are_averaged_unless_kept_local(job, buffers):
 
     torch.manual_seed(0)
     net = BatchNormNet()
-    (b0, a0, n0), (b1, a1, n1) = on_both_peers(job, [net, copy.deepcopy(net)], body,
+    (b0, a0, n0), (b1, a1, n1) = on_peers(job, [net, copy.deepcopy(net)], body,
                                                make_inner=lambda m: torch.optim.SGD(m.parameters(), lr=0.0),
                                                buffers=buffers)
     assert not torch.allclose(b0, b1)
@@ -198,7 +198,7 @@ def test_parameters_of_other_float_dtypes_are_averaged_in_their_dtype(job, dtype
         return [p.detach().clone() for p in opt.model.parameters()], opt.last_round
 
     models = [mlp().to(dtype), mlp().to(dtype)]
-    results = on_both_peers(job, models, body, make_inner=lambda m: torch.optim.SGD(m.parameters(), lr=0.0),
+    results = on_peers(job, models, body, make_inner=lambda m: torch.optim.SGD(m.parameters(), lr=0.0),
                             filter=value_filter, filter_init_scale=1e-9)  # a filter that lets everything through
     for params, rs in results:
         for p, a, b in zip(params, starts[0].parameters(), starts[1].parameters()):
