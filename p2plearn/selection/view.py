@@ -76,15 +76,19 @@ def average_fanout(plan: dict[int, list[int]]) -> float:
 def plan_flows(view: NetworkView, plan: dict[int, list[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(src, dst, rate) per flow of `plan`, in plan order (senders as listed, receivers as listed).
 
-    rate = PACING_HEADROOM * min(D_j / indegree_j, U_i / |R_i|) bytes/s: the receiver's downlink shared
-    by the senders that chose it, capped by the sender's uplink share; the coordinator paces each
-    send this way and the simulator models it.
+    rate = PACING_HEADROOM * min(D_j M_i / L_j, U_i / |R_i|) bytes/s, L_j = the bytes j receives: the
+    receiver's downlink shared by the senders that chose it in proportion to their message sizes
+    (equal shares when sizes are equal), capped by the sender's uplink share. Then every flow takes
+    max(L_j / D_j, |R_i| M_i / U_i) <= T(plan), the planner's model, also with unequal sizes (an
+    equal split made the larger messages finish up to 3.6x later). The coordinator paces each send
+    this way and the simulator models it.
     """
     fanout = np.array([len(rs) for rs in plan.values()], dtype=np.int64)
     src = np.repeat(np.fromiter(plan.keys(), dtype=np.int64, count=len(plan)), fanout)
     dst = np.fromiter((j for rs in plan.values() for j in rs), dtype=np.int64, count=int(fanout.sum()))
-    indegree = np.bincount(dst, minlength=view.n)
+    size = np.asarray(view.message_bytes, float)[src]
+    received = np.bincount(dst, weights=size, minlength=view.n)
     outdegree = np.bincount(src, minlength=view.n)
-    rate = np.minimum(np.asarray(view.downlink, float)[dst] / indegree[dst],
+    rate = np.minimum(np.asarray(view.downlink, float)[dst] * size / received[dst],
                       np.asarray(view.uplink, float)[src] / outdegree[src])
     return src, dst, rate * PACING_HEADROOM

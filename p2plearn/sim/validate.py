@@ -151,7 +151,7 @@ def write(results: list[Comparison], out: Path) -> None:
                         f"{r.host_rate:.0f}", f"{r.resent:.4f}", f"{r.simulated_s:.4f}", f"{r.measured_s:.4f}", f"{r.error:+.3f}"])
     lines = ["# Simulator vs testbed: median round time", "",
              "8 peers in network namespaces (tbf-shaped veths on one bridge, 2-core host); every peer sends "
-             "one message per round to its receivers of the plan, paced at 0.95 min(D_j/indegree_j, U_i/|R_i|) (`plan_flows`); "
+             "one message per round to its receivers of the plan, paced at 0.95 min(D_j M_i/L_j, U_i/|R_i|) (`plan_flows`; equal sizes: D_j/indegree_j); "
              "barrier between rounds. Simulated: `p2plearn.sim.Simulator` on the same plans "
              "(`python -m p2plearn.sim.validate`), with the fixed round cost measured by 1 KB rounds "
              "on the same testbed as its latency, and the host's CPU ceiling (all peers' traffic together, "

@@ -152,3 +152,16 @@ def test_mixing_slack_gives_every_peer_a_sender_for_a_bounded_increase_of_t():
         assert len(fed_slack) > len(fed) and t <= t_slack <= t * 1.5 * (1 + 1e-9)
     with pytest.raises(ValueError, match="mixing_slack"):
         Selmcast(mixing_slack=-0.1).plan(view, 4, 0)
+
+
+def test_paced_flows_finish_by_the_plans_t_also_with_unequal_sizes():
+    from p2plearn.selection import PACING_HEADROOM, plan_flows
+
+    rng = np.random.default_rng(11)
+    late = 0.0
+    for k in range(60):
+        view = random_view(rng, int(rng.integers(3, 30)), equal=False, receiver_tight=k % 2 == 0)
+        plan, t = Selmcast(seed=k).solve(view, int(rng.integers(1, 4)), k)
+        src, dst, rate = plan_flows(view, plan)
+        late = max(late, float(np.max(view.message_bytes[src] / rate)) * PACING_HEADROOM / t)
+    assert late <= 1 + 1e-9, late  # an equal split of each downlink finished up to 3.6x after T
