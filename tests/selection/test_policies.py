@@ -98,13 +98,25 @@ def _view(**change) -> NetworkView:
     (_view(message_bytes=np.array([1e5, 1e5, 1e5, np.inf])), 2, {}, r"message_bytes\[3\] = inf"),
     (_view(uplink=np.array([0.0, 1e6, 1e6, 1e6])), 2, {}, r"uplink\[0\] = 0 for a live peer"),
     (_view(), -1, {}, "p must be >= 0"),
-    (_view(), 3, {"max_fanout": 2}, "max_fanout"),
+    (_view(), 3, {"max_fanout": 0}, "max_fanout"),
     (NetworkView(*(np.zeros(0),) * 3, np.zeros(0, dtype=bool)), 1, {}, "n must be > 0"),
     (_view(alive=np.ones(3, dtype=bool)), 1, {}, "one entry per peer"),
 ])
 def test_selmcast_rejects_bad_input(view, p, kw, match):
     with pytest.raises(ValueError, match=match):
         Selmcast(**kw).plan(view, p, 0)
+
+
+def test_one_slow_peer_among_fast_ones_does_not_make_the_plan_all_to_all():
+    n = 1500
+    view = NetworkView(np.full(n, 1e9), np.full(n, 1e9), np.full(n, 1e6), np.ones(n, dtype=bool))
+    view.uplink[0] = 1e5  # its p copies take 10,000x longer than anyone's: T leaves everyone else idle
+    plan, _ = Selmcast().solve(view, 2, 0)
+    assert max(map(len, plan.values())) == 64 and min(map(len, plan.values())) >= 2
+    uncapped, _ = Selmcast(max_fanout=None).solve(view, 2, 0)
+    assert max(map(len, uncapped.values())) == n - 1
+    asked_more, _ = Selmcast(max_fanout=4).solve(view, 8, 0)  # p above the cap: p it is
+    assert min(map(len, asked_more.values())) == 8 == max(map(len, asked_more.values()))
 
 
 def test_dead_peers_rates_are_ignored_unless_invalid():
