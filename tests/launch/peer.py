@@ -44,6 +44,11 @@ def main() -> int:
             rt.client.report(r, loss=1.0 / r, step_time=0.01)
             time.sleep(0.01)
         if rt.rank == args.fail_rank:
+            # once every peer has written what it saw (a busy machine may leave one behind the others)
+            deadline = time.monotonic() + 30
+            while args.out and time.monotonic() < deadline and \
+                    len([f for f in os.listdir(args.out) if f.startswith("rank-")]) < rt.world_size:
+                time.sleep(0.01)
             print(f"rank {rt.rank} failing on purpose", file=sys.stderr)
             os._exit(args.exit)  # no clean leave: like a crash
         if args.hang:
