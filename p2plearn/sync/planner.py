@@ -29,14 +29,15 @@ class LocalPlan:
 class RoundPlanner:
     """Plans rounds with the named selection policy (``selmcast``, ``random``, ...).
 
-    ``seed`` breaks ties and drives the random policies; it must be the same on every peer. The
+    ``seed`` breaks ties and drives the random policies; it must be the same on every peer, as must
+    ``policy_options`` (the policy's own, e.g. SELMCAST's ``max_fanout``). The
     last few whole plans are cached: SSP peers plan rounds a little apart from the same view.
     """
 
     CACHED = 8
 
-    def __init__(self, selection: str, fanout: int, seed: int) -> None:
-        self.policy = make_policy(selection, seed=seed)
+    def __init__(self, selection: str, fanout: int, seed: int, **policy_options) -> None:
+        self.policy = make_policy(selection, seed=seed, **policy_options)
         self.fanout = fanout
         self._cache: dict[tuple, tuple[dict[int, list[tuple[int, float]]], float, float]] = {}
 

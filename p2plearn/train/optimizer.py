@@ -235,7 +235,10 @@ class DecentralizedOptimizer(Optimizer):
                                                                    period=self.options.filter_period)
                                       if self.options.filter == "value" else None,
                                       outer=OuterOptimizer(self.options.outer_lr, self.options.outer_momentum),
-                                      start_clock=self.runtime.client.start_clock, **extra)
+                                      start_clock=self.runtime.client.start_clock,
+                                      policy_options={"max_fanout": self.options.max_fanout or None,
+                                                      "mixing_slack": self.options.mixing_slack}
+                                      if self.options.selection == "selmcast" else None, **extra)
         self._donations: list[int] = []
         self._needs_state = False
         self._expelled = False

@@ -23,6 +23,8 @@ def test_options_round_trip_through_the_environment():
     ({"P2PLEARN_STALENESS": "two"}, "P2PLEARN_STALENESS=two: not a valid int"),
     ({"P2PLEARN_LOSS_BOUND": "1.5"}, "--loss-bound: must be in [0, 1)"),
     ({"P2PLEARN_EMULATE": "1"}, "--emulate: needs --topology"),
+    ({"P2PLEARN_MAX_FANOUT": "-1"}, "--max-fanout: must be >= 0"),
+    ({"P2PLEARN_MIXING_SLACK": "-0.5"}, "--mixing-slack: must be in [0, 10]"),
 ])
 def test_bad_options_name_the_culprit(env, message):
     with pytest.raises(OptionsError) as err:

@@ -78,6 +78,17 @@ def test_bad_parameters_are_refused(job):
         optimizer(runtime(0), m)
 
 
+@pytest.mark.parametrize("max_fanout, cap", [(3, 3), (0, None)])  # 0: no cap
+def test_selmcast_options_reach_the_planner(job, max_fanout, cap):
+    from tests.train.conftest import on_peers
+
+    def body(rank, opt):
+        return opt.sync.planner.policy.max_fanout, opt.sync.planner.policy.mixing_slack
+
+    assert on_peers(job, [model(0), model(0)], body, selection="selmcast", max_fanout=max_fanout,
+                    mixing_slack=0.2) == [(cap, 0.2)] * 2
+
+
 def test_printed_stats_are_one_line():
     from p2plearn.train.optimizer import TrainingStats
 
