@@ -50,7 +50,7 @@ struct planner {
     uint32_t *base;             /* step 1: p receivers per sender, at base[i * p] */
     uint32_t *stamp;            /* stamp[j] == i + 1: j already receives from i */
     int spread;                 /* step 2: the heap puts receivers with the fewest senders first */
-    int *senders;               /* step 2: senders each receiver has so far */
+    int *senders;               /* steps 2 and 3: senders each receiver has so far */
     uint32_t *extra;            /* step 2 receivers, contiguous per sender */
     int64_t nextra, extra_cap, *extra_at;
     int *nextra_of;
@@ -280,10 +280,11 @@ static double upper_bound(const struct planner *pl) {
 static int cover_starved(struct planner *pl, double T) {
     int64_t E = (int64_t)pl->live * pl->p + pl->nextra;
     if (pl->p == 0 || E == 0) return 0;
-    int *indeg = calloc((size_t)pl->n, sizeof(int)), *from = malloc(sizeof(int) * (size_t)E);
+    int *indeg = pl->senders; /* as step 2 left it: every receiver's senders */
+    int *from = malloc(sizeof(int) * (size_t)E);
     uint32_t **slot = malloc(sizeof(uint32_t *) * (size_t)E);
-    if (!indeg || !from || !slot) {
-        free(indeg); free(from); free(slot);
+    if (!from || !slot) {
+        free(from); free(slot);
         return set_error(ENOMEM, "out of memory");
     }
     int64_t e = 0;
@@ -298,7 +299,6 @@ static int cover_starved(struct planner *pl, double T) {
             from[e] = i;
         }
     }
-    for (e = 0; e < E; e++) indeg[*slot[e]]++;
     uint64_t s = pl->shuffle_seed ^ 0x5A17C0FFEEull;
     for (int64_t k = E - 1; k > 0; k--) {
         int64_t r = (int64_t)(splitmix64(&s) % (uint64_t)(k + 1));
@@ -309,19 +309,20 @@ static int cover_starved(struct planner *pl, double T) {
     for (int t = 0; t < pl->live; t++) {
         int j = pl->by_size_desc[t];
         if (indeg[j] > 0) continue;
+        double room = fanin(pl, j, T * (1 + pl->mixing_slack)); /* j has nothing yet */
         while (front < E && indeg[*slot[front]] < 2) front++;
         for (int64_t x = front, tried = 0; x < E && tried < MAX_SWAP_TRIES; x++) {
             int i = from[x], k = (int)*slot[x];
             if (indeg[k] < 2) continue;
             tried++;
-            if (i == j || fanin(pl, j, T * (1 + pl->mixing_slack)) < cost(pl, i)) continue; /* j has nothing yet */
+            if (i == j || room < cost(pl, i)) continue;
             *slot[x] = (uint32_t)j;
             indeg[k]--;
             indeg[j]++;
             break;
         }
     }
-    free(indeg); free(from); free(slot);
+    free(from); free(slot);
     return 0;
 }
 

@@ -87,7 +87,7 @@ def random_view(n: int, message_bytes: float, seed: int, loaded: bool = False) -
     return NetworkView(up, down, np.full(n, message_bytes), np.ones(n, dtype=bool))
 
 
-# What the table compares: a policy per seed. SELMCAST also as allowed to let T grow by 10% for mixing.
+# What the table compares: a policy per seed; SELMCAST also as allowed to let T grow by 10% for mixing.
 POLICIES: dict[str, Callable[[int], SelectionPolicy]] = {
     "selmcast": lambda seed: make_policy("selmcast", seed=seed),
     "selmcast slack 0.1": lambda seed: Selmcast(seed=seed, mixing_slack=0.1),

@@ -29,14 +29,14 @@ increasing M_i (smallest first maximises the count) take extra receivers, those 
 senders so far among those whose fan-in left at step 1's T holds the message: spreading the extras
 over receivers is what makes them mix (taking those with the most fan-in left gave ~3% more
 receivers, all on the fast downlinks, and mixed worse than random p: |lambda_2| 0.55 against
-0.09 now on a 1,000-peer view); on the tests this is the most receivers possible at that T in 97%
+0.08 now on a 1,000-peer view); on the tests this is the most receivers possible at that T in 97%
 of instances, and one or two short otherwise. Step 3 moves an edge i -> k whose
 receiver k has another sender to a peer j without one, when j's downlink holds M_i by T (edges
 tried in a random order per round, so the senders giving one up rotate); no uplink carries more
 and T does not grow; with ``mixing_slack`` T may grow by that fraction so that a peer whose downlink
 cannot take a whole message by T gets one too (else it receives nothing).
-Ties break by a random rank drawn from (seed, round). Planning 1,000 peers takes about 10 ms,
-10,000 well under a second (`python -m p2plearn.bench selection`, which also reports starved
+Ties break by a random rank drawn from (seed, round). Planning 1,000 peers takes about 7 ms,
+10,000 about 80 ms (`python -m p2plearn.bench selection`, which also reports starved
 peers and the mixing matrix's |lambda_2| over 20 rounds).
 
 p larger than live - 1 is clamped to live - 1 (everyone sends to everyone); dead peers neither send

@@ -12,6 +12,7 @@ MAGIC, VERSION = 0x7032, 2
 DATA, ACK, PROBE, CLOSE, DONE = 1, 2, 3, 4, 5
 HDR = struct.Struct("<HBBHHIIIHHQII16s")  # 56 bytes
 TAG_AT = 40
+_counters: dict[int, int] = {}  # session -> the next counter datagram() gives it
 
 
 def gmac(key: bytes, iv: bytes, data: bytes) -> bytes:
@@ -31,9 +32,6 @@ def datagram(type_: int, *, sender: int = 1, msg: int = 1, chunk: int = 0, nchun
                    session, counter, job, bytes(16))
     tag = bytes(16) if key is None else gmac(key, hdr[24:36], hdr[:TAG_AT] + body)
     return hdr[:TAG_AT] + tag + body
-
-
-_counters: dict[int, int] = {}
 
 
 def message_chunks(arrays_bytes: list[bytes], descriptor: list | bytes, chunk_size: int) -> tuple[list[bytes], int]:
