@@ -200,3 +200,31 @@ int p2p_plan_make(int n, const double *uplink, const double *downlink, const dou
                   const uint8_t *alive, int p, int max_fanout, double mixing_slack, int ip_multicast, uint64_t seed,
                   uint64_t round, p2p_plan *out);
 void p2p_plan_free(p2p_plan *plan);
+
+/* ---- Mask-aware merging (merge.c) ----
+ * p2p_merge averages one tensor in place with k senders' values for it: each element becomes the
+ * mean of its own value and the contributions' values for it that arrived (a lost chunk never
+ * drags an element anywhere). A contribution's element e arrived when the chunk holding it did
+ * (chunk_arrived[(first_byte + e * item size) / chunk_size] != 0; first_byte is where values[0]
+ * sits in the message's chunk numbering: meta_len + the segment's offset) and, with an element
+ * mask, when element_arrived[e] != 0; NULL for either means everything arrived. Sums in double.
+ * *arrived_out: the fraction of (element, contribution) pairs that arrived. */
+#define P2P_F32 0
+#define P2P_F64 1
+#define P2P_F16 2
+#define P2P_BF16 3
+#define P2P_I8 4                  /* contributions only: value = q * scale */
+
+typedef struct {
+    const void *values;           /* n elements of dtype (the caller's memory, read only) */
+    int dtype;                    /* P2P_* */
+    float scale;                  /* P2P_I8 only */
+    const uint8_t *chunk_arrived; /* one byte per chunk of the message, or NULL (the caller's) */
+    uint64_t nchunks;
+    uint64_t first_byte;
+    uint32_t chunk_size;
+    const uint8_t *element_arrived; /* n bytes, or NULL (the caller's) */
+} p2p_contribution;
+
+int p2p_merge(void *own, int own_dtype, uint64_t n, const p2p_contribution *contribs, uint32_t k,
+              double *arrived_out);

@@ -214,12 +214,12 @@ class Synchronizer(ABC):
         """Per parameter, what delivery d brings (None: nothing for it); None if d is unusable."""
         if d.arrays is None:
             return None
-        masks = [None if f >= 1.0 else d.element_mask(i) for i, f in enumerate(d.fractions)]
         if self.filter is None:
             if len(d.arrays) != len(self.params) or any(a.shape != p.shape or a.dtype != p.dtype
                                                         for a, p in zip(d.arrays, self.params)):
                 return None
-            return [Contribution(a, m) for a, m in zip(d.arrays, masks)]
+            return [Contribution(a, chunks=d.chunks(i)) for i, a in enumerate(d.arrays)]
+        masks = [None if f >= 1.0 else d.element_mask(i) for i, f in enumerate(d.fractions)]
         try:
             return self._filtered_contributions(d, masks)
         except (ValueError, IndexError, TypeError):

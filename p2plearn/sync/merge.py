@@ -1,8 +1,10 @@
-"""Mask-aware averaging, in place and vectorised.
+"""Mask-aware averaging, in place, in C (`native/merge.c`).
 
 Each element of a parameter becomes the mean of the receiver's own value and the values that
 arrived for it; a sender whose chunk was lost does not count for that element, so a lost
-chunk never drags a parameter towards zero (or anywhere else).
+chunk never drags a parameter towards zero (or anywhere else). What arrived is read straight
+from the message's chunk mask (no per-element mask is built), and the values are read in the
+dtype they travelled in (float32/64, float16, bfloat16 bits, or int8 times a scale).
 """
 from __future__ import annotations
 
@@ -10,36 +12,65 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from p2plearn.sync.bfloat16 import BF16Array, bf16_values, store, values
+from p2plearn.sync.bfloat16 import BF16Array
+from p2plearn.transport._native import check, ffi, lib
+from p2plearn.transport.delivery import ChunkMask
+
+_DTYPES = {np.dtype(np.float32): lib.P2P_F32, np.dtype(np.float64): lib.P2P_F64,
+           np.dtype(np.float16): lib.P2P_F16, np.dtype(np.int8): lib.P2P_I8}
 
 
 @dataclass
 class Contribution:
-    """One sender's values for one parameter; mask None = every element arrived."""
+    """One sender's values for one parameter.
+
+    mask: per element, True where it arrived; chunks: what arrived, per chunk of the message that
+    carried `values`; None for both = every element arrived. values of dtype uint16 are bfloat16
+    bits; int8 values stand for values * scale.
+    """
 
     values: np.ndarray
     mask: np.ndarray | None = None
+    chunks: ChunkMask | None = None
+    scale: float = 1.0
+
+
+def _code(a: np.ndarray) -> int:
+    if isinstance(a, BF16Array) or a.dtype == np.uint16:
+        return lib.P2P_BF16
+    try:
+        return _DTYPES[a.dtype]
+    except KeyError:
+        raise TypeError(f"cannot merge values of dtype {a.dtype}") from None
 
 
 def merge_parameter(own: np.ndarray, contributions: list[Contribution]) -> float:
-    """Average `own` in place with the contributions (in float64; a bfloat16 `own` takes values
-    as sent, bfloat16 bits, or float32); returns the fraction of (element, sender) pairs that
-    arrived."""
+    """Average `own` in place with the contributions; returns the fraction of (element, sender)
+    pairs that arrived."""
     if not contributions:
         return 1.0
-    total = values(own).astype(np.float64)
-    count = np.ones(own.shape, dtype=np.float64)
-    arrived = 0.0
-    for c in contributions:
-        sent = bf16_values(c.values) if isinstance(own, BF16Array) and c.values.dtype == np.uint16 else c.values
-        if c.mask is None:
-            total += sent
-            count += 1.0
-            arrived += 1.0
-        else:
-            np.add(total, sent, out=total, where=c.mask)
-            count += c.mask
-            arrived += float(c.mask.mean()) if c.mask.size else 1.0
-    np.divide(total, count, out=total)
-    store(own, total)
-    return arrived / len(contributions)
+    if not own.flags.c_contiguous:
+        raise ValueError("merge needs a C-contiguous parameter")
+    own_code = _code(own)
+    if own_code == lib.P2P_I8:
+        raise TypeError("cannot merge into an int8 tensor")
+    structs = ffi.new("p2p_contribution[]", len(contributions))
+    keep = []  # the buffers the structs point into, alive until the call returns
+    for s, c in zip(structs, contributions):
+        if c.values.size != own.size:
+            raise ValueError(f"a contribution of {c.values.size} elements for a parameter of {own.size}")
+        values = np.ascontiguousarray(c.values)
+        keep.append(values)
+        s.values, s.dtype, s.scale = ffi.from_buffer(values), _code(values), c.scale
+        if c.mask is not None:
+            mask = np.ascontiguousarray(c.mask, dtype=bool)
+            keep.append(mask)
+            s.element_arrived = ffi.from_buffer(mask)
+        if c.chunks is not None:
+            arrived = np.ascontiguousarray(c.chunks.arrived, dtype=bool)
+            keep.append(arrived)
+            s.chunk_arrived, s.nchunks = ffi.from_buffer(arrived), arrived.size
+            s.first_byte, s.chunk_size = c.chunks.first_byte, c.chunks.chunk_size
+    fraction = ffi.new("double *")
+    check(lib.p2p_merge(ffi.from_buffer(own), own_code, own.size, structs, len(contributions), fraction))
+    return fraction[0]

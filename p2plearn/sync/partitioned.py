@@ -165,8 +165,8 @@ class Partitioned(Synchronizer):
             arrived = _fits(d, pieces(theirs)) if d.sender in aggregators else None
             if arrived is None:
                 continue
-            for own, c in zip(pieces(theirs), arrived):
-                np.copyto(own, c.values, where=True if c.mask is None else c.mask)
+            for i, (own, c) in enumerate(zip(pieces(theirs), arrived)):
+                np.copyto(own, c.values, where=True if c.chunks is None else d.element_mask(i))
             merged_from.add(d.sender)
         gathered = gather.wait() if gather is not None else []
         comm_s = time.monotonic() - t0
@@ -239,5 +239,4 @@ def _fits(d: Delivery, pieces: list[np.ndarray]) -> list[Contribution] | None:
     if d.arrays is None or len(d.arrays) != len(pieces) or any(
             a.shape != p.shape or a.dtype != p.dtype for a, p in zip(d.arrays, pieces)):
         return None
-    return [Contribution(a, None if f >= 1.0 else d.element_mask(i))
-            for i, (a, f) in enumerate(zip(d.arrays, d.fractions))]
+    return [Contribution(a, chunks=d.chunks(i)) for i, a in enumerate(d.arrays)]

@@ -7,6 +7,16 @@ from enum import IntEnum
 import numpy as np
 
 
+@dataclass(frozen=True)
+class ChunkMask:
+    """Which chunks of a message arrived, and where one of its arrays sits among them: element e
+    of the array is in chunk (first_byte + e * itemsize) // chunk_size."""
+
+    arrived: np.ndarray  # bool per chunk of the message
+    first_byte: int
+    chunk_size: int
+
+
 class Reason(IntEnum):
     """Why a message was handed over."""
 
@@ -47,6 +57,14 @@ class Delivery:
     def delivered(self) -> float:
         """Fraction of the message's chunks that arrived."""
         return float(self.mask.mean()) if self.mask.size else 1.0
+
+    def chunks(self, i: int) -> ChunkMask | None:
+        """What arrived of arrays[i], per chunk; None when all of it did."""
+        if self.arrays is None:
+            raise ValueError("the message's layout never arrived")
+        if not self.chunk_size or self.fractions[i] >= 1.0:
+            return None
+        return ChunkMask(self.mask, self.meta_len + self.offsets[i], self.chunk_size)
 
     def element_mask(self, i: int) -> np.ndarray:
         """Bool array shaped like arrays[i]: True where the element arrived."""

@@ -1,7 +1,11 @@
 """Mask-aware merging: averages what arrived, and a lost chunk never moves a parameter."""
 import numpy as np
+import pytest
 
 from p2plearn.sync import Contribution, merge_parameter
+from p2plearn.sync.bfloat16 import BF16Array, store
+from p2plearn.transport import InvalidArgument
+from p2plearn.transport.delivery import ChunkMask
 
 
 def test_complete_contributions_average():
@@ -34,3 +38,88 @@ def test_no_contributions_leave_the_parameter_alone():
     own = np.arange(5, dtype=np.float32)
     assert merge_parameter(own, []) == 1.0
     np.testing.assert_array_equal(own, np.arange(5))
+
+
+def _expected_mean(own: np.ndarray, values: list[np.ndarray], arrived: list[np.ndarray]) -> np.ndarray:
+    total, count = own.astype(np.float64), np.ones(own.shape)
+    for v, a in zip(values, arrived):
+        total += np.where(a, v.astype(np.float64), 0.0)
+        count += a
+    return total / count
+
+
+def test_chunk_masks_say_which_elements_arrived():
+    """Element e of an array sits in chunk (first_byte + 4 e) // chunk_size of its message; a lost
+    chunk takes every element it holds, also across the array's first and last partial chunks."""
+    rng = np.random.default_rng(1)
+    n, chunk_size = 1000, 64
+    own = rng.standard_normal(n).astype(np.float32)
+    contributions, values, arrived = [], [], []
+    for first_byte in (0, 24, 1000):
+        v = rng.standard_normal(n).astype(np.float32)
+        nchunks = (first_byte + 4 * n + chunk_size - 1) // chunk_size
+        chunk_arrived = rng.random(nchunks) < 0.7
+        contributions.append(Contribution(v, chunks=ChunkMask(chunk_arrived, first_byte, chunk_size)))
+        values.append(v)
+        arrived.append(chunk_arrived[(first_byte + 4 * np.arange(n)) // chunk_size])
+    expected = _expected_mean(own, values, arrived)
+    fraction = merge_parameter(own, contributions)
+    np.testing.assert_allclose(own, expected, rtol=1e-6)
+    assert fraction == pytest.approx(np.mean(arrived))
+
+
+def test_chunk_and_element_masks_together():
+    own = np.zeros(8, dtype=np.float32)
+    chunks = ChunkMask(np.array([True, False]), 0, 16)  # elements 0-3 in chunk 0, 4-7 in chunk 1
+    element = np.array([True, False, True, True, True, True, True, True])
+    merge_parameter(own, [Contribution(np.full(8, 4.0, np.float32), element, chunks)])
+    np.testing.assert_array_equal(own, [2, 0, 2, 2, 0, 0, 0, 0])
+
+
+def test_values_travel_in_their_own_dtype():
+    """float16 and int8 (times its scale) values are read as numbers and merged into float32."""
+    own = np.array([1.0, 2.0, 3.0], dtype=np.float32)
+    merge_parameter(own, [Contribution(np.array([3.0, 4.0, 5.0], dtype=np.float16)),
+                          Contribution(np.array([10, -20, 30], dtype=np.int8), scale=0.5)])
+    np.testing.assert_allclose(own, [(1 + 3 + 5) / 3, (2 + 4 - 10) / 3, (3 + 5 + 15) / 3], rtol=1e-6)
+
+
+def test_float16_parameters_round_to_nearest_even():
+    """Every float16 bit pattern survives a merge with itself (NaN stays NaN), and float32 means
+    are rounded to float16 as numpy rounds them."""
+    every = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    own = every.copy()
+    merge_parameter(own, [Contribution(every.copy())])
+    finite = ~np.isnan(every)
+    np.testing.assert_array_equal(own.view(np.uint16)[finite], every.view(np.uint16)[finite])
+    assert np.isnan(own[~finite]).all()
+    rng = np.random.default_rng(2)
+    wide = (rng.standard_normal(200_000) * 10.0 ** rng.integers(-9, 6, 200_000)).astype(np.float32)
+    own = np.zeros(wide.size, dtype=np.float16)
+    merge_parameter(own, [Contribution(2 * wide)])  # the mean (0 + 2w) / 2 is w, exactly
+    with np.errstate(over="ignore"):  # the largest values become inf, as they must
+        np.testing.assert_array_equal(own.view(np.uint16), wide.astype(np.float16).view(np.uint16))
+
+
+def test_bfloat16_parameters_round_as_torch_does():
+    rng = np.random.default_rng(3)
+    wide = rng.standard_normal(10_000).astype(np.float32)
+    expected = np.zeros(wide.size, dtype=np.uint16).view(BF16Array)
+    store(expected, wide)
+    own = np.zeros(wide.size, dtype=np.uint16).view(BF16Array)
+    merge_parameter(own, [Contribution(2 * wide)])
+    np.testing.assert_array_equal(np.asarray(own), np.asarray(expected))
+    merge_parameter(own, [Contribution(np.asarray(own).copy())])  # bfloat16 bits, as received
+    np.testing.assert_array_equal(np.asarray(own), np.asarray(expected))
+
+
+def test_malformed_contributions_are_refused():
+    own = np.zeros(100, dtype=np.float32)
+    past_the_end = ChunkMask(np.ones(3, dtype=bool), 0, 64)  # 3 chunks hold 48 floats, not 100
+    with pytest.raises(InvalidArgument, match="reaches past"):
+        merge_parameter(own, [Contribution(np.zeros(100, np.float32), chunks=past_the_end)])
+    with pytest.raises(ValueError, match="elements"):
+        merge_parameter(own, [Contribution(np.zeros(99, np.float32))])
+    with pytest.raises(TypeError, match="dtype"):
+        merge_parameter(own, [Contribution(np.zeros(100, np.int32))])
+    np.testing.assert_array_equal(own, 0)

@@ -1,0 +1,170 @@
+/* Mask-aware merging: one tensor averaged in place with what senders sent for it.
+ *
+ * The tensor is walked in blocks small enough to stay in L1 (a sum and a count per element); each
+ * contribution adds its arrived runs to the block (a run is the part of a chunk inside the block, or
+ * single elements under an element mask), and the block is written back once. Sums are in double:
+ * exact for every dtype that travels, float64 included, and the merge is bound by reading the
+ * contributions, not by the adds.
+ */
+#include <errno.h>
+#include <math.h>
+#include <string.h>
+
+#include "engine.h"
+
+#define BLOCK 2048
+
+static const uint32_t ITEM_SIZE[] = {[P2P_F32] = 4, [P2P_F64] = 8, [P2P_F16] = 2, [P2P_BF16] = 2, [P2P_I8] = 1};
+
+static float f16_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (mant << 13);           /* inf, NaN */
+    } else if (exp) {
+        bits = sign | ((exp + 112) << 23) | (mant << 13);   /* normal: rebias 15 -> 127 */
+    } else {
+        float f = ldexpf((float)mant, -24);                 /* subnormal (or zero) */
+        return sign ? -f : f;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static float bf16_to_float(uint16_t b) {
+    uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* float -> bfloat16, round to nearest even, NaN kept NaN (as torch does). */
+static uint16_t float_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if (isnan(f)) return 0x7fc0;
+    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+/* float -> binary16, round to nearest even, overflow to inf. */
+static uint16_t float_to_f16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
+    uint32_t a = u & 0x7fffffffu;
+    if (a >= 0x7f800000u) return sign | 0x7c00 | (a > 0x7f800000u ? 0x200 : 0);  /* inf, NaN */
+    if (a >= 0x477ff000u) return sign | 0x7c00;                                   /* rounds past 65504 */
+    if (a < 0x38800000u) {                                                        /* subnormal or zero */
+        float m = fabsf(f) * 16777216.0f;            /* units of 2^-24, exact in float */
+        return sign | (uint16_t)nearbyintf(m);      /* the default rounding mode: to nearest even */
+    }
+    uint32_t rounded = a + 0xfff + ((a >> 13) & 1);
+    return sign | (uint16_t)((rounded - 0x38000000u) >> 13);
+}
+
+static double load(const void *v, int dtype, float scale, uint64_t e) {
+    switch (dtype) {
+    case P2P_F32: return ((const float *)v)[e];
+    case P2P_F64: return ((const double *)v)[e];
+    case P2P_F16: return f16_to_float(((const uint16_t *)v)[e]);
+    case P2P_BF16: return bf16_to_float(((const uint16_t *)v)[e]);
+    default: return (double)((const int8_t *)v)[e] * scale;
+    }
+}
+
+static void store(void *v, int dtype, uint64_t e, double x) {
+    switch (dtype) {
+    case P2P_F32: ((float *)v)[e] = (float)x; break;
+    case P2P_F64: ((double *)v)[e] = x; break;
+    case P2P_F16: ((uint16_t *)v)[e] = float_to_f16((float)x); break;
+    default: ((uint16_t *)v)[e] = float_to_bf16((float)x); break;
+    }
+}
+
+/* sum[i] += value of element from + i, for i < len; the common dtypes in their own loops, so that
+ * the compiler vectorises them. */
+static void add_run(double *sum, double *count, const p2p_contribution *c, uint64_t from, uint64_t len) {
+    if (c->dtype == P2P_F32) {
+        const float *v = (const float *)c->values + from;
+        for (uint64_t i = 0; i < len; i++) sum[i] += v[i];
+    } else {
+        for (uint64_t i = 0; i < len; i++) sum[i] += load(c->values, c->dtype, c->scale, from + i);
+    }
+    for (uint64_t i = 0; i < len; i++) count[i] += 1.0;
+}
+
+/* Adds c's elements [start, end) that arrived; returns how many did. */
+static uint64_t add_block(double *sum, double *count, const p2p_contribution *c, uint64_t start, uint64_t end) {
+    uint64_t added = 0, size = ITEM_SIZE[c->dtype];
+    for (uint64_t e = start; e < end;) {
+        uint64_t run_end = end;
+        int arrived = 1;
+        if (c->chunk_arrived) {
+            uint64_t k = (c->first_byte + e * size) / c->chunk_size;
+            uint64_t chunk_end = ((k + 1) * c->chunk_size - c->first_byte + size - 1) / size;
+            if (chunk_end < run_end) run_end = chunk_end;
+            arrived = c->chunk_arrived[k] != 0;
+        }
+        if (arrived && c->element_arrived) {
+            for (uint64_t i = e; i < run_end; i++) {
+                if (!c->element_arrived[i]) continue;
+                sum[i - start] += load(c->values, c->dtype, c->scale, i);
+                count[i - start] += 1.0;
+                added++;
+            }
+        } else if (arrived) {
+            add_run(sum + (e - start), count + (e - start), c, e, run_end - e);
+            added += run_end - e;
+        }
+        e = run_end;
+    }
+    return added;
+}
+
+static int check_contribution(const p2p_contribution *c, uint64_t n, uint32_t i) {
+    if (c->dtype < P2P_F32 || c->dtype > P2P_I8)
+        return set_error(EINVAL, "merge: contribution %u has unknown dtype %d", i, c->dtype);
+    if (n && !c->values) return set_error(EINVAL, "merge: contribution %u has no values", i);
+    if (!c->chunk_arrived || !n) return 0;
+    if (!c->chunk_size) return set_error(EINVAL, "merge: contribution %u has chunk_size 0", i);
+    uint64_t last_byte = c->first_byte + n * ITEM_SIZE[c->dtype] - 1;
+    if (last_byte < c->first_byte || last_byte / c->chunk_size >= c->nchunks)
+        return set_error(EINVAL, "merge: contribution %u reaches past its %llu chunks", i,
+                         (unsigned long long)c->nchunks);
+    return 0;
+}
+
+int p2p_merge(void *own, int own_dtype, uint64_t n, const p2p_contribution *contribs, uint32_t k,
+              double *arrived_out) {
+    if (own_dtype < P2P_F32 || own_dtype > P2P_BF16)
+        return set_error(EINVAL, "merge: a tensor of dtype %d cannot be merged into", own_dtype);
+    if (n && !own) return set_error(EINVAL, "merge: no tensor");
+    for (uint32_t i = 0; i < k; i++) {
+        int rc = check_contribution(&contribs[i], n, i);
+        if (rc) return rc;
+    }
+    if (arrived_out) *arrived_out = 1.0;
+    if (!k || !n) return 0;
+    double sum[BLOCK], count[BLOCK];
+    uint64_t arrived = 0;
+    for (uint64_t start = 0; start < n; start += BLOCK) {
+        uint64_t end = n - start < BLOCK ? n : start + BLOCK;
+        uint64_t len = end - start;
+        if (own_dtype == P2P_F32) {
+            const float *v = (const float *)own + start;
+            for (uint64_t i = 0; i < len; i++) sum[i] = v[i];
+        } else {
+            for (uint64_t i = 0; i < len; i++) sum[i] = load(own, own_dtype, 1.0f, start + i);
+        }
+        for (uint64_t i = 0; i < len; i++) count[i] = 1.0;
+        for (uint32_t i = 0; i < k; i++) arrived += add_block(sum, count, &contribs[i], start, end);
+        if (own_dtype == P2P_F32) {
+            float *v = (float *)own + start;
+            for (uint64_t i = 0; i < len; i++) v[i] = (float)(sum[i] / count[i]);
+        } else {
+            for (uint64_t i = 0; i < len; i++) store(own, own_dtype, start + i, sum[i] / count[i]);
+        }
+    }
+    if (arrived_out) *arrived_out = (double)arrived / ((double)n * k);
+    return 0;
+}
