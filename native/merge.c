@@ -62,13 +62,14 @@ static uint16_t float_to_f16(float f) {
     return sign | (uint16_t)((rounded - 0x38000000u) >> 13);
 }
 
-static double load(const void *v, int dtype, float scale, uint64_t e) {
+/* Element e of values of dtype (scales and block for P2P_I8 only). */
+static double load(const void *v, int dtype, const float *scales, uint32_t block, uint64_t e) {
     switch (dtype) {
     case P2P_F32: return ((const float *)v)[e];
     case P2P_F64: return ((const double *)v)[e];
     case P2P_F16: return f16_to_float(((const uint16_t *)v)[e]);
     case P2P_BF16: return bf16_to_float(((const uint16_t *)v)[e]);
-    default: return (double)((const int8_t *)v)[e] * scale;
+    default: return (double)((const int8_t *)v)[e] * scales[e / block];
     }
 }
 
@@ -88,7 +89,7 @@ static void add_run(double *sum, double *count, const p2p_contribution *c, uint6
         const float *v = (const float *)c->values + from;
         for (uint64_t i = 0; i < len; i++) sum[i] += v[i];
     } else {
-        for (uint64_t i = 0; i < len; i++) sum[i] += load(c->values, c->dtype, c->scale, from + i);
+        for (uint64_t i = 0; i < len; i++) sum[i] += load(c->values, c->dtype, c->scales, c->block, from + i);
     }
     for (uint64_t i = 0; i < len; i++) count[i] += 1.0;
 }
@@ -108,7 +109,7 @@ static uint64_t add_block(double *sum, double *count, const p2p_contribution *c,
         if (arrived && c->element_arrived) {
             for (uint64_t i = e; i < run_end; i++) {
                 if (!c->element_arrived[i]) continue;
-                sum[i - start] += load(c->values, c->dtype, c->scale, i);
+                sum[i - start] += load(c->values, c->dtype, c->scales, c->block, i);
                 count[i - start] += 1.0;
                 added++;
             }
@@ -125,6 +126,8 @@ static int check_contribution(const p2p_contribution *c, uint64_t n, uint32_t i)
     if (c->dtype < P2P_F32 || c->dtype > P2P_I8)
         return set_error(EINVAL, "merge: contribution %u has unknown dtype %d", i, c->dtype);
     if (n && !c->values) return set_error(EINVAL, "merge: contribution %u has no values", i);
+    if (c->dtype == P2P_I8 && (!c->scales || !c->block))
+        return set_error(EINVAL, "merge: int8 contribution %u has no scales", i);
     if (!c->chunk_arrived || !n) return 0;
     if (!c->chunk_size) return set_error(EINVAL, "merge: contribution %u has chunk_size 0", i);
     uint64_t last_byte = c->first_byte + n * ITEM_SIZE[c->dtype] - 1;
@@ -154,7 +157,7 @@ int p2p_merge(void *own, int own_dtype, uint64_t n, const p2p_contribution *cont
             const float *v = (const float *)own + start;
             for (uint64_t i = 0; i < len; i++) sum[i] = v[i];
         } else {
-            for (uint64_t i = 0; i < len; i++) sum[i] = load(own, own_dtype, 1.0f, start + i);
+            for (uint64_t i = 0; i < len; i++) sum[i] = load(own, own_dtype, NULL, 0, start + i);
         }
         for (uint64_t i = 0; i < len; i++) count[i] = 1.0;
         for (uint32_t i = 0; i < k; i++) arrived += add_block(sum, count, &contribs[i], start, end);

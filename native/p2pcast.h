@@ -213,12 +213,13 @@ void p2p_plan_free(p2p_plan *plan);
 #define P2P_F64 1
 #define P2P_F16 2
 #define P2P_BF16 3
-#define P2P_I8 4                  /* contributions only: value = q * scale */
+#define P2P_I8 4                  /* contributions only: value of element e = q[e] * scales[e / block] */
 
 typedef struct {
     const void *values;           /* n elements of dtype (the caller's memory, read only) */
     int dtype;                    /* P2P_* */
-    float scale;                  /* P2P_I8 only */
+    const float *scales;          /* P2P_I8 only: one per block of values (the caller's) */
+    uint32_t block;
     const uint8_t *chunk_arrived; /* one byte per chunk of the message, or NULL (the caller's) */
     uint64_t nchunks;
     uint64_t first_byte;

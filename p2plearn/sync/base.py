@@ -24,6 +24,7 @@ import numpy as np
 from p2plearn.filter import UpdateFilter
 from p2plearn.filter.wire import DENSE, SPARSE, layout
 from p2plearn.sync.bfloat16 import values
+from p2plearn.sync.compress import Compressor
 from p2plearn.sync.inbox import Inbox
 from p2plearn.sync.merge import Contribution, merge_parameter
 from p2plearn.sync.outer import OuterOptimizer
@@ -73,6 +74,8 @@ class Synchronizer(ABC):
             whose accumulated change crossed its threshold, carrying their current values;
             receivers average just those and keep their own values elsewhere.
         outer: the outer update on each round's averaged change (DiLoCo); None averages plainly.
+        compress: "none", or the format values travel in ("fp16", "bf16", "int8"; see
+            `p2plearn.sync.compress`), with error feedback.
         policy_options: the selection policy's own options (SELMCAST: max_fanout, mixing_slack).
         round_cap_s: the longest any round may wait for inputs; a safety net against hangs, not a
             tuning knob. Without a deadline a BSP round waits for an expected sender at most
@@ -85,7 +88,8 @@ class Synchronizer(ABC):
     def __init__(self, params: list[np.ndarray], layers: list[Layer], channel: Any, client: Any, *,
                  selection: str, fanout: int, seed: int, tolerance: TolerancePolicy,
                  value_filter: UpdateFilter | None = None, outer: OuterOptimizer | None = None,
-                 round_cap_s: float = 30.0, start_clock: int = 0, policy_options: dict | None = None):
+                 compress: str = "none", round_cap_s: float = 30.0, start_clock: int = 0,
+                 policy_options: dict | None = None):
         self.params = params
         self.layers = layers
         self.channel = channel
@@ -93,6 +97,9 @@ class Synchronizer(ABC):
         self.tolerance = tolerance
         self.filter = value_filter
         self.outer = outer
+        self.compressor = Compressor(compress, [p.size for p in params]) if compress != "none" else None
+        if self.compressor is not None and value_filter is not None:
+            raise ValueError("compression does not apply with a value filter yet (the filter picks what travels)")
         self.round_cap_s = round_cap_s
         self.clock = start_clock
         self.planner = RoundPlanner(selection, fanout, seed, **(policy_options or {}))
@@ -146,7 +153,8 @@ class Synchronizer(ABC):
                 "history": [asdict(r) for r in self.network.history], "training": asdict(self.training),
                 "tolerance": self.tolerance.state_dict(),
                 "filter": self.filter.state_dict() if self.filter is not None else None,
-                "outer": self.outer.state_dict() if self.outer is not None else None}
+                "outer": self.outer.state_dict() if self.outer is not None else None,
+                "compressor": self.compressor.state_dict() if self.compressor is not None else None}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         previous = state["previous"]
@@ -162,6 +170,8 @@ class Synchronizer(ABC):
             self.filter.load_state_dict(state["filter"])
         if self.outer is not None and state.get("outer") is not None:
             self.outer.load_state_dict(state["outer"])
+        if self.compressor is not None and state.get("compressor") is not None:
+            self.compressor.load_state_dict(state["compressor"])
 
     def _wanted_rounds(self) -> tuple[int, int]:
         """Rounds whose messages are worth keeping: from the one being merged (the clock is one
@@ -197,6 +207,9 @@ class Synchronizer(ABC):
 
     def _message(self, rnd: int, deltas: list[np.ndarray]) -> tuple[list[np.ndarray], Any]:
         """What to send, and how per-layer bounds map onto its arrays."""
+        if self.compressor is not None:
+            return (self.compressor.encode(self.params, [(t, 0, p.size) for t, p in enumerate(self.params)]),
+                    self.compressor.loss_bounds)
         if self.filter is None:
             return self.params, lambda bounds: bounds
         msg = self.filter.encode(rnd, deltas)
@@ -214,6 +227,8 @@ class Synchronizer(ABC):
         """Per parameter, what delivery d brings (None: nothing for it); None if d is unusable."""
         if d.arrays is None:
             return None
+        if self.compressor is not None:
+            return self.compressor.contributions(d, [p.size for p in self.params])
         if self.filter is None:
             if len(d.arrays) != len(self.params) or any(a.shape != p.shape or a.dtype != p.dtype
                                                         for a, p in zip(d.arrays, self.params)):

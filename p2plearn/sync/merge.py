@@ -4,7 +4,7 @@ Each element of a parameter becomes the mean of the receiver's own value and the
 arrived for it; a sender whose chunk was lost does not count for that element, so a lost
 chunk never drags a parameter towards zero (or anywhere else). What arrived is read straight
 from the message's chunk mask (no per-element mask is built), and the values are read in the
-dtype they travelled in (float32/64, float16, bfloat16 bits, or int8 times a scale).
+dtype they travelled in (float32/64, float16, bfloat16 bits, or int8 times a scale per block).
 """
 from __future__ import annotations
 
@@ -26,13 +26,14 @@ class Contribution:
 
     mask: per element, True where it arrived; chunks: what arrived, per chunk of the message that
     carried `values`; None for both = every element arrived. values of dtype uint16 are bfloat16
-    bits; int8 values stand for values * scale.
+    bits; int8 values stand for values[e] * scales[e // block] (block 0: one scale for all).
     """
 
     values: np.ndarray
     mask: np.ndarray | None = None
     chunks: ChunkMask | None = None
-    scale: float = 1.0
+    scales: np.ndarray | None = None
+    block: int = 0
 
 
 def _code(a: np.ndarray) -> int:
@@ -61,7 +62,14 @@ def merge_parameter(own: np.ndarray, contributions: list[Contribution]) -> float
             raise ValueError(f"a contribution of {c.values.size} elements for a parameter of {own.size}")
         values = np.ascontiguousarray(c.values)
         keep.append(values)
-        s.values, s.dtype, s.scale = ffi.from_buffer(values), _code(values), c.scale
+        s.values, s.dtype = ffi.from_buffer(values), _code(values)
+        if s.dtype == lib.P2P_I8:
+            block = c.block or max(own.size, 1)
+            scales = np.ascontiguousarray(c.scales, dtype=np.float32) if c.scales is not None else None
+            if scales is None or scales.size != -(-own.size // block):
+                raise ValueError(f"int8 values need {-(-own.size // block)} scales (one per {block} values)")
+            keep.append(scales)
+            s.scales, s.block = ffi.from_buffer("float[]", scales), block
         if c.mask is not None:
             mask = np.ascontiguousarray(c.mask, dtype=bool)
             keep.append(mask)

@@ -120,7 +120,7 @@ class Partitioned(Synchronizer):
         t0 = time.monotonic()
         self._track_updates(loss)
         me = self.client.rank
-        self.network.expected_bytes = sum(p.nbytes for p in self.params)
+        self.network.expected_bytes = self._model_bytes()
         layout = self._plan(self.client.view_for(rnd))
         self.network.planned_time_s = layout.planned_time if layout else 0.0
         bounds, deadline = self.tolerance.bounds(rnd, self.layers, self.network, self.training)
@@ -135,38 +135,45 @@ class Partitioned(Synchronizer):
         def pieces(slices: Slices) -> list[np.ndarray]:
             return [self._flat[t][a:b] for t, a, b in slices]
 
-        def piece_bounds(slices: Slices) -> list[float]:
-            return [bounds[t] for t, _, _ in slices]
+        sent_bytes = 0
+
+        def send(msg_id: int, slices: Slices, receivers: list[tuple[str, int, float]]) -> Any:
+            nonlocal sent_bytes
+            arrays, loss_bounds = pieces(slices), [bounds[t] for t, _, _ in slices]
+            if self.compressor is not None:
+                arrays, loss_bounds = self.compressor.encode(arrays, slices), self.compressor.loss_bounds(loss_bounds)
+            sent_bytes += sum(a.nbytes for a in arrays) * len(receivers)
+            return self.channel.send(msg_id, arrays, receivers, loss_bounds=loss_bounds, deadline=deadline)
 
         # 1. scatter: part k to its aggregator k
-        scatter = [(k, self.channel.send(2 * rnd, pieces(layout.slices[k]),
-                                         [(*engines[k].engine, layout.scatter_rate[me][k])],
-                                         loss_bounds=piece_bounds(layout.slices[k]), deadline=deadline))
+        scatter = [(k, send(2 * rnd, layout.slices[k], [(*engines[k].engine, layout.scatter_rate[me][k])]))
                    for k in others if layout.slices[k]]
         self._interrupted = False
         merged_from: set[int] = set()
         fractions: list[float] = []
         if mine:
             self._wait_round(rnd, set(others), t0 + self._wait_limit(deadline))
-            usable = [(d.sender, c) for d in self._inputs(rnd) if (c := _fits(d, pieces(mine))) is not None]
+            usable = [(d.sender, c) for d in self._inputs(rnd) if (c := self._fits(d, mine)) is not None]
             for i, own in enumerate(pieces(mine)):
                 fractions.append(merge_parameter(own, [c[i] for _, c in usable]))
             merged_from.update(sender for sender, _ in usable)
         # 2. gather: the averaged part to everyone else; theirs into place where it arrived
-        gather = self.channel.send(2 * rnd + 1, pieces(mine), [(*engines[j].engine, layout.gather_rate[me][j])
-                                                               for j in others],
-                                   loss_bounds=piece_bounds(mine), deadline=deadline) if mine and others else None
+        gather = send(2 * rnd + 1, mine, [(*engines[j].engine, layout.gather_rate[me][j]) for j in others]) \
+            if mine and others else None
         aggregators = {k for k in others if layout.slices[k]}
         self.inbox.wait_round(2 * rnd + 1, aggregators, time.monotonic() + self._wait_limit(deadline), self._alive)
         sent = [handle.wait()[0] for _, handle in scatter]  # they read the parts about to be overwritten
         self.inbox.drain()
         for d in self.inbox.take(2 * rnd + 1, 2 * rnd + 1):
             theirs = layout.slices.get(d.sender, [])
-            arrived = _fits(d, pieces(theirs)) if d.sender in aggregators else None
+            arrived = self._fits(d, theirs) if d.sender in aggregators else None
             if arrived is None:
                 continue
             for i, (own, c) in enumerate(zip(pieces(theirs), arrived)):
-                np.copyto(own, c.values, where=True if c.chunks is None else d.element_mask(i))
+                where = d.element_mask(i) if c.chunks is not None else True
+                if c.mask is not None:
+                    where = c.mask & where
+                np.copyto(own, self.compressor.decode(c, own) if self.compressor is not None else c.values, where=where)
             merged_from.add(d.sender)
         gathered = gather.wait() if gather is not None else []
         comm_s = time.monotonic() - t0
@@ -179,11 +186,9 @@ class Partitioned(Synchronizer):
         stats = sent + list(gathered)
         self._report(rnd, flows, stats, comm_s, loss, deadline)
         results = dict(Counter(st.result for st in stats))
-        bytes_sent = sum(sum(x.nbytes for x in pieces(layout.slices[k])) for k, _ in scatter) + \
-            sum(x.nbytes for x in pieces(mine)) * len(gathered)
         return RoundStats(rnd, [k for k, _ in flows], sorted(aggregators), len(merged_from),
                           float(np.mean(fractions)) if fractions else 1.0, float(len(layout.ranks) - 1),
-                          layout.planned_time, comm_s, max((st.elapsed_s for st in stats), default=0.0), bytes_sent,
+                          layout.planned_time, comm_s, max((st.elapsed_s for st in stats), default=0.0), sent_bytes,
                           sum(st.retransmitted for st in stats), results, sorted(merged_from))
 
     def _plan(self, view: Any) -> _Layout | None:
@@ -193,9 +198,26 @@ class Partitioned(Synchronizer):
         key = view.order
         if self._layout is None or self._layout[0] != key:
             self._layout = (key, _Layout.from_view(view, [p.size for p in self.params],
-                                                   sum(p.nbytes for p in self.params)))
+                                                   self._model_bytes()))
         layout = self._layout[1]
         return layout if len(layout.ranks) >= 2 else None
+
+    def _model_bytes(self) -> int:
+        """The bytes of one whole model on the wire."""
+        if self.compressor is not None:
+            return self.compressor.wire_bytes([p.size for p in self.params])
+        return sum(p.nbytes for p in self.params)
+
+    def _fits(self, d: Delivery, slices: Slices) -> list[Contribution] | None:
+        """d's arrays as contributions to the pieces `slices` cut, or None when they do not fit
+        (another view's parts, a malformed message, or a layout that never arrived)."""
+        if self.compressor is not None:
+            return self.compressor.contributions(d, [b - a for _, a, b in slices])
+        pieces = [self._flat[t][a:b] for t, a, b in slices]
+        if d.arrays is None or len(d.arrays) != len(pieces) or any(
+                a.shape != p.shape or a.dtype != p.dtype for a, p in zip(d.arrays, pieces)):
+            return None
+        return [Contribution(a, chunks=d.chunks(i)) for i, a in enumerate(d.arrays)]
 
 
 @dataclass(frozen=True)
@@ -231,12 +253,3 @@ class _Layout:
                 gather[i][j] = PACING_HEADROOM * min(up[a] / (n - 1), down[b] * m[a] / max(model_bytes - m[b], 1.0))
         planned = float(np.max((model_bytes + (n - 2) * m) / np.maximum(capacity, 1e-9))) if n >= 2 else 0.0
         return cls(ranks, slices, scatter, gather, planned)
-
-
-def _fits(d: Delivery, pieces: list[np.ndarray]) -> list[Contribution] | None:
-    """d's arrays as contributions to `pieces`, or None when they do not fit (another view's parts,
-    a malformed message, or a layout that never arrived)."""
-    if d.arrays is None or len(d.arrays) != len(pieces) or any(
-            a.shape != p.shape or a.dtype != p.dtype for a, p in zip(d.arrays, pieces)):
-        return None
-    return [Contribution(a, chunks=d.chunks(i)) for i, a in enumerate(d.arrays)]

@@ -235,6 +235,7 @@ class DecentralizedOptimizer(Optimizer):
                                                                    period=self.options.filter_period)
                                       if self.options.filter == "value" else None,
                                       outer=OuterOptimizer(self.options.outer_lr, self.options.outer_momentum),
+                                      compress=self.options.compress,
                                       start_clock=self.runtime.client.start_clock,
                                       policy_options={"max_fanout": self.options.max_fanout or None,
                                                       "mixing_slack": self.options.mixing_slack}

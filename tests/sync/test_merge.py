@@ -77,10 +77,10 @@ def test_chunk_and_element_masks_together():
 
 
 def test_values_travel_in_their_own_dtype():
-    """float16 and int8 (times its scale) values are read as numbers and merged into float32."""
+    """float16 and int8 (times its block's scale) values are read as numbers and merged into float32."""
     own = np.array([1.0, 2.0, 3.0], dtype=np.float32)
     merge_parameter(own, [Contribution(np.array([3.0, 4.0, 5.0], dtype=np.float16)),
-                          Contribution(np.array([10, -20, 30], dtype=np.int8), scale=0.5)])
+                          Contribution(np.array([10, -20, 30], dtype=np.int8), scales=np.array([0.5], np.float32))])
     np.testing.assert_allclose(own, [(1 + 3 + 5) / 3, (2 + 4 - 10) / 3, (3 + 5 + 15) / 3], rtol=1e-6)
 
 
@@ -120,6 +120,15 @@ def test_malformed_contributions_are_refused():
         merge_parameter(own, [Contribution(np.zeros(100, np.float32), chunks=past_the_end)])
     with pytest.raises(ValueError, match="elements"):
         merge_parameter(own, [Contribution(np.zeros(99, np.float32))])
+    with pytest.raises(ValueError, match="scales"):
+        merge_parameter(own, [Contribution(np.zeros(100, np.int8), scales=np.ones(3, np.float32), block=25)])
     with pytest.raises(TypeError, match="dtype"):
         merge_parameter(own, [Contribution(np.zeros(100, np.int32))])
     np.testing.assert_array_equal(own, 0)
+
+
+def test_int8_blocks_have_their_own_scales():
+    own = np.zeros(5, dtype=np.float32)
+    q = np.array([2, 4, 2, 4, 2], dtype=np.int8)
+    merge_parameter(own, [Contribution(q, scales=np.array([1.0, 10.0, 100.0], np.float32), block=2)])
+    np.testing.assert_allclose(own, [1, 2, 10, 20, 100])

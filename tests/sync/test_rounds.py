@@ -50,7 +50,8 @@ def job():
     coord.stop()
 
 
-def run_threads(peers, rounds, before_step=None, errors=None):
+def run_threads(peers, rounds, before_step=None, errors=None, after_step=None):
+    """Each peer runs `rounds` rounds in its own thread; after_step gets each round's stats."""
     errors = [] if errors is None else errors
 
     def loop(peer):
@@ -58,7 +59,9 @@ def run_threads(peers, rounds, before_step=None, errors=None):
             for _ in range(rounds):
                 if before_step:
                     before_step(peer)
-                peer.sync.step()
+                stats = peer.sync.step()
+                if after_step:
+                    after_step(stats)
         except Exception as exc:  # reported to the test, never swallowed
             errors.append((peer.client.rank, exc))
 
