@@ -13,7 +13,7 @@ Same model (MNIST-1D MLP, 2 hidden layers of 1536, 2.4M parameters, 9.7 MB), sam
 per rank, same optimizer (SGD lr 0.1 momentum 0.9, batch 128 per rank), the same period for p2plearn
 and local SGD; test accuracy every EVAL_EVERY steps of rank 0 (the single process: every
 EVAL_EVERY x 4 steps, the same samples seen). DDP stops at a time budget (a run of it on
-heterogeneous-4 would take ~20 min). Full: 10 epochs, 12000 samples, 3 seeds (~55 min).
+heterogeneous-4 would take ~20 min). Full: 10 epochs, 12000 samples, 3 seeds (~75 min).
 Quick: 2 epochs (2 rounds), 1 seed, homogeneous-4 only.
 """
 from __future__ import annotations
@@ -39,9 +39,14 @@ TOPOLOGIES = ["homogeneous-4", "heterogeneous-4", "lossy-4"]
 # latest; overlap shortened the wall time but not the time to accuracy (rank 0's model is merged a
 # round late); partitioned is the full average at an all-reduce's cost. Those three are measured here.
 P2PLEARN = {"sync": "bsp", "selection": "selmcast", "fanout": 1, "period": PERIOD}
+# --compress fp16 halves the bytes of either (error feedback keeps the rounding from adding up).
 P2PLEARN_CONFIGS = {f"bsp, selmcast p=1, period {PERIOD}": P2PLEARN,
                     f"bsp, selmcast p=1, period {PERIOD}, overlap": {**P2PLEARN, "overlap": True},
-                    f"partitioned (full average), period {PERIOD}": {"sync": "partitioned", "period": PERIOD}}
+                    f"bsp, selmcast p=1, period {PERIOD}, compress fp16": {**P2PLEARN, "compress": "fp16"},
+                    f"partitioned (full average), period {PERIOD}": {"sync": "partitioned", "period": PERIOD},
+                    f"partitioned (full average), period {PERIOD}, compress fp16": {"sync": "partitioned",
+                                                                                   "period": PERIOD,
+                                                                                   "compress": "fp16"}}
 DDP_BUDGET_S = 60.0
 
 

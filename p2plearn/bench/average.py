@@ -3,10 +3,12 @@
     sudo python -m p2plearn.bench average [--topologies homogeneous-4,heterogeneous-4,lossy-4,homogeneous-8]
                                           [--megabytes 10] [--rounds 8] [--json]
 
-For each topology, three jobs average a float32 tensor of --megabytes (MiB), --rounds times, with no
+For each topology, five jobs average a model of --megabytes (MiB of float32), --rounds times, with no
 computation between: torch.distributed's gloo ``all_reduce`` (ring; one process per rank), p2plearn
 ``--sync partitioned`` (each peer aggregates a part sized by its bandwidth) and p2plearn ``--sync bsp
---selection all`` (every peer multicasts its whole model to every other). As root every job runs on
+--selection all`` (every peer multicasts its whole model to every other); and with half the bytes on
+the wire, gloo's all_reduce of the model as float16 (what DDP's ``fp16_compress_hook`` does) and
+p2plearn ``--sync partitioned --compress fp16``. As root every job runs on
 the testbed (network namespaces shaped to the topology; gloo with GLOO_SOCKET_IFNAME); otherwise
 p2plearn runs ``--emulate`` (paced to the topology on loopback) and gloo on unshaped loopback, which
 favours gloo, and the table says so. "loopback" is a topology too: both unshaped, 4 peers.
@@ -28,17 +30,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 WARM = 2  # rounds that include connection set-up
-MODES = {"partitioned": ["--sync", "partitioned"], "bsp all": ["--sync", "bsp", "--selection", "all"]}
+MODES = {"partitioned": ["--sync", "partitioned"], "bsp all": ["--sync", "bsp", "--selection", "all"],
+         "partitioned fp16": ["--sync", "partitioned", "--compress", "fp16"]}
+GLOO_DTYPES = ("float32", "float16")  # fp16 all_reduce: what DDP's fp16_compress_hook sends
 
 
-def gloo_peer(out: str, megabytes: float, rounds: int) -> None:
-    """One rank: `rounds` all_reduces of a `megabytes` float32 tensor; rank 0 writes the times."""
+def gloo_peer(out: str, megabytes: float, rounds: int, dtype: str) -> None:
+    """One rank: `rounds` all_reduces of a model of `megabytes` float32 (sent as `dtype`); rank 0
+    writes the times."""
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    tensor = torch.ones(int(megabytes * 2**20 / 4))  # MiB, as the p2plearn peers' model (bench.rounds)
+    tensor = torch.ones(int(megabytes * 2**20 / 4), dtype=getattr(torch, dtype))  # as bench.rounds' model
     times = []
     for _ in range(rounds):
         dist.barrier()  # every rank starts the round together, as BSP peers do
@@ -57,10 +62,11 @@ def topology_file(name: str) -> Path:
     return ROOT / "topology" / f"{name}.json"
 
 
-def gloo_job(topology: str, n: int, megabytes: float, rounds: int, testbed: bool) -> list[float]:
+def gloo_job(topology: str, n: int, megabytes: float, rounds: int, testbed: bool, dtype: str) -> list[float]:
     with tempfile.TemporaryDirectory(prefix="p2pbench-") as tmp:
         out = Path(tmp) / "gloo.json"
-        argv = [sys.executable, "-m", "p2plearn.bench.average", "--gloo-peer", str(out), str(megabytes), str(rounds)]
+        argv = [sys.executable, "-m", "p2plearn.bench.average", "--gloo-peer", str(out), str(megabytes), str(rounds),
+                dtype]
         env = {"WORLD_SIZE": str(n), "MASTER_PORT": "29710", "OMP_NUM_THREADS": "1"}
         if testbed and topology != "loopback":
             from p2plearn.testbed import Testbed
@@ -102,7 +108,7 @@ def peers_of(topology: str) -> int:
 
 def main(argv: list[str]) -> None:
     if argv and argv[0] == "--gloo-peer":
-        return gloo_peer(argv[1], float(argv[2]), int(argv[3]))
+        return gloo_peer(argv[1], float(argv[2]), int(argv[3]), argv[4])
     ap = argparse.ArgumentParser(prog="python -m p2plearn.bench average", description=__doc__.splitlines()[0])
     ap.add_argument("--topologies", default="loopback,homogeneous-4,heterogeneous-4,lossy-4,homogeneous-8")
     ap.add_argument("--megabytes", type=float, default=10.0)
@@ -115,8 +121,10 @@ def main(argv: list[str]) -> None:
     results = []
     for topology in args.topologies.split(","):
         n = peers_of(topology)
-        row = {"topology": topology, "peers": n,
-               "gloo_s": statistics.median(gloo_job(topology, n, args.megabytes, args.rounds, testbed)[WARM:])}
+        row = {"topology": topology, "peers": n}
+        for dtype in GLOO_DTYPES:
+            row[f"gloo {dtype}_s"] = statistics.median(gloo_job(topology, n, args.megabytes, args.rounds, testbed,
+                                                                dtype)[WARM:])
         for mode in MODES:
             row[f"{mode}_s"] = statistics.median(p2plearn_job(topology, n, mode, args.megabytes, args.rounds,
                                                               testbed)[WARM:])
@@ -128,11 +136,17 @@ def main(argv: list[str]) -> None:
     where = ("testbed (root: namespaces shaped to each topology)" if testbed else
              "emulated p2plearn vs gloo on unshaped loopback (not root: favours gloo)")
     print(f"One full average of {args.megabytes:g} MB (float32), median of {args.rounds - WARM} rounds; {where}\n")
-    print("| network | peers | gloo all_reduce s | p2plearn partitioned s | x gloo | p2plearn bsp all s | x gloo |")
-    print("|---|---|---|---|---|---|---|")
+    print("float32 on the wire: gloo all_reduce vs p2plearn partitioned and bsp all; float16 on the wire: gloo "
+          "all_reduce of a float16 tensor (DDP's fp16_compress_hook) vs p2plearn partitioned --compress fp16\n")
+    print("| network | peers | gloo s | partitioned s | x gloo | bsp all s | x gloo "
+          "| gloo fp16 s | partitioned fp16 s | x gloo fp16 | x gloo |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        print(f"| {r['topology']} | {r['peers']} | {r['gloo_s']:.3f} | {r['partitioned_s']:.3f} | "
-              f"{r['partitioned_s'] / r['gloo_s']:.2f} | {r['bsp all_s']:.3f} | {r['bsp all_s'] / r['gloo_s']:.2f} |")
+        gloo, half = r["gloo float32_s"], r["gloo float16_s"]
+        print(f"| {r['topology']} | {r['peers']} | {gloo:.3f} | {r['partitioned_s']:.3f} | "
+              f"{r['partitioned_s'] / gloo:.2f} | {r['bsp all_s']:.3f} | {r['bsp all_s'] / gloo:.2f} | {half:.3f} | "
+              f"{r['partitioned fp16_s']:.3f} | {r['partitioned fp16_s'] / half:.2f} | "
+              f"{r['partitioned fp16_s'] / gloo:.2f} |")
 
 
 if __name__ == "__main__":
