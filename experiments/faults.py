@@ -53,7 +53,8 @@ class Job:
             port = probe.getsockname()[1] - 1
         self.env = {**os.environ, "WORLD_SIZE": str(PEERS), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                     "P2PLEARN_JOB_ID": f"faults-{secrets.token_hex(4)}", "P2PLEARN_JOB_KEY": secrets.token_hex(32),
-                    "PYTHONPATH": str(c.ROOT), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+                    "PYTHONPATH": str(c.ROOT), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+                    "P2PLEARN_PERIOD": "1", "P2PLEARN_FANOUT": "2"}  # measured with a round per step, p=2
         self.procs: list[subprocess.Popen] = []
         self.ready: dict[int, tuple[int, int]] = {}  # rank -> (pid, coordinator pid) of its first process
         self.lines: list[str] = []

@@ -41,7 +41,7 @@ class Options:
     staleness: int = _opt(2, "SSP bound in rounds: larger hides more stragglers, but merges older models")
     selection: str = _opt("selmcast", "how each peer picks its receivers per round",
                           ("selmcast", "random", "all", "ring", "exponential"))
-    fanout: int = _opt(2, "receivers per round (p): more spreads updates faster and costs more bandwidth")
+    fanout: int = _opt(1, "receivers per round (p): more spreads updates faster and costs more bandwidth")
     max_fanout: int = _opt(64, "--selection selmcast: receivers per sender at most (never below --fanout; 0 = no cap); "
                                "SELMCAST adds receivers while the round gets no longer, and this bounds the work")
     mixing_slack: float = _opt(0.0, "--selection selmcast: how much longer (0.1: a tenth) a round may take so that a peer "
@@ -50,7 +50,7 @@ class Options:
                                   "rounds sooner on lossy links, at some cost in accuracy")
     tolerance: str = _opt("fixed", "how the loss bound is set per layer and round",
                           ("fixed", "adaptive", "layerwise", "phase"))
-    period: int = _opt(1, "local steps between rounds (H): a round every H steps costs 1/H of the communication; "
+    period: int = _opt(16, "local steps between rounds (H): a round every H steps costs 1/H of the communication; "
                           "larger drifts the peers further apart between rounds (4-16 is typical, as in local SGD)")
     outer_lr: float = _opt(1.0, "step size of the outer update on a round's averaged change (DiLoCo): the model becomes "
                                 "its value at the last round + outer-lr x the change; 1 with --outer-momentum 0 is plain "

@@ -37,7 +37,9 @@ class Job:
         self.job_id = "faults-" + secrets.token_hex(4)
         base = {**os.environ, "WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                 "P2PLEARN_JOB_ID": self.job_id, "P2PLEARN_JOB_KEY": secrets.token_hex(32),
-                "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env or {})}
+                "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+                "P2PLEARN_PERIOD": "1", "P2PLEARN_FANOUT": "2",  # the tests count rounds: one per step
+                **(env or {})}
         self.env, self.step_time = base, step_time
         self.lines: dict[int, list[str]] = {r: [] for r in range(n)}
         self.ready: dict[int, tuple[int, int]] = {}  # rank -> (pid, coordinator pid)
