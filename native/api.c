@@ -90,7 +90,8 @@ int p2p_engine_open(const p2p_config *cfg_in, p2p_engine **out) {
     eng->rng = cfg.seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
     int rc = parse_ipv4(cfg.host, cfg.port, &eng->local);
     if (rc) goto fail;
-    if ((rc = auth_init(&eng->auth, cfg.key, cfg.job_id))) goto fail;
+    if ((rc = auth_init(&eng->auth, cfg.key, cfg.job_id)) || (rc = auth_stream_init(&eng->auth, &eng->group_stream)))
+        goto fail;
     if (replay_init(&eng->replay)) { rc = set_error(ENOMEM, "out of memory"); goto fail; }
 
     eng->fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);

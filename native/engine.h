@@ -113,6 +113,7 @@ struct p2p_engine {
     uint8_t *rbuf, *sbuf;
     struct batch *batch;          /* sendmmsg scratch */
     struct auth auth;             /* tags on what it sends and receives */
+    struct auth_stream group_stream; /* IVs of what it sends to its multicast group (auth.h) */
     struct replay replay;         /* what it already received */
     struct mcast mc;              /* multicast socket and memberships (mc.fd -1: multicast off) */
     /* settings */

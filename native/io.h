@@ -17,7 +17,7 @@ static inline int same_addr(const struct sockaddr_in *a, const struct sockaddr_i
 }
 
 /* datagram.c */
-/* Reads what socket fd holds; via_group: it is eng->mc.fd, where only DATA is taken. */
+/* Reads what socket fd holds; via_group: it is eng->mc.fd, where only DATA and PROBE are taken. */
 void dgram_drain(p2p_engine *eng, int fd, int via_group);
 void dgram_send_ctl(p2p_engine *eng, const struct sockaddr_in *to, struct wire_hdr *h, const uint8_t *body,
                     size_t blen);
@@ -39,7 +39,7 @@ void rx_on_data(p2p_engine *eng, const struct wire_hdr *h, const struct sockaddr
 void rx_on_join(p2p_engine *eng, const struct wire_hdr *h, const struct sockaddr_in *src, const uint8_t *body,
                 size_t blen, uint64_t now);
 void rx_on_probe_or_close(p2p_engine *eng, const struct wire_hdr *h, const struct sockaddr_in *src,
-                          const uint8_t *body, size_t blen, uint64_t now);
+                          const uint8_t *body, size_t blen, int via_group, uint64_t now);
 void rx_timers(p2p_engine *eng, uint64_t now);
 uint64_t rx_next_wake(const p2p_engine *eng, uint64_t wake);
 void rx_free_all(p2p_engine *eng);

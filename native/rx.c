@@ -378,7 +378,7 @@ void rx_on_join(p2p_engine *eng, const struct wire_hdr *h, const struct sockaddr
 }
 
 void rx_on_probe_or_close(p2p_engine *eng, const struct wire_hdr *h, const struct sockaddr_in *src,
-                          const uint8_t *body, size_t blen, uint64_t now) {
+                          const uint8_t *body, size_t blen, int via_group, uint64_t now) {
     if ((h->type == T_PROBE && blen != 4) || (h->type == T_CLOSE && blen != 0)) {
         CNT(eng, drop_bad_length, 1);
         return;
@@ -388,6 +388,11 @@ void rx_on_probe_or_close(p2p_engine *eng, const struct wire_hdr *h, const struc
     if (m && !same_geometry(m, h)) { CNT(eng, drop_bad_index, 1); return; }
     if (!m) {
         struct tombstone *t = find_tomb(eng, h->sender, h->msg, src, now);
+        if (via_group) { /* answered with DONE at delivery already (a lost one: the unicast retry gets it) */
+            if (t) CNT(eng, drop_stale, 1);
+            else CNT(eng, drop_not_member, 1);
+            return;
+        }
         if (t) {
             send_done(eng, h->msg, src, t->flags, t->total, t->chunks);
             return;

@@ -284,7 +284,7 @@ static void dissolve(p2p_engine *eng, struct p2p_send *s, uint64_t now) {
         if (s->r[i].follows) leave_for_unicast(eng, s, &s->r[i], now);
 }
 
-/* The group's pass went out: probe each member for its bitmap. */
+/* The group's pass went out: every member is asked for its bitmap. */
 static void group_pass_sent(p2p_engine *eng, struct p2p_send *s, uint64_t now) {
     struct txr *g = s->group;
     g->state = S_PROBE;
@@ -298,8 +298,11 @@ static void group_pass_sent(p2p_engine *eng, struct p2p_send *s, uint64_t now) {
         r->state = S_PROBE;
         r->answered = 0;
         r->tries = 0;
-        send_probe(eng, s, r, now);
+        r->probe_ns = now;
     }
+    /* One probe through the group: behind the pass's data in each member's multicast socket (one
+     * sent by unicast could overtake data still queued there and be answered too soon). */
+    send_probe(eng, s, g, now);
 }
 
 /* Every member answered: each one's next pass (what its bounds still need), and whether they go to
@@ -445,7 +448,7 @@ static int pump_receiver(p2p_engine *eng, struct p2p_send *s, struct txr *r, int
         h.pass = r->pass;
         h.chunk = k;
         wire_put_hdr(B->hdr[nd], &h);
-        auth_seal(&eng->auth, B->hdr[nd], iv + 1, np);
+        auth_seal(&eng->auth, r == s->group ? &eng->group_stream : &eng->auth.stream, B->hdr[nd], iv + 1, np);
         iv[0].iov_base = B->hdr[nd];
         iv[0].iov_len = WIRE_HDR;
         uint32_t size = WIRE_HDR + len;
@@ -595,6 +598,7 @@ static void on_done(p2p_engine *eng, struct p2p_send *s, struct txr *r, const ui
     if (d.flags & DONE_COMPLETE)
         for (uint32_t k = 0; k < s->nchunks; k++) mark_acked(s, r, k);
     if (d.total > r->peer_total) r->peer_total = d.total;
+    if (r->follows && d.total) r->reached = 1; /* all it got came through the group */
     r->peer_chunks = d.chunks;
     int result = r->state == S_CLOSE ? r->result : P2P_SEND_EARLY_CLOSED;
     if (r->nacked == s->nchunks) result = P2P_SEND_EXACT;

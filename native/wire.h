@@ -5,8 +5,9 @@
  *   4  u16 sender id               6  u16 pass (DATA: transmission pass; else 0)
  *   8  u32 message id             12  u32 chunk index (DATA), else 0
  *  16  u32 chunk count            20  u16 chunk size / 8  22  u16 meta length / 8
- *  24  u64 session: drawn at random by the sending engine, renewed when its counter wraps
- *  32  u32 counter: the session's datagram number (every datagram the engine sends, to anyone)
+ *  24  u64 session: drawn at random by the sending engine, renewed when its counter wraps; one for
+ *      its unicast datagrams, another for those to its multicast group (auth.h: struct auth_stream)
+ *  32  u32 counter: the session's datagram number (every datagram of the stream, to anyone)
  *  36  u32 job id
  *  40  16-byte tag: AES-256-GMAC under the data key, IV = session || counter, over bytes 0-39 and
  *      the body (auth.c); zero with an all-zero key (no authentication, but jobs stay apart).

@@ -44,7 +44,7 @@ static uint16_t port_of(p2p_engine *e) {
 static p2p_send *send_to(p2p_engine *from, p2p_engine *to, uint32_t msg, const float *x, size_t n, double bound,
                          uint32_t deadline_ms) {
     p2p_segment seg = {x, n * sizeof *x, bound};
-    p2p_receiver rcv = {"127.0.0.1", port_of(to), 0};
+    p2p_receiver rcv = {"127.0.0.1", port_of(to), 0, 0};
     p2p_send_options opt = {.deadline_ms = deadline_ms, .app = "f4", .app_len = 2};
     p2p_send *s = NULL;
     CHECK(p2p_send_start(from, msg, &seg, 1, &rcv, 1, &opt, &s) == 0);
