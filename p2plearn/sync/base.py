@@ -74,6 +74,9 @@ class Synchronizer(ABC):
             receivers average just those and keep their own values elsewhere.
         outer: the outer update on each round's averaged change (DiLoCo); None averages plainly.
         policy_options: the selection policy's own options (SELMCAST: max_fanout, mixing_slack).
+        ip_multicast: the channel sends each message once to an IP multicast group for all its
+            receivers (``transport_mode="multicast"``): plans, their T and pacing count one copy per
+            sender on its uplink. Every peer must give the same value (they plan alike).
         round_cap_s: the longest any round may wait for inputs; a safety net against hangs, not a
             tuning knob. Without a deadline a BSP round waits for an expected sender at most
             LATE_SENDER times the median of recent rounds (at least MIN_WAIT_S): a sender that
@@ -85,7 +88,8 @@ class Synchronizer(ABC):
     def __init__(self, params: list[np.ndarray], layers: list[Layer], channel: Any, client: Any, *,
                  selection: str, fanout: int, seed: int, tolerance: TolerancePolicy,
                  value_filter: UpdateFilter | None = None, outer: OuterOptimizer | None = None,
-                 round_cap_s: float = 30.0, start_clock: int = 0, policy_options: dict | None = None):
+                 round_cap_s: float = 30.0, start_clock: int = 0, policy_options: dict | None = None,
+                 ip_multicast: bool = False):
         self.params = params
         self.layers = layers
         self.channel = channel
@@ -95,7 +99,7 @@ class Synchronizer(ABC):
         self.outer = outer
         self.round_cap_s = round_cap_s
         self.clock = start_clock
-        self.planner = RoundPlanner(selection, fanout, seed, **(policy_options or {}))
+        self.planner = RoundPlanner(selection, fanout, seed, ip_multicast, **(policy_options or {}))
         self.inbox = Inbox(channel, self._wanted_rounds, lambda: len(self.client.members) if self.client else 0)
         self._interrupted = False
         self.network = NetworkState()

@@ -246,7 +246,8 @@ class Channel:
             when the send to it closes early; 0 = exact delivery.
         deadline: seconds after which each receiver's send closes with whatever arrived.
         multicast: True: every receiver through this sender's group; False: unicast; None: as
-            `transport_mode` says. Multicast paces the group at its slowest receiver's rate.
+            `transport_mode` says, for sends to two receivers or more (a group saves nothing for
+            one). Multicast paces the group at its slowest receiver's rate.
         """
         self._engine()
         if not 0 <= msg_id < 2**32:
@@ -258,7 +259,8 @@ class Channel:
         rcv = [_receiver_tuple(r) for r in receivers]
         if len({(h, p) for h, p, _ in rcv}) != len(rcv):
             raise ValueError("a receiver is listed twice")
-        mode = self.transport_mode if multicast is None else "multicast" if multicast else "unicast"
+        mode = ("unicast" if len(rcv) < 2 else self.transport_mode) if multicast is None else \
+            "multicast" if multicast else "unicast"
         via_group = [mode == "multicast" or (mode == "auto" and (h, p) in self.multicast_reach) for h, p, _ in rcv]
         keep: list[Any] = []
         segs = ffi.new("p2p_segment[]", max(len(views), 1))

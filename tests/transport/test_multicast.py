@@ -161,10 +161,18 @@ def test_group_datagrams_of_a_message_not_announced_are_dropped(ns):
     send_in(ns, tx, 1, [np.ones(10_000)], [a.address, b.address]).wait(10)
     recv_all([a, b])
     # b stays in the group a while (it lingers): the next message, to a only, reaches it but is not for it
-    send_in(ns, tx, 2, [np.ones(100_000)], [a.address]).wait(10)
+    send_in(ns, tx, 2, [np.ones(100_000)], [a.address], multicast=True).wait(10)
     assert recv_all([a])[0].msg_id == 2
     assert b.recv(timeout=0.5) is None
     assert b.stats()["drop_not_member"] > 0
+
+
+def test_a_send_to_one_receiver_goes_by_unicast_unless_asked(ns):
+    rx = ns.make(sender_id=1)
+    tx = ns.make(sender_id=0, transport_mode="multicast")
+    (st,) = send_in(ns, tx, 1, [np.ones(10_000)], [rx.address]).wait(10)
+    recv_all([rx])
+    assert not st.multicast and tx.stats()["mcast_datagrams_sent"] == 0
 
 
 def test_no_group_is_left_joined_after_close(ns):
