@@ -30,7 +30,10 @@
 #define UNREACHABLE_NS 3000000000ull
 #define CLOSE_TRIES 10
 #define JOIN_TRIES 3              /* unanswered JOINs before the receiver gets the message by unicast */
-#define ANSWER_TRIES 2            /* unanswered probes before a member stops holding up the group's next pass */
+#define ANSWER_TRIES 3            /* unanswered group probes before a silent member stops holding up the group */
+/* ... and silent this long (no ACK at all): a member on a busy host (its I/O thread waiting for a
+ * core) falls silent for tens of ms and must not be sent a whole message again by unicast for it. */
+#define MEMBER_SILENT_NS 500000000ull
 
 static const uint8_t zeros[8];
 
@@ -288,9 +291,11 @@ static void dissolve(p2p_engine *eng, struct p2p_send *s, uint64_t now) {
 static void group_pass_sent(p2p_engine *eng, struct p2p_send *s, uint64_t now) {
     struct txr *g = s->group;
     g->state = S_PROBE;
+    g->rto_ns = RTO_MIN_NS;
     for (uint32_t i = 0; i < s->nrcv; i++) {
         struct txr *r = &s->r[i];
         if (!r->follows) continue;
+        if (r->rto_ns > g->rto_ns) g->rto_ns = r->rto_ns; /* the slowest member's answer */
         r->plen = g->plen; /* the pass it took part in: next_pass measures its loss on it */
         r->sent += g->plen;
         if (g->pass) r->retrans += g->plen;
@@ -387,18 +392,27 @@ static void group_on_ack(p2p_engine *eng, struct p2p_send *s, struct txr *r, con
     group_check(eng, s, now);
 }
 
-/* A stalled group window: probe the members (one that heard nothing leaves, see group_on_ack). */
+/* A stalled window, or members yet to answer the pass's probe: probe again, through the group so
+ * that the probe stays behind the data (a member lagging behind a backlog answers late, not
+ * wrongly). A member asked in vain ANSWER_TRIES times and silent meanwhile (a lagging one still
+ * ACKs what it works through) goes on by unicast on its own; so does one the group never reaches
+ * (that costs its first message MEMBER_SILENT_NS or so: "auto" mode probes for such peers first). */
 static void group_timers(p2p_engine *eng, struct p2p_send *s, uint64_t now) {
     struct txr *g = s->group;
-    if (!g || g->state != S_SEND || window_open(eng, s, g) || now - g->last_ack_ns < g->rto_ns) return;
-    g->rto_ns = g->rto_ns * 2 > RTO_MAX_NS ? RTO_MAX_NS : g->rto_ns * 2;
-    g->last_ack_ns = now;
+    if (!g || (g->state != S_SEND && g->state != S_PROBE) || (g->state == S_SEND && window_open(eng, s, g)))
+        return;
+    uint64_t since = g->state == S_SEND ? now - g->last_ack_ns : now - g->probe_ns;
+    if (since < g->rto_ns) return;
     for (uint32_t i = 0; i < s->nrcv; i++) {
         struct txr *r = &s->r[i];
-        if (!r->follows || r->state != S_SEND) continue;
-        r->tries++;
-        send_probe(eng, s, r, now);
+        if (!r->follows || (g->state == S_PROBE && (r->state != S_PROBE || r->answered))) continue;
+        uint64_t silent = now - r->last_heard_ns;
+        if (++r->tries > ANSWER_TRIES && silent > g->rto_ns && silent > MEMBER_SILENT_NS) r->follows = 0;
     }
+    g->rto_ns = g->rto_ns * 2 > RTO_MAX_NS ? RTO_MAX_NS : g->rto_ns * 2;
+    g->last_ack_ns = now;
+    send_probe(eng, s, g, now);
+    group_check(eng, s, now); /* members that left may have been all it waited for */
 }
 
 struct batch {
@@ -628,7 +642,7 @@ static void timers_of(p2p_engine *eng, struct p2p_send *s, struct txr *r, uint64
         finish(eng, s, r, P2P_SEND_UNREACHABLE, now);
         return;
     }
-    if (r->follows && (r->state == S_SEND || r->answered)) return; /* the group's timer watches it */
+    if (r->follows && (r->state == S_SEND || r->state == S_PROBE)) return; /* the group's timer watches it */
     uint64_t since = r->state == S_SEND ? now - r->last_ack_ns : now - r->probe_ns;
     if (since < r->rto_ns) return;
     if (r->state == S_SEND && window_open(eng, s, r)) return;
@@ -649,10 +663,6 @@ static void timers_of(p2p_engine *eng, struct p2p_send *s, struct txr *r, uint64
         group_check(eng, s, now);
         return;
     }
-    if (r->follows && r->tries > ANSWER_TRIES) { /* a member silent this long repairs on its own */
-        r->follows = 0;
-        group_check(eng, s, now);
-    }
     send_probe(eng, s, r, now); /* lost probe answer, or a stalled window: ask where the receiver is */
     r->last_ack_ns = now;
 }
@@ -661,7 +671,7 @@ static uint64_t next_wake_of(p2p_engine *eng, struct p2p_send *s, struct txr *r,
     uint64_t wake = UINT64_MAX;
     if (r->state == S_DONE) return wake;
     if (s->deadline_ns && r->state != S_CLOSE) wake = s->deadline_ns;
-    if (r->follows && (r->state == S_SEND || r->answered)) return wake; /* the group's timer watches it */
+    if (r->follows && (r->state == S_SEND || r->state == S_PROBE)) return wake; /* the group's timer watches it */
     int sending = r->state == S_SEND && r->ppos < r->plen && window_open(eng, s, r);
     if (!sending) { /* waiting for the receiver: its answer, or the retransmission timer (see tx_timers) */
         uint64_t t = (r->state == S_SEND ? r->last_ack_ns : r->probe_ns) + r->rto_ns;
@@ -721,7 +731,7 @@ uint64_t tx_next_wake(p2p_engine *eng, uint64_t now, uint64_t wake) {
     for (struct p2p_send *s = eng->active; s; s = s->next)
         for (uint32_t i = 0; i <= s->nrcv; i++) { /* the receivers, then the group */
             struct txr *r = i < s->nrcv ? &s->r[i] : s->group;
-            if (!r || (r == s->group && r->state != S_SEND)) continue;
+            if (!r || (r == s->group && r->state != S_SEND && r->state != S_PROBE)) continue;
             uint64_t t = next_wake_of(eng, s, r, now);
             if (t < wake) wake = t;
         }

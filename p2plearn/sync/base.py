@@ -53,10 +53,16 @@ class RoundStats:
     planned_s: float            # T of the plan
     comm_s: float               # wall time of the round's communication
     send_s: float               # this peer's own transfer: until its slowest receiver closed
-    bytes_sent: int
+    bytes_sent: int             # message bytes on this peer's uplink: one copy per unicast receiver, one for its group
     retransmitted: int          # datagrams this peer sent again (loss it did not tolerate)
     results: dict[str, int] = field(default_factory=dict)  # per-receiver send results, counted
     merged_from: list[int] = field(default_factory=list)   # the senders whose messages were merged
+
+
+def _copies(sent: list) -> int:
+    """Copies of a message on the sender's uplink: one per unicast receiver, one for all through the group."""
+    grouped = sum(st.multicast for st in sent)
+    return len(sent) - grouped + (grouped > 0)
 
 
 class Synchronizer(ABC):
@@ -139,7 +145,7 @@ class Synchronizer(ABC):
         results = dict(Counter(st.result for st in sent))
         send_s = max((st.elapsed_s for st in sent), default=0.0)
         return RoundStats(rnd, [j for j, _ in receivers], plan.senders, merged, delivered, plan.fanout,
-                          plan.planned_time, comm_s, send_s, self.network.expected_bytes * len(receivers),
+                          plan.planned_time, comm_s, send_s, self.network.expected_bytes * _copies(sent),
                           sum(st.retransmitted for st in sent), results, sorted({d.sender for d in inputs}))
 
     def state_dict(self) -> dict[str, Any]:
