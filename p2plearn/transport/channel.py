@@ -29,7 +29,8 @@ from p2plearn.transport.delivery import Delivery, Reason
 
 KEY_BYTES = 32  # the data key: AES-256 (native/auth.h)
 TRANSPORT_MODES = ("unicast", "multicast", "auto")
-PROBE_MSG_ID = 0xFFFFFFFF  # probe_multicast's message: never delivered by recv
+# probe_multicast's message carries this in place of an array descriptor: recv never returns it
+PROBE_DESCRIPTOR = b"p2plearn:multicast-probe"
 
 SEND_RESULTS = {
     lib.P2P_SEND_EXACT: "exact",
@@ -238,7 +239,7 @@ class Channel:
 
     def send(self, msg_id: int, arrays: Sequence[Any], receivers: Iterable[Any],
              loss_bounds: float | Sequence[float] = 0.0, deadline: float | None = None,
-             chunk_size: int | None = None, multicast: bool | None = None) -> SendHandle:
+             chunk_size: int | None = None, multicast: bool | None = None, *, _probe: bool = False) -> SendHandle:
         """Start sending `arrays` as message `msg_id` to every receiver; returns at once.
 
         receivers: (host, port) or (host, port, rate in bytes/s; 0 = unpaced) each.
@@ -276,7 +277,7 @@ class Channel:
             keep.append(hc)
             rs[i].host, rs[i].port, rs[i].rate, rs[i].multicast = hc, p, rate, via_group[i]
         opt = ffi.new("p2p_send_options *")
-        desc = ffi.new("char[]", encode_descriptor(views))
+        desc = ffi.new("char[]", PROBE_DESCRIPTOR if _probe else encode_descriptor(views))
         opt.app, opt.app_len = desc, len(ffi.string(desc))
         opt.deadline_ms = 0 if deadline is None else max(1, int(deadline * 1000))
         opt.chunk_size = chunk_size or 0
@@ -295,7 +296,7 @@ class Channel:
         seconds (not up yet, or gone) counts as not reached: probe once every peer's engine is up."""
         peers = [_receiver_tuple(p)[:2] for p in peers]
         probe = np.zeros(1024, dtype=np.uint8)
-        handle = self.send(PROBE_MSG_ID, [probe], peers, deadline=timeout, chunk_size=128, multicast=True)
+        handle = self.send(0, [probe], peers, deadline=timeout, chunk_size=128, multicast=True, _probe=True)
         reached = {st.receiver for st in handle.wait() if st.multicast and st.result in ("exact", "early_closed")}
         self.multicast_reach = (self.multicast_reach - set(peers)) | reached
         return reached
@@ -310,7 +311,7 @@ class Channel:
                 if check(lib.p2p_recv(eng, ms, out)) == 1:
                     return None
             d = ffi.gc(out[0], lib.p2p_delivery_free)
-            if d.msg_id != PROBE_MSG_ID:
+            if not d.layout_known or bytes(ffi.buffer(d.app, d.app_len)) != PROBE_DESCRIPTOR:
                 return self._wrap(d)
             if deadline is not None:  # another peer's multicast probe: wait on for a message
                 ms = max(0, int((deadline - time.monotonic()) * 1000))
