@@ -379,13 +379,16 @@ static void group_check(p2p_engine *eng, struct p2p_send *s, uint64_t now) {
     }
 }
 
-/* A member's ACK, after its bitmap was taken: a probe answer that shows nothing of the group's
- * pass arrived (the pass is over, or the window is stalled) means the group does not reach it. */
+/* A member's ACK, after its bitmap was taken. A probe answer while a whole window is stalled that
+ * shows nothing of it arrived means the group's data does not reach the member (its probes do).
+ * Nothing of a pass that ended is no such sign: a member's first IGMP report goes out on a kernel
+ * timer, after its answer to the JOIN, so a short first pass can pass by it before the switch
+ * knows its port; that is repaired as any loss, through the group if others need it too. */
 static void group_on_ack(p2p_engine *eng, struct p2p_send *s, struct txr *r, const struct ack_body *a, int final,
                          uint64_t now) {
     struct txr *g = s->group;
     if (a->pass_count) r->reached = 1;
-    if (final && !a->pass_count && (g->state == S_PROBE || !window_open(eng, s, g)))
+    if (final && !a->pass_count && g->state == S_SEND && !window_open(eng, s, g))
         leave_for_unicast(eng, s, r, now);
     else if (final && r->state == S_PROBE)
         r->answered = 1;

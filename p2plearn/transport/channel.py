@@ -29,8 +29,10 @@ from p2plearn.transport.delivery import Delivery, Reason
 
 KEY_BYTES = 32  # the data key: AES-256 (native/auth.h)
 TRANSPORT_MODES = ("unicast", "multicast", "auto")
-# probe_multicast's message carries this in place of an array descriptor: recv never returns it
+# probe_multicast's messages carry this in place of an array descriptor (recv never returns them),
+# under ids of their own: a receiver keeps a sender's message ids for 30 s after delivery.
 PROBE_DESCRIPTOR = b"p2plearn:multicast-probe"
+PROBE_MSG_IDS = (0xFFFFFFFD, 0xFFFFFFFE)
 
 SEND_RESULTS = {
     lib.P2P_SEND_EXACT: "exact",
@@ -242,6 +244,8 @@ class Channel:
              chunk_size: int | None = None, multicast: bool | None = None, *, _probe: bool = False) -> SendHandle:
         """Start sending `arrays` as message `msg_id` to every receiver; returns at once.
 
+        msg_id: 32 bits, but for PROBE_MSG_IDS; a receiver refuses one it delivered from this
+            sender in the last 30 s.
         receivers: (host, port) or (host, port, rate in bytes/s; 0 = unpaced) each.
         loss_bounds: per array (or one for all), the fraction that may be missing at a receiver
             when the send to it closes early; 0 = exact delivery.
@@ -253,6 +257,8 @@ class Channel:
         self._engine()
         if not 0 <= msg_id < 2**32:
             raise ValueError(f"msg_id must fit in 32 bits, got {msg_id}")
+        if (msg_id in PROBE_MSG_IDS) != _probe:
+            raise ValueError(f"msg_ids {PROBE_MSG_IDS[0]:#x} and {PROBE_MSG_IDS[1]:#x} are probe_multicast's")
         views = [as_numpy(a) for a in arrays]
         bounds = [float(loss_bounds)] * len(views) if np.isscalar(loss_bounds) else [float(b) for b in loss_bounds]
         if len(bounds) != len(views):
@@ -296,8 +302,11 @@ class Channel:
         seconds (not up yet, or gone) counts as not reached: probe once every peer's engine is up."""
         peers = [_receiver_tuple(p)[:2] for p in peers]
         probe = np.zeros(1024, dtype=np.uint8)
-        handle = self.send(0, [probe], peers, deadline=timeout, chunk_size=128, multicast=True, _probe=True)
-        reached = {st.receiver for st in handle.wait() if st.multicast and st.result in ("exact", "early_closed")}
+        reached = set()
+        for msg_id in PROBE_MSG_IDS:  # the second once every peer's membership is known to the switch
+            handle = self.send(msg_id, [probe], peers, deadline=timeout / 2, chunk_size=128, multicast=True,
+                               _probe=True)
+            reached |= {st.receiver for st in handle.wait() if st.multicast and st.result in ("exact", "early_closed")}
         self.multicast_reach = (self.multicast_reach - set(peers)) | reached
         return reached
 

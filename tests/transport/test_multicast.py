@@ -204,5 +204,8 @@ def test_multicast_arguments_are_checked():
         Channel(transport_mode="broadcast")
     with pytest.raises(ValueError, match="multicast range"):
         Channel(mcast_port=47000, mcast_groups="10.0.0.0/16")
-    with Channel() as ch, pytest.raises(ValueError, match="no mcast_port"):
-        ch.send(1, [np.ones(4)], [("127.0.0.1", 9)], multicast=True)
+    with Channel() as ch:
+        with pytest.raises(ValueError, match="no mcast_port"):
+            ch.send(1, [np.ones(4)], [("127.0.0.1", 9)], multicast=True)
+        with pytest.raises(ValueError, match="probe_multicast's"):
+            ch.send(0xFFFFFFFE, [np.ones(4)], [("127.0.0.1", 9)])

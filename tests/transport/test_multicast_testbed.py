@@ -95,3 +95,14 @@ def test_a_receiver_multicast_does_not_reach_gets_it_by_unicast(testbed):
     assert all(r["result"] == "exact" for r in multi["receivers"])
     assert all(delivery["equal"] == [True, True] for delivery, _ in got)
     assert got[RECEIVERS.index("p3")][1]["engine"]["mcast_datagrams_received"] == 0
+
+
+@pytest.mark.parametrize("mode", ["multicast", "auto"])
+def test_training_rounds_put_one_copy_on_each_uplink(mode):
+    """4 peers under p2plearn-run --testbed, every peer sending to the 3 others each round: auto
+    finds at start-up that the group reaches everyone; each uplink carries ~1 copy, not 3."""
+    from p2plearn.bench.rounds import run_config
+
+    result = run_config(str(ROOT / "topology" / "homogeneous-4.json"), "all", 3, 1.0, 4, mode)
+    assert result["delivered"] == 1.0
+    assert result["uplink_mb"] < 1.3, result  # unicast: 3.1 MB
