@@ -410,7 +410,9 @@ static void group_timers(p2p_engine *eng, struct p2p_send *s, uint64_t now) {
         struct txr *r = &s->r[i];
         if (!r->follows || (g->state == S_PROBE && (r->state != S_PROBE || r->answered))) continue;
         uint64_t silent = now - r->last_heard_ns;
-        if (++r->tries > ANSWER_TRIES && silent > g->rto_ns && silent > MEMBER_SILENT_NS) r->follows = 0;
+        if (++r->tries <= ANSWER_TRIES || silent <= g->rto_ns || silent <= MEMBER_SILENT_NS) continue;
+        if (r->state == S_SEND) leave_for_unicast(eng, s, r, now); /* a fresh pass of what it lacks */
+        else r->follows = 0; /* it probes on its own for the answer it owes */
     }
     g->rto_ns = g->rto_ns * 2 > RTO_MAX_NS ? RTO_MAX_NS : g->rto_ns * 2;
     g->last_ack_ns = now;

@@ -3,9 +3,10 @@
     python -m tests.transport.mcast_peer recv PORT MCAST_PORT MB
         prints "ready", then a JSON line for the message delivered (checked against what was sent),
         then one with the engine's counters and the groups joined before and after the channel's close
-    python -m tests.transport.mcast_peer send MCAST_PORT MODE MB BOUND RATE HOST:PORT...
+    python -m tests.transport.mcast_peer send MCAST_PORT MODE MB BOUND RATE WINDOW HOST:PORT...
         sends one message (two arrays: MB megabytes under loss bound BOUND, and 64 KB exact), paced at
-        RATE bytes/s per receiver and in all (the uplink), MODE unicast|multicast; prints one JSON line of stats
+        RATE bytes/s per receiver and in all (the uplink), with WINDOW bytes in flight (0: the default),
+        MODE unicast|multicast; prints one JSON line of stats
 Message msg's arrays are drawn from a generator seeded with msg, so a receiver checks them exactly.
 """
 from __future__ import annotations
@@ -54,11 +55,12 @@ def recv(port: int, mcast_port: int, megabytes: float) -> None:
     print(json.dumps({"joined": joined, "after_close": groups(), "engine": stats}), flush=True)
 
 
-def send(mcast_port: int, mode: str, megabytes: float, bound: float, rate: float, peers: list[str]) -> None:
+def send(mcast_port: int, mode: str, megabytes: float, bound: float, rate: float, window: int,
+         peers: list[str]) -> None:
     receivers = [(h, int(p), rate) for h, p in (peer.split(":") for peer in peers)]
     data = arrays(megabytes)
     with Channel(host="0.0.0.0", sender_id=0, key=KEY, mcast_port=mcast_port, transport_mode=mode,
-                 uplink_rate=rate) as ch:
+                 uplink_rate=rate, window_bytes=window or 8 << 20) as ch:
         t = time.perf_counter()
         stats = ch.send(MSG, data, receivers, loss_bounds=[bound, 0.0]).wait(120)
         elapsed = time.perf_counter() - t
@@ -72,4 +74,4 @@ if __name__ == "__main__":
     if role == "recv":
         recv(int(args[0]), int(args[1]), float(args[2]))
     else:
-        send(int(args[0]), args[1], float(args[2]), float(args[3]), float(args[4]), args[5:])
+        send(int(args[0]), args[1], float(args[2]), float(args[3]), float(args[4]), int(args[5]), args[6:])

@@ -35,12 +35,12 @@ def _start(tb, peer, *args):
                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def transfer(tb, mode, megabytes=2.0, bound=0.0):
+def transfer(tb, mode, megabytes=2.0, bound=0.0, window=0):
     """One message from p0 to p1-p7: the sender's JSON and each receiver's two lines (delivery, close)."""
     receivers = [_start(tb, peer, "recv", PORT, MCAST_PORT, megabytes) for peer in RECEIVERS]
     for proc in receivers:
         assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
-    sender = _start(tb, "p0", "send", MCAST_PORT, mode, megabytes, bound, RATE,
+    sender = _start(tb, "p0", "send", MCAST_PORT, mode, megabytes, bound, RATE, window,
                     *(f"{tb.address(peer)}:{PORT}" for peer in RECEIVERS))
     out, err = sender.communicate(timeout=120)
     assert sender.returncode == 0, err
@@ -84,11 +84,12 @@ def test_loss_bounds_hold_per_receiver_under_injected_loss(testbed):
     assert multi["engine"]["bytes_sent"] < 2 * multi["bytes"], multi["engine"]
 
 
-def test_a_receiver_multicast_does_not_reach_gets_it_by_unicast(testbed):
+@pytest.mark.parametrize("window", [0, 256 << 10])  # the message fits in the window; it does not (stalls)
+def test_a_receiver_multicast_does_not_reach_gets_it_by_unicast(testbed, window):
     deaf = ["INPUT", "-d", "224.0.0.0/4", "-j", "DROP"]
     testbed._iptables("p3", "-I", *deaf)
     try:
-        multi, got = transfer(testbed, "multicast")
+        multi, got = transfer(testbed, "multicast", window=window)
     finally:
         testbed._iptables("p3", "-D", *deaf)
     assert [r["multicast"] for r in multi["receivers"]] == [peer != "p3" for peer in RECEIVERS], multi
