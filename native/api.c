@@ -85,12 +85,13 @@ int p2p_engine_open(const p2p_config *cfg_in, p2p_engine **out) {
     if (!eng) return set_error(ENOMEM, "out of memory");
     eng->cfg = cfg;
     eng->cfg.host = NULL; /* the caller's string is not kept */
-    eng->fd = eng->evfd = eng->epfd = -1;
+    eng->fd = eng->evfd = eng->epfd = eng->mc.fd = -1;
     eng->refs = 1;
     eng->rng = cfg.seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
     int rc = parse_ipv4(cfg.host, cfg.port, &eng->local);
     if (rc) goto fail;
-    if ((rc = auth_init(&eng->auth, cfg.key, cfg.job_id))) goto fail;
+    if ((rc = auth_init(&eng->auth, cfg.key, cfg.job_id)) || (rc = auth_stream_init(&eng->auth, &eng->group_stream)))
+        goto fail;
     if (replay_init(&eng->replay)) { rc = set_error(ENOMEM, "out of memory"); goto fail; }
 
     eng->fd = socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
@@ -105,6 +106,11 @@ int p2p_engine_open(const p2p_config *cfg_in, p2p_engine **out) {
     int one = 1;
     eng->gso = cfg.gso;
     eng->gro = cfg.gso && setsockopt(eng->fd, SOL_UDP, UDP_GRO, &one, sizeof one) == 0;
+    if ((rc = mcast_open(&eng->mc, &cfg, eng->fd, eng->local.sin_addr))) goto fail;
+    if (eng->mc.fd >= 0) {
+        set_buffers(eng->mc.fd, (int)cfg.socket_buffer);
+        if (eng->gro) setsockopt(eng->mc.fd, SOL_UDP, UDP_GRO, &one, sizeof one);
+    }
 
     eng->rbuf = malloc((size_t)32 * 65536);
     eng->sbuf = malloc((size_t)64 * 65536);
@@ -116,6 +122,10 @@ int p2p_engine_open(const p2p_config *cfg_in, p2p_engine **out) {
     epoll_ctl(eng->epfd, EPOLL_CTL_ADD, eng->fd, &ev);
     ev.data.fd = eng->evfd;
     epoll_ctl(eng->epfd, EPOLL_CTL_ADD, eng->evfd, &ev);
+    if (eng->mc.fd >= 0) {
+        ev.data.fd = eng->mc.fd;
+        epoll_ctl(eng->epfd, EPOLL_CTL_ADD, eng->mc.fd, &ev);
+    }
 
     pthread_mutex_init(&eng->mu, NULL);
     pthread_condattr_t monotonic; /* waits are timed on the monotonic clock: setting the date moves no timeout */
@@ -132,6 +142,7 @@ int p2p_engine_open(const p2p_config *cfg_in, p2p_engine **out) {
     *out = eng;
     return 0;
 fail:
+    mcast_close(&eng->mc);
     if (eng->fd >= 0) close(eng->fd);
     if (eng->evfd >= 0) close(eng->evfd);
     if (eng->epfd >= 0) close(eng->epfd);
@@ -180,6 +191,7 @@ void p2p_engine_close(p2p_engine *eng) {
     wake(eng);
     pthread_join(eng->thread, NULL);
     io_finish_all(eng);
+    mcast_close(&eng->mc); /* leaves every group */
     close(eng->fd); /* the port is free now; the memory and the eventfd go with the last reference */
     close(eng->epfd);
     free(eng->rbuf);
@@ -282,7 +294,13 @@ static int init_receiver(struct p2p_send *s, struct txr *r, const p2p_receiver *
     if (rc) return rc;
     if (!(in->rate >= 0)) return set_error(EINVAL, "receiver %s: rate must be >= 0", in->host);
     if (!in->port) return set_error(EINVAL, "receiver %s: port 0", in->host);
+    if (in->multicast != 0 && in->multicast != 1)
+        return set_error(EINVAL, "receiver %s: multicast must be 0 or 1, got %d", in->host, in->multicast);
+    if (in->multicast && s->eng->mc.fd < 0)
+        return set_error(EINVAL, "receiver %s: multicast asked, but this engine has no mcast_port", in->host);
     r->rate = in->rate;
+    r->follows = (uint8_t)in->multicast;
+    r->state = in->multicast ? S_JOIN : S_SEND;
     r->refill_ns = now;
     r->acked = calloc(1, (s->nchunks + 7) / 8 + 1);
     r->seg_acked = calloc(s->nseg + 1, sizeof(uint64_t));
@@ -294,6 +312,26 @@ static int init_receiver(struct p2p_send *s, struct txr *r, const p2p_receiver *
     r->passes = 1;
     r->last_ack_ns = r->last_heard_ns = now;
     r->rto_ns = 50000000ull;
+    return 0;
+}
+
+/* The send to this sender's group, for the receivers that asked for multicast: paced at the
+ * slowest one's rate (the first positive; unpaced only if every one is). */
+static int init_group(struct p2p_send *s, uint64_t now) {
+    struct txr *g = NULL;
+    for (uint32_t i = 0; i < s->nrcv; i++) {
+        const struct txr *r = &s->r[i];
+        if (!r->follows) continue;
+        if (!g && !(g = s->group = calloc(1, sizeof *g))) return set_error(ENOMEM, "out of memory");
+        if (r->rate > 0 && (g->rate == 0 || r->rate < g->rate)) g->rate = r->rate;
+    }
+    if (!g) return 0;
+    mcast_group_of(&s->eng->mc, s->eng->cfg.sender_id, &g->addr);
+    g->state = S_JOIN;
+    g->plen = s->nchunks;
+    g->passes = 1;
+    g->refill_ns = g->last_ack_ns = g->last_heard_ns = now;
+    g->rto_ns = 50000000ull;
     return 0;
 }
 
@@ -310,6 +348,8 @@ void send_unref(struct p2p_send *s) {
         free(s->r[i].plist);
     }
     free(s->r);
+    if (s->group) free(s->group->plist);
+    free(s->group);
     free(s->seg_ptr);
     free(s->seg_flat);
     free(s->seg_len);
@@ -359,6 +399,7 @@ int p2p_send_start(p2p_engine *eng, uint32_t msg_id, const p2p_segment *segs, ui
     s->deadline_ns = opt && opt->deadline_ms ? now + (uint64_t)opt->deadline_ms * 1000000ull : 0;
     for (uint32_t i = 0; i < nrcv; i++)
         if ((rc = init_receiver(s, &s->r[i], &rcv[i], now))) goto fail;
+    if ((rc = init_group(s, now))) goto fail;
     s->nactive = nrcv;
     s->refs = 2; /* the caller's and the I/O thread's */
     pthread_mutex_lock(&eng->mu);
@@ -453,6 +494,7 @@ int p2p_send_receiver_stats(p2p_send *s, uint32_t i, p2p_receiver_stats *out, do
     if (out->loss_rate < 0) out->loss_rate = 0;
     out->rtt_s = (double)r->srtt_ns / 1e9;
     out->error = r->error;
+    out->multicast = r->reached;
     if (fractions && nseg) {
         uint64_t *cov = malloc(sizeof(uint64_t) * nseg), *off = malloc(sizeof(uint64_t) * nseg);
         if (!cov || !off) { free(cov); free(off); return set_error(ENOMEM, "out of memory"); }

@@ -26,7 +26,7 @@ static void aes_block(const unsigned char in[16], unsigned char out[16], const v
 int auth_init(struct auth *a, const uint8_t key[AUTH_KEY], uint32_t job) {
     memset(a, 0, sizeof *a);
     a->job = job;
-    if (random_session(&a->session)) return set_error(errno, "getrandom: %s", strerror(errno));
+    if (random_session(&a->stream.session)) return set_error(errno, "getrandom: %s", strerror(errno));
     int on = 0;
     for (int i = 0; i < AUTH_KEY; i++) on |= key[i];
     if (!on) return 0;
@@ -41,6 +41,14 @@ int auth_init(struct auth *a, const uint8_t key[AUTH_KEY], uint32_t job) {
         auth_free(a);
         return set_error(ENOMEM, "CRYPTO_gcm128_new: out of memory");
     }
+    return 0;
+}
+
+int auth_stream_init(struct auth *a, struct auth_stream *st) {
+    st->counter = 0;
+    do {
+        if (random_session(&st->session)) return set_error(errno, "getrandom: %s", strerror(errno));
+    } while (st->session == a->stream.session);
     return 0;
 }
 
@@ -59,15 +67,15 @@ static void gmac(struct auth *a, const uint8_t *hdr, const struct iovec *body, i
         if (body[i].iov_len) CRYPTO_gcm128_aad(a->gcm, body[i].iov_base, body[i].iov_len);
 }
 
-void auth_seal(struct auth *a, uint8_t *hdr, const struct iovec *body, int nbody) {
-    if (a->counter == UINT32_MAX) { /* the IV must never repeat under the key */
+void auth_seal(struct auth *a, struct auth_stream *st, uint8_t *hdr, const struct iovec *body, int nbody) {
+    if (st->counter == UINT32_MAX) { /* the IV must never repeat under the key */
         uint64_t fresh;
-        while (random_session(&fresh) || fresh == a->session) {}
-        a->session = fresh;
-        a->counter = 0;
+        while (random_session(&fresh) || fresh == st->session) {}
+        st->session = fresh;
+        st->counter = 0;
     }
-    put64(hdr + 24, a->session);
-    put32(hdr + 32, a->counter++);
+    put64(hdr + 24, st->session);
+    put32(hdr + 32, st->counter++);
     put32(hdr + 36, a->job);
     if (a->gcm) {
         gmac(a, hdr, body, nbody);

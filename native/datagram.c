@@ -1,6 +1,7 @@
 /* Datagrams between the socket and the engine: reading what arrived in batches, checking each
  * (header, job and tag, replay) before rx.c or tx.c sees it, and sending control datagrams. */
 #define _GNU_SOURCE
+#include <arpa/inet.h>
 #include <netinet/udp.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -20,7 +21,8 @@ void dgram_send_ctl(p2p_engine *eng, const struct sockaddr_in *to, struct wire_h
     wire_put_hdr(buf, h);
     if (blen) memcpy(buf + WIRE_HDR, body, blen);
     struct iovec b = {buf + WIRE_HDR, blen};
-    auth_seal(&eng->auth, buf, &b, 1);
+    int to_group = IN_MULTICAST(ntohl(to->sin_addr.s_addr)); /* in the group's stream, as its data */
+    auth_seal(&eng->auth, to_group ? &eng->group_stream : &eng->auth.stream, buf, &b, 1);
     /* Best effort: every control datagram is re-sent by the protocol if it is lost. */
     if (sendto(eng->fd, buf, WIRE_HDR + blen, MSG_DONTWAIT, (const struct sockaddr *)to, sizeof *to) > 0) {
         CNT(eng, datagrams_sent, 1);
@@ -28,7 +30,8 @@ void dgram_send_ctl(p2p_engine *eng, const struct sockaddr_in *to, struct wire_h
     }
 }
 
-static void on_datagram(p2p_engine *eng, const struct sockaddr_in *src, const uint8_t *buf, size_t len, uint64_t now) {
+static void on_datagram(p2p_engine *eng, const struct sockaddr_in *src, const uint8_t *buf, size_t len, int via_group,
+                        uint64_t now) {
     struct wire_hdr h;
     CNT(eng, datagrams_received, 1);
     CNT(eng, bytes_received, len);
@@ -40,16 +43,20 @@ static void on_datagram(p2p_engine *eng, const struct sockaddr_in *src, const ui
     default: CNT(eng, drop_bad_type, 1); return;
     }
     if (!auth_check(&eng->auth, buf, len)) { CNT(eng, drop_bad_tag, 1); return; }
+    if (via_group && h.type != T_DATA && h.type != T_PROBE) { CNT(eng, drop_bad_type, 1); return; }
+    /* Per receiver, so one datagram reaching many members through a group passes at each. */
     if (!replay_accept(&eng->replay, h.sender, h.session, h.counter, now)) { CNT(eng, drop_replayed, 1); return; }
+    if (via_group) CNT(eng, mcast_datagrams_received, 1);
     const uint8_t *body = buf + WIRE_HDR;
     size_t blen = len - WIRE_HDR;
-    if (h.type == T_DATA) rx_on_data(eng, &h, src, body, blen, now);
-    else if (h.type == T_PROBE || h.type == T_CLOSE) rx_on_probe_or_close(eng, &h, src, body, blen, now);
+    if (h.type == T_DATA) rx_on_data(eng, &h, src, body, blen, via_group, now);
+    else if (h.type == T_PROBE || h.type == T_CLOSE) rx_on_probe_or_close(eng, &h, src, body, blen, via_group, now);
+    else if (h.type == T_JOIN) rx_on_join(eng, &h, src, body, blen, now);
     else tx_on_reply(eng, &h, src, body, blen, now);
 }
 
 /* Reads what the socket holds, in batches, splitting GRO-coalesced buffers into datagrams. */
-void dgram_drain(p2p_engine *eng) {
+void dgram_drain(p2p_engine *eng, int fd, int via_group) {
     struct mmsghdr mm[RECV_SLOTS];
     struct iovec iov[RECV_SLOTS];
     struct sockaddr_in from[RECV_SLOTS];
@@ -66,7 +73,7 @@ void dgram_drain(p2p_engine *eng) {
             mm[i].msg_hdr.msg_control = ctl[i];
             mm[i].msg_hdr.msg_controllen = sizeof ctl[i];
         }
-        int n = recvmmsg(eng->fd, mm, RECV_SLOTS, MSG_DONTWAIT, NULL);
+        int n = recvmmsg(fd, mm, RECV_SLOTS, MSG_DONTWAIT, NULL);
         if (n <= 0) return;
         uint64_t now = now_ns();
         for (int i = 0; i < n; i++) {
@@ -80,7 +87,7 @@ void dgram_drain(p2p_engine *eng) {
             const uint8_t *p = iov[i].iov_base;
             size_t off = 0;
             do { /* an empty datagram is still one to count and drop */
-                on_datagram(eng, &from[i], p + off, len - off < seg ? len - off : seg, now);
+                on_datagram(eng, &from[i], p + off, len - off < seg ? len - off : seg, via_group, now);
                 off += seg;
             } while (off < len);
         }

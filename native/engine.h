@@ -7,6 +7,7 @@
 
 #include "auth.h"
 #include "p2pcast.h"
+#include "mcast.h"
 #include "replay.h"
 #include "wire.h"
 
@@ -14,9 +15,10 @@
 #define BIT_SET(bm, i) ((bm)[(i) >> 3] |= (uint8_t)(1u << ((i) & 7)))
 #define CNT(eng, field, n) __atomic_fetch_add(&(eng)->counters.field, (uint64_t)(n), __ATOMIC_RELAXED)
 
-enum tx_state { S_SEND, S_PROBE, S_CLOSE, S_DONE };
+enum tx_state { S_SEND, S_PROBE, S_CLOSE, S_DONE, S_JOIN };
 
-/* The send of one message to one receiver. */
+/* The send of one message to one receiver; also the send to a group (struct p2p_send's `group`),
+ * whose addr, pacing, pass, plist, peer_high and timers serve every member that follows it. */
 struct txr {
     struct sockaddr_in addr;
     double rate, tokens;          /* pacing: token bucket in wire bytes */
@@ -36,6 +38,9 @@ struct txr {
     uint64_t sent, retrans, peer_total;
     uint32_t peer_chunks;         /* chunks the receiver reported at DONE */
     int error;                    /* errno of a send the kernel refused (result UNREACHABLE), else 0 */
+    uint8_t follows;              /* member: its passes are the group's (set until it leaves for unicast or ends) */
+    uint8_t answered;             /* member: answered the probe that ended the group's pass */
+    uint8_t reached;              /* member: datagrams sent to the group arrived (stats `multicast`) */
 };
 
 struct p2p_send {
@@ -53,6 +58,7 @@ struct p2p_send {
     uint64_t start_ns, deadline_ns;
     uint32_t nrcv, nactive;
     struct txr *r;
+    struct txr *group;            /* owned: the send to this sender's group; NULL without multicast receivers */
 };
 
 /* A message being received. */
@@ -67,6 +73,7 @@ struct rx {
     uint32_t pass_high, pass_count, dgrams, unacked;
     uint64_t last_ack_ns, last_seen_ns;
     uint64_t bytes_in, bytes_out; /* datagram bytes received for it, control bytes sent about it */
+    int group;                    /* slot of eng->mc it holds a membership reference on (announced by JOIN), or -1 */
 };
 
 struct tombstone {
@@ -106,7 +113,9 @@ struct p2p_engine {
     uint8_t *rbuf, *sbuf;
     struct batch *batch;          /* sendmmsg scratch */
     struct auth auth;             /* tags on what it sends and receives */
+    struct auth_stream group_stream; /* IVs of what it sends to its multicast group (auth.h) */
     struct replay replay;         /* what it already received */
+    struct mcast mc;              /* multicast socket and memberships (mc.fd -1: multicast off) */
     /* settings */
     p2p_config cfg;
     struct sockaddr_in local;

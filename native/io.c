@@ -1,4 +1,4 @@
-/* The I/O thread: one epoll loop over the engine's UDP socket. It has datagram.c read what arrived,
+/* The I/O thread: one epoll loop over the engine's UDP sockets (unicast, and multicast if on). It has datagram.c read what arrived,
  * lets tx.c send what pacing allows, and runs both sides' timers. Python never runs here. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -39,11 +39,13 @@ void *io_main(void *arg) {
         if (closing) break;
         uint64_t now = now_ns();
         tx_take_commands(eng, now);
-        dgram_drain(eng);
+        dgram_drain(eng, eng->fd, 0);
+        if (eng->mc.fd >= 0) dgram_drain(eng, eng->mc.fd, 1);
         now = now_ns();
         tx_timers(eng, now);
         if (now - eng->last_sweep_ns > ACK_DELAY_NS) {
             rx_timers(eng, now);
+            mcast_sweep(&eng->mc, now);
             eng->last_sweep_ns = now;
         }
         int more = eng->want_out ? 0 : tx_pump(eng, now);

@@ -1,5 +1,5 @@
 /* The I/O thread's units and what they share: io.c runs the loop, datagram.c reads and checks
- * what the socket received and sends control datagrams, tx.c sends this peer's messages, rx.c
+ * what the sockets received and sends control datagrams, tx.c sends this peer's messages, rx.c
  * reassembles the messages it receives. Everything declared here runs
  * on the I/O thread only. */
 #ifndef P2P_IO_H
@@ -17,7 +17,8 @@ static inline int same_addr(const struct sockaddr_in *a, const struct sockaddr_i
 }
 
 /* datagram.c */
-void dgram_drain(p2p_engine *eng);
+/* Reads what socket fd holds; via_group: it is eng->mc.fd, where only DATA and PROBE are taken. */
+void dgram_drain(p2p_engine *eng, int fd, int via_group);
 void dgram_send_ctl(p2p_engine *eng, const struct sockaddr_in *to, struct wire_hdr *h, const uint8_t *body,
                     size_t blen);
 
@@ -34,9 +35,11 @@ void tx_cancel_all(p2p_engine *eng, uint64_t now);
 
 /* rx.c: incoming messages */
 void rx_on_data(p2p_engine *eng, const struct wire_hdr *h, const struct sockaddr_in *src, const uint8_t *payload,
-                size_t len, uint64_t now);
+                size_t len, int via_group, uint64_t now);
+void rx_on_join(p2p_engine *eng, const struct wire_hdr *h, const struct sockaddr_in *src, const uint8_t *body,
+                size_t blen, uint64_t now);
 void rx_on_probe_or_close(p2p_engine *eng, const struct wire_hdr *h, const struct sockaddr_in *src,
-                          const uint8_t *body, size_t blen, uint64_t now);
+                          const uint8_t *body, size_t blen, int via_group, uint64_t now);
 void rx_timers(p2p_engine *eng, uint64_t now);
 uint64_t rx_next_wake(const p2p_engine *eng, uint64_t wake);
 void rx_free_all(p2p_engine *eng);

@@ -9,6 +9,11 @@
  * meta (segment table + an opaque application blob) is always delivered exactly; each segment
  * may lose up to its loss bound before the send to a receiver closes early.
  *
+ * IP multicast (mcast_port set): a receiver marked `multicast` gets the data through this sender's
+ * group, sent once for all such receivers of the message (paced at the slowest one's rate); repairs
+ * go to the group while on average each resent chunk serves two receivers or more, else by
+ * unicast; a receiver the group does not reach falls back to unicast within the message.
+ *
  * Threading: every function may be called from any thread. Functions that wait release
  * nothing themselves; cffi releases the GIL around every call.
  * Errors: functions return 0 on success and a negative errno-style code on failure;
@@ -57,6 +62,12 @@ typedef struct {
     uint64_t seed;                /* for drop_prob */
     uint32_t socket_buffer;       /* SO_SNDBUF/SO_RCVBUF bytes; 0 = 32 MiB (forced when root) */
     int gso;                      /* use UDP GSO/GRO when the kernel has them (1) or not (0) */
+    /* IP multicast: the same on every peer of a job. */
+    uint16_t mcast_port;          /* port every peer receives multicast data on; 0 = multicast off */
+    const char *mcast_group_base; /* first group; NULL = "239.77.0.0" (administratively scoped) */
+    uint32_t mcast_groups;        /* sender i's group is base + i % mcast_groups; 0 = 65536 (one per sender) */
+    uint8_t mcast_ttl;            /* hops a multicast datagram may cross; 0 = 1 (this LAN only) */
+    uint32_t mcast_max_joined;    /* groups joined at once (quota); 0 = 16 */
 } p2p_config;
 
 typedef struct {
@@ -69,6 +80,7 @@ typedef struct {
     const char *host;             /* IPv4 address */
     uint16_t port;
     double rate;                  /* bytes/s to pace this receiver at; 0 = unpaced */
+    int multicast;                /* 1: through this sender's group (needs mcast_port); 0: unicast */
 } p2p_receiver;
 
 typedef struct {
@@ -90,6 +102,7 @@ typedef struct {
     double loss_rate;             /* 1 - received/sent datagrams */
     double rtt_s;                 /* smoothed probe round trip */
     int error;                    /* errno when the kernel refused to send there (UNREACHABLE), else 0 */
+    int multicast;                /* 1: the group's datagrams reached it; 0: unicast only (not asked, or fell back) */
 } p2p_receiver_stats;
 
 typedef struct {
@@ -139,6 +152,10 @@ typedef struct {
     uint64_t drop_evicted;        /* partial messages dropped for a newer one (quotas above) */
     uint64_t ack_limited;         /* ACKs not sent: 3x the bytes the message brought in (anti-amplification) */
     uint64_t send_errors;         /* sends the kernel refused (EACCES, ENETUNREACH, ...): receiver ended */
+    uint64_t mcast_datagrams_sent; /* DATA datagrams sent to a group (each counted once in datagrams_sent) */
+    uint64_t mcast_datagrams_received; /* datagrams that arrived through a group */
+    uint64_t mcast_refused;       /* announced messages this engine could not join the group of (got them by unicast) */
+    uint64_t drop_not_member;     /* multicast DATA for a message not announced to this engine */
 } p2p_counters;
 
 const char *p2p_last_error(void);

@@ -3,6 +3,7 @@
  * marked there, or older than the window, is refused. Memory is fixed: REPLAY_SESSIONS pairs, the
  * least recently heard of a few candidate slots reused for a new one. Only authentic datagrams
  * reach it, so an outsider cannot evict anyone.
+ * The window is per receiver: a datagram that reaches many members of a group passes at each once.
  * Tuning: a sender's counter advances with every datagram it sends to anyone, so the window must
  * cover what a receiver's datagrams can be reordered by: 2048 datagrams is 24 ms at 1 Gbit/s with
  * 1500-byte frames. I/O thread only. */

@@ -3,12 +3,18 @@
  * the end of a message already delivered. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "io.h"
 
 #define ACK_EVERY 32              /* datagrams between receiver ACKs */
+/* Through a group every member ACKs the same datagrams: each ACKs 4x less often, with a shorter
+ * slice (what it says about older chunks the pass's probe answer says anyway), so that the
+ * sender's downlink carries no implosion of ACKs however many members there are. */
+#define ACK_EVERY_GROUP 128
+#define ACK_BITS_GROUP 1024u
 #define TOMB_NS 30000000000ull
 #define ACK_BITS ((WIRE_ACK_MAX - WIRE_HDR - ACK_BODY) * 8u)
 #define AMPLIFICATION 3           /* control bytes sent about a message per byte it brought in, at most */
@@ -42,8 +48,8 @@ static int rx_send_ack(p2p_engine *eng, struct rx *m, uint32_t start, uint32_t n
 
 /* A periodic ACK: the stretch of the bitmap that this pass's latest chunks fall in. */
 static void rx_ack_recent(p2p_engine *eng, struct rx *m, uint64_t now) {
-    uint32_t hi = m->pass_high ? m->pass_high : m->nchunks;
-    uint32_t start = hi > ACK_BITS ? (hi - ACK_BITS + 7) & ~7u : 0;
+    uint32_t hi = m->pass_high ? m->pass_high : m->nchunks, bits = m->group >= 0 ? ACK_BITS_GROUP : ACK_BITS;
+    uint32_t start = hi > bits ? (hi - bits + 7) & ~7u : 0;
     rx_send_ack(eng, m, start, hi - start, 0, now);
 }
 
@@ -93,6 +99,7 @@ static void rx_unlink_free(p2p_engine *eng, struct rx *m) {
         if (*pp == m) { *pp = m->next; break; }
     eng->rx_open--;
     eng->rx_claimed -= m->cap;
+    if (m->group >= 0) mcast_release(&eng->mc, m->group, now_ns());
     free(m->base);
     free(m->bitmap);
     free(m);
@@ -227,6 +234,7 @@ static struct rx *rx_create(p2p_engine *eng, const struct wire_hdr *h, const str
     m->sender = h->sender;
     m->msg = h->msg;
     m->src = *src;
+    m->group = -1;
     m->nchunks = h->nchunks;
     m->chunk = h->chunk_size;
     m->meta_len = h->meta_len;
@@ -269,7 +277,7 @@ static uint64_t next_random(p2p_engine *eng) {
 }
 
 void rx_on_data(p2p_engine *eng, const struct wire_hdr *h, const struct sockaddr_in *src, const uint8_t *payload,
-                size_t len, uint64_t now) {
+                size_t len, int via_group, uint64_t now) {
     if (eng->cfg.drop_prob > 0 && (double)(next_random(eng) >> 11) / 9007199254740992.0 < eng->cfg.drop_prob) {
         CNT(eng, drop_injected, 1);
         return;
@@ -285,6 +293,7 @@ void rx_on_data(p2p_engine *eng, const struct wire_hdr *h, const struct sockaddr
     struct rx *m = find_rx(eng, h->sender, h->msg, src);
     if (!m) {
         if (find_tomb(eng, h->sender, h->msg, src, now)) { CNT(eng, drop_stale, 1); return; }
+        if (via_group) { CNT(eng, drop_not_member, 1); return; } /* only a JOIN opens a message to a group */
         if (!(m = rx_create(eng, h, src, now))) { CNT(eng, drop_too_large, 1); return; }
     } else if (!same_geometry(m, h)) {
         CNT(eng, drop_bad_index, 1);
@@ -331,11 +340,45 @@ void rx_on_data(p2p_engine *eng, const struct wire_hdr *h, const struct sockaddr
         send_done(eng, msg, &to, DONE_COMPLETE, total, chunks);
         return;
     }
-    if (++m->unacked >= ACK_EVERY) rx_ack_recent(eng, m, now);
+    if (++m->unacked >= (m->group >= 0 ? ACK_EVERY_GROUP : ACK_EVERY)) rx_ack_recent(eng, m, now);
+}
+
+/* A JOIN: the message will come through the sender's group. Opens it (within the quotas, as its
+ * first DATA would), joins the group and answers; a group other than the sender's (a peer
+ * configured otherwise), no multicast here, or no membership left is answered "unicast". */
+void rx_on_join(p2p_engine *eng, const struct wire_hdr *h, const struct sockaddr_in *src, const uint8_t *body,
+                size_t blen, uint64_t now) {
+    if (blen != JOIN_BODY) { CNT(eng, drop_bad_length, 1); return; }
+    if (!geometry_ok(eng, h)) return;
+    struct rx *m = find_rx(eng, h->sender, h->msg, src);
+    if (m && !same_geometry(m, h)) { CNT(eng, drop_bad_index, 1); return; }
+    if (!m) {
+        struct tombstone *t = find_tomb(eng, h->sender, h->msg, src, now);
+        if (t) {
+            send_done(eng, h->msg, src, t->flags, t->total, t->chunks);
+            return;
+        }
+        if (!(m = rx_create(eng, h, src, now))) { CNT(eng, drop_too_large, 1); return; }
+    }
+    m->last_seen_ns = now;
+    m->bytes_in += WIRE_HDR + blen;
+    if (m->group < 0) {
+        struct join_body j;
+        struct sockaddr_in want;
+        int slot = -EOPNOTSUPP;
+        wire_get_join(body, &j);
+        if (eng->mc.fd >= 0) {
+            mcast_group_of(&eng->mc, h->sender, &want);
+            slot = want.sin_addr.s_addr == j.group && j.port == eng->mc.port ? mcast_join(&eng->mc, j.group) : -EINVAL;
+        }
+        if (slot < 0) CNT(eng, mcast_refused, 1);
+        else m->group = slot;
+    }
+    rx_send_ack(eng, m, 0, 0, m->group >= 0 ? ACK_JOINED : ACK_UNICAST, now);
 }
 
 void rx_on_probe_or_close(p2p_engine *eng, const struct wire_hdr *h, const struct sockaddr_in *src,
-                          const uint8_t *body, size_t blen, uint64_t now) {
+                          const uint8_t *body, size_t blen, int via_group, uint64_t now) {
     if ((h->type == T_PROBE && blen != 4) || (h->type == T_CLOSE && blen != 0)) {
         CNT(eng, drop_bad_length, 1);
         return;
@@ -345,6 +388,11 @@ void rx_on_probe_or_close(p2p_engine *eng, const struct wire_hdr *h, const struc
     if (m && !same_geometry(m, h)) { CNT(eng, drop_bad_index, 1); return; }
     if (!m) {
         struct tombstone *t = find_tomb(eng, h->sender, h->msg, src, now);
+        if (via_group) { /* answered with DONE at delivery already (a lost one: the unicast retry gets it) */
+            if (t) CNT(eng, drop_stale, 1);
+            else CNT(eng, drop_not_member, 1);
+            return;
+        }
         if (t) {
             send_done(eng, h->msg, src, t->flags, t->total, t->chunks);
             return;

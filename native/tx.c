@@ -1,7 +1,11 @@
 /* Sending: each message to each of its receivers is paced, sent in passes (the first sends every
  * chunk, later ones what the receiver's ACKs say is missing and its loss bound still needs), probed,
- * and closed once every segment is within its bound, at the deadline, or when the receiver is gone. */
+ * and closed once every segment is within its bound, at the deadline, or when the receiver is gone.
+ * Receivers asked for multicast are first told to join this sender's group (JOIN); while they
+ * follow it, the group's passes (one datagram for all) stand for theirs, and each member is still
+ * probed, acknowledged and closed on its own (see "the group" below). */
 #define _GNU_SOURCE
+#include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/udp.h>
 #include <stdlib.h>
@@ -25,6 +29,11 @@
 #define RTO_MAX_NS 1000000000ull
 #define UNREACHABLE_NS 3000000000ull
 #define CLOSE_TRIES 10
+#define JOIN_TRIES 3              /* unanswered JOINs before the receiver gets the message by unicast */
+#define ANSWER_TRIES 3            /* unanswered group probes before a silent member stops holding up the group */
+/* ... and silent this long (no ACK at all): a member on a busy host (its I/O thread waiting for a
+ * core) falls silent for tens of ms and must not be sent a whole message again by unicast for it. */
+#define MEMBER_SILENT_NS 500000000ull
 
 static const uint8_t zeros[8];
 
@@ -45,6 +54,18 @@ static void send_probe(p2p_engine *eng, struct p2p_send *s, struct txr *r, uint6
     dgram_send_ctl(eng, &r->addr, &h, body, sizeof body);
     r->probe_ns = now;
 }
+
+static void send_join(p2p_engine *eng, struct p2p_send *s, struct txr *r, uint64_t now) {
+    struct wire_hdr h;
+    uint8_t body[JOIN_BODY];
+    struct join_body j = {s->group->addr.sin_addr.s_addr, ntohs(s->group->addr.sin_port)};
+    tx_hdr(s, T_JOIN, &h);
+    wire_put_join(body, &j);
+    dgram_send_ctl(eng, &r->addr, &h, body, sizeof body);
+    r->probe_ns = now;
+}
+
+static void group_check(p2p_engine *eng, struct p2p_send *s, uint64_t now);
 
 static void send_close(p2p_engine *eng, struct p2p_send *s, struct txr *r, uint64_t now) {
     struct wire_hdr h;
@@ -68,6 +89,10 @@ static void finish(p2p_engine *eng, struct p2p_send *s, struct txr *r, int resul
     r->result = result;
     r->done_ns = now;
     if (--s->nactive == 0) complete_send(eng, s);
+    if (r->follows) {
+        r->follows = 0;
+        group_check(eng, s, now);
+    }
 }
 
 static int close_ok(const struct p2p_send *s, const struct txr *r) {
@@ -80,6 +105,10 @@ static void start_close(p2p_engine *eng, struct p2p_send *s, struct txr *r, int 
     r->tries = 0;
     r->rto_ns = r->srtt_ns ? 3 * r->srtt_ns + RTO_MIN_NS : 50000000ull;
     send_close(eng, s, r, now);
+    if (r->follows) {
+        r->follows = 0;
+        group_check(eng, s, now);
+    }
 }
 
 static void close_if_ok(p2p_engine *eng, struct p2p_send *s, struct txr *r, uint64_t now) {
@@ -235,6 +264,162 @@ static int gather(const struct p2p_send *s, uint32_t k, struct iovec *iov, int m
     return n;
 }
 
+/* ---- the group (IP multicast) ----
+ * Members follow the group from their JOIN's answer on: the group sends each pass once (paced at
+ * the slowest member's rate, its window held by the member furthest behind), then probes every
+ * member; when all answered, the next pass goes to the group while on average each chunk resent
+ * serves two members or more (shared loss: the sender's queue, its uplink), else each member
+ * repairs by unicast (independent loss: a chunk resent to the group would mostly reach members
+ * that have it). A member that hears nothing through the group, or stops answering, goes on by
+ * unicast alone; so does one whose JOIN is refused or unanswered. */
+
+/* A member leaves the group for unicast, taking on from what it acknowledged. */
+static void leave_for_unicast(p2p_engine *eng, struct p2p_send *s, struct txr *r, uint64_t now) {
+    r->follows = 0;
+    r->first_pass_done = 1; /* its next pass sends whatever it lacks, sent by the group or not */
+    next_pass(eng, s, r, now);
+}
+
+/* Every member goes on by unicast; the group is done. */
+static void dissolve(p2p_engine *eng, struct p2p_send *s, uint64_t now) {
+    s->group->state = S_DONE;
+    for (uint32_t i = 0; i < s->nrcv; i++)
+        if (s->r[i].follows) leave_for_unicast(eng, s, &s->r[i], now);
+}
+
+/* The group's pass went out: every member is asked for its bitmap. */
+static void group_pass_sent(p2p_engine *eng, struct p2p_send *s, uint64_t now) {
+    struct txr *g = s->group;
+    g->state = S_PROBE;
+    g->rto_ns = RTO_MIN_NS;
+    for (uint32_t i = 0; i < s->nrcv; i++) {
+        struct txr *r = &s->r[i];
+        if (!r->follows) continue;
+        if (r->rto_ns > g->rto_ns) g->rto_ns = r->rto_ns; /* the slowest member's answer */
+        r->plen = g->plen; /* the pass it took part in: next_pass measures its loss on it */
+        r->sent += g->plen;
+        if (g->pass) r->retrans += g->plen;
+        else r->first_pass_done = 1;
+        r->state = S_PROBE;
+        r->answered = 0;
+        r->tries = 0;
+        r->probe_ns = now;
+    }
+    /* One probe through the group: behind the pass's data in each member's multicast socket (one
+     * sent by unicast could overtake data still queued there and be answered too soon). */
+    send_probe(eng, s, g, now);
+}
+
+/* Every member answered: each one's next pass (what its bounds still need), and whether they go to
+ * the group as one pass (their union) or to each member by unicast. */
+static void group_next_pass(p2p_engine *eng, struct p2p_send *s, uint64_t now) {
+    struct txr *g = s->group;
+    uint8_t *want = calloc(1, (s->nchunks + 7) / 8 + 1);
+    if (!want) { dissolve(eng, s, now); return; }
+    g->state = S_CLOSE; /* deciding: members that end meanwhile do not start this again */
+    uint64_t members = 0, sum = 0, n = 0;
+    for (uint32_t i = 0; i < s->nrcv; i++) {
+        struct txr *r = &s->r[i];
+        if (!r->follows) continue;
+        next_pass(eng, s, r, now);
+        if (!r->follows) continue; /* it ended (out of memory) */
+        if (r->state != S_SEND) { r->follows = 0; continue; } /* nothing to resend: it probes on its own */
+        members++;
+        sum += r->plen;
+        for (uint32_t j = 0; j < r->plen; j++)
+            if (!BIT_GET(want, r->plist[j])) { BIT_SET(want, r->plist[j]); n++; }
+    }
+    free(g->plist);
+    g->plist = members >= 2 && sum >= 2 * n ? malloc(sizeof(uint32_t) * (n + 1)) : NULL;
+    if (!g->plist) { /* each member sends the pass it has by unicast */
+        free(want);
+        g->state = S_DONE;
+        for (uint32_t i = 0; i < s->nrcv; i++) s->r[i].follows = 0;
+        return;
+    }
+    g->plen = 0;
+    for (uint32_t k = 0; k < s->nchunks; k++)
+        if (BIT_GET(want, k)) g->plist[g->plen++] = k;
+    free(want);
+    g->ppos = 0;
+    g->pass++; /* as each member's next_pass did */
+    g->passes++;
+    g->peer_high = 0;
+    g->state = S_SEND;
+    g->last_ack_ns = now;
+}
+
+/* After a member's state changed: the group's window (the member furthest behind), its start once
+ * every member answered its JOIN, its next pass once every member answered its probe, its end. */
+static void group_check(p2p_engine *eng, struct p2p_send *s, uint64_t now) {
+    struct txr *g = s->group;
+    if (!g || g->state == S_DONE) return;
+    uint32_t members = 0, joining = 0, waiting = 0, high = UINT32_MAX;
+    uint64_t rto = RTO_MIN_NS;
+    for (uint32_t i = 0; i < s->nrcv; i++) {
+        const struct txr *r = &s->r[i];
+        if (!r->follows) continue;
+        members++;
+        joining += r->state == S_JOIN;
+        waiting += r->state == S_PROBE && !r->answered;
+        if (r->peer_high < high) high = r->peer_high;
+        if (r->rto_ns > rto) rto = r->rto_ns;
+    }
+    if (!members) { g->state = S_DONE; return; }
+    if (high > g->peer_high) { /* progress: the stall timer starts over */
+        g->peer_high = high;
+        g->last_ack_ns = now;
+        g->rto_ns = rto;
+    }
+    if (g->state == S_JOIN && !joining) {
+        g->state = S_SEND;
+        g->refill_ns = g->last_ack_ns = now;
+    } else if (g->state == S_PROBE && !waiting) {
+        group_next_pass(eng, s, now);
+    }
+}
+
+/* A member's ACK, after its bitmap was taken. A probe answer while a whole window is stalled that
+ * shows nothing of it arrived means the group's data does not reach the member (its probes do).
+ * Nothing of a pass that ended is no such sign: a member's first IGMP report goes out on a kernel
+ * timer, after its answer to the JOIN, so a short first pass can pass by it before the switch
+ * knows its port; that is repaired as any loss, through the group if others need it too. */
+static void group_on_ack(p2p_engine *eng, struct p2p_send *s, struct txr *r, const struct ack_body *a, int final,
+                         uint64_t now) {
+    struct txr *g = s->group;
+    if (a->pass_count) r->reached = 1;
+    if (final && !a->pass_count && g->state == S_SEND && !window_open(eng, s, g))
+        leave_for_unicast(eng, s, r, now);
+    else if (final && r->state == S_PROBE)
+        r->answered = 1;
+    group_check(eng, s, now);
+}
+
+/* A stalled window, or members yet to answer the pass's probe: probe again, through the group so
+ * that the probe stays behind the data (a member lagging behind a backlog answers late, not
+ * wrongly). A member asked in vain ANSWER_TRIES times and silent meanwhile (a lagging one still
+ * ACKs what it works through) goes on by unicast on its own; so does one the group never reaches
+ * (that costs its first message MEMBER_SILENT_NS or so: "auto" mode probes for such peers first). */
+static void group_timers(p2p_engine *eng, struct p2p_send *s, uint64_t now) {
+    struct txr *g = s->group;
+    if (!g || (g->state != S_SEND && g->state != S_PROBE) || (g->state == S_SEND && window_open(eng, s, g)))
+        return;
+    uint64_t since = g->state == S_SEND ? now - g->last_ack_ns : now - g->probe_ns;
+    if (since < g->rto_ns) return;
+    for (uint32_t i = 0; i < s->nrcv; i++) {
+        struct txr *r = &s->r[i];
+        if (!r->follows || (g->state == S_PROBE && (r->state != S_PROBE || r->answered))) continue;
+        uint64_t silent = now - r->last_heard_ns;
+        if (++r->tries <= ANSWER_TRIES || silent <= g->rto_ns || silent <= MEMBER_SILENT_NS) continue;
+        if (r->state == S_SEND) leave_for_unicast(eng, s, r, now); /* a fresh pass of what it lacks */
+        else r->follows = 0; /* it probes on its own for the answer it owes */
+    }
+    g->rto_ns = g->rto_ns * 2 > RTO_MAX_NS ? RTO_MAX_NS : g->rto_ns * 2;
+    g->last_ack_ns = now;
+    send_probe(eng, s, g, now);
+    group_check(eng, s, now); /* members that left may have been all it waited for */
+}
+
 struct batch {
     struct mmsghdr mm[MAX_MSGS];
     struct iovec iov[MAX_DGRAMS * (PIECES + 1)];
@@ -282,7 +467,7 @@ static int pump_receiver(p2p_engine *eng, struct p2p_send *s, struct txr *r, int
         h.pass = r->pass;
         h.chunk = k;
         wire_put_hdr(B->hdr[nd], &h);
-        auth_seal(&eng->auth, B->hdr[nd], iv + 1, np);
+        auth_seal(&eng->auth, r == s->group ? &eng->group_stream : &eng->auth.stream, B->hdr[nd], iv + 1, np);
         iv[0].iov_base = B->hdr[nd];
         iv[0].iov_len = WIRE_HDR;
         uint32_t size = WIRE_HDR + len;
@@ -337,7 +522,8 @@ static int pump_receiver(p2p_engine *eng, struct p2p_send *s, struct txr *r, int
         r->error = errno;
         r->ppos = start_pos;
         CNT(eng, send_errors, 1);
-        finish(eng, s, r, P2P_SEND_UNREACHABLE, now);
+        if (r == s->group) dissolve(eng, s, now); /* no multicast route: every member by unicast */
+        else finish(eng, s, r, P2P_SEND_UNREACHABLE, now);
         return 0;
     }
     int dgrams = 0;
@@ -357,7 +543,10 @@ static int pump_receiver(p2p_engine *eng, struct p2p_send *s, struct txr *r, int
     }
     CNT(eng, datagrams_sent, dgrams);
     CNT(eng, bytes_sent, bytes);
-    if (r->ppos == r->plen) {
+    if (r == s->group) CNT(eng, mcast_datagrams_sent, dgrams);
+    if (r->ppos == r->plen && r == s->group) {
+        group_pass_sent(eng, s, now);
+    } else if (r->ppos == r->plen) {
         /* Pass done: ask for the receiver's bitmap; the probe queues behind the data. */
         if (r->pass == 0) r->first_pass_done = 1;
         r->state = S_PROBE;
@@ -381,6 +570,17 @@ static void on_ack(p2p_engine *eng, struct p2p_send *s, struct txr *r, const str
     if (blen != ACK_BODY + (a.nbits + 7) / 8) { CNT(eng, drop_bad_length, 1); return; }
     r->last_heard_ns = now;
     if (r->state == S_DONE) return;
+    if (a.flags & (ACK_JOINED | ACK_UNICAST)) { /* the answer to its JOIN */
+        if (r->state != S_JOIN) return;
+        r->srtt_ns = now - r->probe_ns;
+        r->rto_ns = 3 * r->srtt_ns + RTO_MIN_NS;
+        r->tries = 0;
+        r->state = S_SEND; /* following the group, or by unicast from the start */
+        r->last_ack_ns = now;
+        if (a.flags & ACK_UNICAST) r->follows = 0;
+        group_check(eng, s, now);
+        return;
+    }
     const uint8_t *bits = body + ACK_BODY;
     for (uint32_t byte = 0; byte < (a.nbits + 7) / 8; byte++) {
         uint8_t fresh = (uint8_t)(bits[byte] & ~r->acked[a.start / 8 + byte]);
@@ -393,19 +593,18 @@ static void on_ack(p2p_engine *eng, struct p2p_send *s, struct txr *r, const str
         r->last_ack_ns = now;
     }
     if (a.total > r->peer_total) r->peer_total = a.total;
-    if ((a.flags & ACK_FINAL) && a.pass == r->pass) {
+    int final = (a.flags & ACK_FINAL) && a.pass == r->pass;
+    if (final) {
         uint64_t rtt = now - r->probe_ns;
         r->srtt_ns = r->srtt_ns ? (7 * r->srtt_ns + rtt) / 8 : rtt;
         r->rto_ns = 3 * r->srtt_ns + RTO_MIN_NS;
         if (r->rto_ns > RTO_MAX_NS) r->rto_ns = RTO_MAX_NS;
         r->tries = 0;
-        if (r->state == S_PROBE) {
-            close_if_ok(eng, s, r, now);
-            if (r->state == S_PROBE) next_pass(eng, s, r, now);
-            return;
-        }
     }
+    int probed = final && r->state == S_PROBE;
     close_if_ok(eng, s, r, now);
+    if (r->follows) group_on_ack(eng, s, r, &a, final, now);
+    else if (probed && r->state == S_PROBE) next_pass(eng, s, r, now);
 }
 
 static void on_done(p2p_engine *eng, struct p2p_send *s, struct txr *r, const uint8_t *body, size_t blen,
@@ -418,6 +617,7 @@ static void on_done(p2p_engine *eng, struct p2p_send *s, struct txr *r, const ui
     if (d.flags & DONE_COMPLETE)
         for (uint32_t k = 0; k < s->nchunks; k++) mark_acked(s, r, k);
     if (d.total > r->peer_total) r->peer_total = d.total;
+    if (r->follows && d.total) r->reached = 1; /* all it got came through the group */
     r->peer_chunks = d.chunks;
     int result = r->state == S_CLOSE ? r->result : P2P_SEND_EARLY_CLOSED;
     if (r->nacked == s->nchunks) result = P2P_SEND_EXACT;
@@ -447,6 +647,7 @@ static void timers_of(p2p_engine *eng, struct p2p_send *s, struct txr *r, uint64
         finish(eng, s, r, P2P_SEND_UNREACHABLE, now);
         return;
     }
+    if (r->follows && (r->state == S_SEND || r->state == S_PROBE)) return; /* the group's timer watches it */
     uint64_t since = r->state == S_SEND ? now - r->last_ack_ns : now - r->probe_ns;
     if (since < r->rto_ns) return;
     if (r->state == S_SEND && window_open(eng, s, r)) return;
@@ -457,6 +658,16 @@ static void timers_of(p2p_engine *eng, struct p2p_send *s, struct txr *r, uint64
         else send_close(eng, s, r, now);
         return;
     }
+    if (r->state == S_JOIN) {
+        if (r->tries <= JOIN_TRIES) {
+            send_join(eng, s, r, now);
+            return;
+        }
+        r->follows = 0; /* by unicast from the start */
+        r->state = S_SEND;
+        group_check(eng, s, now);
+        return;
+    }
     send_probe(eng, s, r, now); /* lost probe answer, or a stalled window: ask where the receiver is */
     r->last_ack_ns = now;
 }
@@ -465,6 +676,7 @@ static uint64_t next_wake_of(p2p_engine *eng, struct p2p_send *s, struct txr *r,
     uint64_t wake = UINT64_MAX;
     if (r->state == S_DONE) return wake;
     if (s->deadline_ns && r->state != S_CLOSE) wake = s->deadline_ns;
+    if (r->follows && (r->state == S_SEND || r->state == S_PROBE)) return wake; /* the group's timer watches it */
     int sending = r->state == S_SEND && r->ppos < r->plen && window_open(eng, s, r);
     if (!sending) { /* waiting for the receiver: its answer, or the retransmission timer (see tx_timers) */
         uint64_t t = (r->state == S_SEND ? r->last_ack_ns : r->probe_ns) + r->rto_ns;
@@ -493,6 +705,7 @@ void tx_take_commands(p2p_engine *eng, uint64_t now) {
             struct p2p_send *other;
             r->refill_ns = r->last_ack_ns = r->last_heard_ns = now;
             if (find_txr(eng, s->msg, &r->addr, &other)) finish(eng, s, r, P2P_SEND_DUPLICATE, now);
+            else if (r->follows) send_join(eng, s, r, now);
         }
         s->next = eng->active;
         eng->active = s;
@@ -512,15 +725,19 @@ void tx_on_reply(p2p_engine *eng, const struct wire_hdr *h, const struct sockadd
 }
 
 void tx_timers(p2p_engine *eng, uint64_t now) {
-    for (struct p2p_send *s = eng->active; s; s = s->next)
+    for (struct p2p_send *s = eng->active; s; s = s->next) {
         for (uint32_t i = 0; i < s->nrcv; i++) timers_of(eng, s, &s->r[i], now);
+        group_timers(eng, s, now);
+    }
 }
 
 /* The earliest of `wake` and the time any send next has something to do. */
 uint64_t tx_next_wake(p2p_engine *eng, uint64_t now, uint64_t wake) {
     for (struct p2p_send *s = eng->active; s; s = s->next)
-        for (uint32_t i = 0; i < s->nrcv; i++) {
-            uint64_t t = next_wake_of(eng, s, &s->r[i], now);
+        for (uint32_t i = 0; i <= s->nrcv; i++) { /* the receivers, then the group */
+            struct txr *r = i < s->nrcv ? &s->r[i] : s->group;
+            if (!r || (r == s->group && r->state != S_SEND && r->state != S_PROBE)) continue;
+            uint64_t t = next_wake_of(eng, s, r, now);
             if (t < wake) wake = t;
         }
     return wake;
@@ -549,15 +766,15 @@ void tx_reap(p2p_engine *eng) {
     }
 }
 
-/* Sends what pacing and windows allow, round-robin over receivers. Returns 1 if more is ready now. */
+/* Sends what pacing and windows allow, round-robin over receivers and groups. Returns 1 if more is ready now. */
 int tx_pump(p2p_engine *eng, uint64_t now) {
     int budget = 1024, progress = 1;
     while (budget > 0 && progress) {
         progress = 0;
         for (struct p2p_send *s = eng->active; s && budget > 0; s = s->next)
-            for (uint32_t i = 0; i < s->nrcv && budget > 0; i++) {
-                struct txr *r = &s->r[i];
-                if (r->state != S_SEND || r->ppos >= r->plen) continue;
+            for (uint32_t i = 0; i <= s->nrcv && budget > 0; i++) { /* the receivers, then the group */
+                struct txr *r = i < s->nrcv ? &s->r[i] : s->group;
+                if (!r || r->follows || r->state != S_SEND || r->ppos >= r->plen) continue;
                 int n = pump_receiver(eng, s, r, 64, now);
                 if (n < 0) {
                     eng->want_out = 1; /* socket buffer full: wait until writable */

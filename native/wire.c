@@ -21,7 +21,7 @@ int wire_get_hdr(const uint8_t *in, size_t len, struct wire_hdr *h) {
     if (get16(in) != WIRE_MAGIC) return -2;
     if (in[2] != WIRE_VERSION) return -3;
     h->type = in[3];
-    if (h->type < T_DATA || h->type > T_DONE) return -4;
+    if (h->type < T_DATA || h->type > T_JOIN) return -4;
     h->sender = get16(in + 4);
     h->pass = get16(in + 6);
     h->msg = get32(in + 8);
@@ -65,4 +65,15 @@ void wire_get_done(const uint8_t *i, struct done_body *d) {
     d->flags = get32(i);
     d->total = get32(i + 4);
     d->chunks = get32(i + 8);
+}
+
+void wire_put_join(uint8_t *o, const struct join_body *j) {
+    memcpy(o, &j->group, 4);
+    put16(o + 4, j->port);
+    put16(o + 6, 0);
+}
+
+void wire_get_join(const uint8_t *i, struct join_body *j) {
+    memcpy(&j->group, i, 4);
+    j->port = get16(i + 4);
 }

@@ -5,8 +5,9 @@
  *   4  u16 sender id               6  u16 pass (DATA: transmission pass; else 0)
  *   8  u32 message id             12  u32 chunk index (DATA), else 0
  *  16  u32 chunk count            20  u16 chunk size / 8  22  u16 meta length / 8
- *  24  u64 session: drawn at random by the sending engine, renewed when its counter wraps
- *  32  u32 counter: the session's datagram number (every datagram the engine sends, to anyone)
+ *  24  u64 session: drawn at random by the sending engine, renewed when its counter wraps; one for
+ *      its unicast datagrams, another for those to its multicast group (auth.h: struct auth_stream)
+ *  32  u32 counter: the session's datagram number (every datagram of the stream, to anyone)
  *  36  u32 job id
  *  40  16-byte tag: AES-256-GMAC under the data key, IV = session || counter, over bytes 0-39 and
  *      the body (auth.c); zero with an all-zero key (no authentication, but jobs stay apart).
@@ -16,7 +17,9 @@
  * u64 data length, u32 app length, u32 0, then per segment (u64 offset, u64 length, u64 bytes that
  * must arrive), then the app blob. Knowing what must arrive lets a receiver close by itself.
  * Bodies: DATA = the chunk's payload; ACK = struct ack_body + bitmap; PROBE = u16 pass + pad;
- * CLOSE = empty; DONE = struct done_body.
+ * CLOSE = empty; DONE = struct done_body; JOIN = struct join_body (unicast, header geometry as in
+ * PROBE: "message msg comes through this group: join it"), answered by an ACK without bitmap
+ * flagged ACK_JOINED or ACK_UNICAST (cannot join: send it by unicast).
  */
 #ifndef P2P_WIRE_H
 #define P2P_WIRE_H
@@ -33,7 +36,7 @@
 #define WIRE_ACK_MAX 1472u
 #define WIRE_MIN_CHUNK 64u   /* smallest chunk a sender cuts and a receiver accepts (but a message's last) */
 
-enum wire_type { T_DATA = 1, T_ACK = 2, T_PROBE = 3, T_CLOSE = 4, T_DONE = 5 };
+enum wire_type { T_DATA = 1, T_ACK = 2, T_PROBE = 3, T_CLOSE = 4, T_DONE = 5, T_JOIN = 6 };
 
 struct wire_hdr {
     uint8_t type;
@@ -44,6 +47,8 @@ struct wire_hdr {
 };
 
 #define ACK_FINAL 1u     /* last slice of a probe answer */
+#define ACK_JOINED 2u    /* answer to a JOIN: the receiver is in the group */
+#define ACK_UNICAST 4u   /* answer to a JOIN: it could not join */
 struct ack_body {        /* 24 bytes, then ceil(nbits/8) bitmap bytes */
     uint16_t pass, flags;
     uint32_t pass_high;  /* highest chunk index received in this pass + 1 (0 = none) */
@@ -58,6 +63,8 @@ struct ack_body {        /* 24 bytes, then ceil(nbits/8) bitmap bytes */
 #define DONE_COMPLETE 1u
 struct done_body { uint32_t flags, total, chunks; };
 #define DONE_BODY 12
+struct join_body { uint32_t group; uint16_t port; }; /* group in network order, then u16 port, u16 0 */
+#define JOIN_BODY 8
 
 /* Writes the fields before the session; session, counter, job and tag are left zero for auth_seal. */
 void wire_put_hdr(uint8_t *out, const struct wire_hdr *h);
@@ -68,6 +75,8 @@ void wire_put_ack(uint8_t *out, const struct ack_body *a);
 void wire_get_ack(const uint8_t *in, struct ack_body *a);
 void wire_put_done(uint8_t *out, const struct done_body *d);
 void wire_get_done(const uint8_t *in, struct done_body *d);
+void wire_put_join(uint8_t *out, const struct join_body *j);
+void wire_get_join(const uint8_t *in, struct join_body *j);
 
 static inline void put16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v; p[1] = (uint8_t)(v >> 8); }
 static inline void put32(uint8_t *p, uint32_t v) { for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i)); }

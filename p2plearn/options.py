@@ -16,6 +16,7 @@ upper-case field name (``loss_bound`` -> ``P2PLEARN_LOSS_BOUND``).
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -75,6 +76,18 @@ class Options:
                                           "sends less (and delays more)")
     filter_period: int = _opt(100, "--filter value: rounds per step of the threshold's decay init/t^(1/2); about "
                                    "an epoch's rounds with a constant learning rate")
+    transport_mode: str = _opt("unicast", "how a round's message reaches its receivers: unicast sends one copy per receiver "
+                                          "on the uplink; multicast sends one to the sender's IP multicast group for all "
+                                          "of them (a LAN or cluster switch replicates it; a receiver the group does not "
+                                          "reach gets it by unicast, a few round trips later); auto probes at start-up which "
+                                          "peers multicast reaches and uses it for those",
+                               ("unicast", "multicast", "auto"))
+    mcast_groups: str = _opt("239.77.0.0/16", "--transport-mode multicast|auto: the job's group range; rank i sends to "
+                                              "the range's i-th group (a /16 gives every rank of up to 65536 its own; "
+                                              "a smaller range shares groups, costing receivers downlink)")
+    mcast_port: int = _opt(47000, "--transport-mode multicast|auto: the UDP port every peer receives multicast data on "
+                                  "(the same for the whole job; give concurrent jobs on one LAN different ports or ranges)")
+    mcast_ttl: int = _opt(1, "--transport-mode multicast|auto: router hops a multicast datagram may cross (1: the LAN)")
     deadline_ms: float | None = _opt(None, "hard limit of a round's transfer in ms (default: none); set it "
                                            "a few times the expected transfer time")
     topology: str | None = _opt(None, "topology file (node-link JSON) seeding the coordinator's bandwidth view")
@@ -101,6 +114,9 @@ class Options:
             ("filter_init_scale", self.filter_init_scale > 0, "must be > 0"),
             ("filter_period", self.filter_period >= 1, "must be >= 1"),
             ("deadline_ms", self.deadline_ms is None or self.deadline_ms > 0, "must be > 0"),
+            ("mcast_groups", _is_multicast_range(self.mcast_groups), "must be a multicast range such as 239.77.0.0/16"),
+            ("mcast_port", 1 <= self.mcast_port <= 65535, "must be in 1..65535"),
+            ("mcast_ttl", 1 <= self.mcast_ttl <= 255, "must be in 1..255"),
             ("heartbeat", self.heartbeat > 0, "must be > 0"),
             ("phi_threshold", self.phi_threshold > 0, "must be > 0"),
             ("emulate", not self.emulate or self.topology, "needs --topology"),
@@ -174,6 +190,13 @@ def _parse(f: Any, raw: str, where: str, error: type[Exception] = OptionsError) 
         return {"int": int, "float": float, "str": str}[kind](raw)
     except ValueError:
         raise error(f"{where}: not a valid {kind}") from None
+
+
+def _is_multicast_range(text: str) -> bool:
+    try:
+        return ipaddress.ip_network(text).is_multicast and ipaddress.ip_network(text).version == 4
+    except ValueError:
+        return False
 
 
 def _env(name: str) -> str:

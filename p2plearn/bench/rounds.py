@@ -1,7 +1,9 @@
-"""Round benchmark: measured round time of SELMCAST vs random receiver selection, in one run.
+"""Round benchmark: measured round time of SELMCAST vs random receiver selection, in one run; or of
+IP multicast vs unicast.
 
     python -m p2plearn.bench rounds [--json] [--topology topology/heterogeneous-8.json]
                                     [--megabytes 1] [--rounds 30] [--fanout 2]
+    python -m p2plearn.bench rounds --transport [--fanouts 1,3,7] [--topology topology/homogeneous-8.json]
 
 Each configuration launches one peer per topology slot with `p2plearn-run --emulate` (engines
 pace to the topology's rates on loopback, no root needed). Every peer runs BSP rounds of a
@@ -9,6 +11,14 @@ model-sized message and no computation, and records each round's communication t
 plan's T. The round time of the job is the slowest peer's, per round; the table reports the
 median over rounds and the ratio to random's, and measured / planned.
 Targets (issue 5): selmcast round time <= 0.6x random's; measured / planned <= 1.15.
+
+--transport: for each p in --fanouts, ring selection (every peer sends to the next p and receives
+from p: each uplink and each downlink carries the same load) with --transport-mode unicast, then
+multicast, on the root testbed (real links, shaped; IP multicast across its bridge). It reports the
+round time, the message bytes each peer's engine put on its uplink per round (engine counters), and
+the fraction delivered. Note that when every peer sends, each downlink takes p messages either way,
+so multicast cannot make a round shorter than p M / D: it frees the uplinks, which is what rounds
+bound by the senders' uplinks (few senders, or uplinks slower than downlinks) gain from.
 """
 from __future__ import annotations
 
@@ -33,21 +43,26 @@ def peer_main(out_dir: str, megabytes: float, rounds: int) -> None:
     opt = p2plearn.DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), model, rt)
     times = []
     for _ in range(rounds):
+        before = opt.channel.stats()["bytes_sent"]
         opt.step()
         rs = opt.last_round
-        times.append({"comm_s": rs.comm_s, "planned_s": rs.planned_s, "fanout": rs.fanout})
+        times.append({"comm_s": rs.comm_s, "planned_s": rs.planned_s, "fanout": rs.fanout, "delivered": rs.delivered,
+                      "uplink_bytes": opt.channel.stats()["bytes_sent"] - before})
     with open(os.path.join(out_dir, f"rank{rt.rank}.json"), "w") as f:
         json.dump(times, f)
     opt.close()
 
 
-def run_config(topology: str, selection: str, fanout: int, megabytes: float, rounds: int) -> dict:
+def run_config(topology: str, selection: str, fanout: int, megabytes: float, rounds: int,
+               transport: str | None = None) -> dict:
+    """transport None: emulated links (loopback); else that --transport-mode on the root testbed."""
     from p2plearn.topology import load
 
     topo = load(topology)
     n = sum(topo.slots(p) for p in topo.peers)
+    where = ["--emulate"] if transport is None else ["--testbed", "--transport-mode", transport]
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-m", "p2plearn.launch", "-np", str(n), "--topology", topology, "--emulate",
+        cmd = [sys.executable, "-m", "p2plearn.launch", "-np", str(n), "--topology", topology, *where,
                "--selection", selection, "--fanout", str(fanout), "--sync", "bsp", "--",
                sys.executable, "-m", "p2plearn.bench.rounds", "--peer", out, str(megabytes), str(rounds)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -58,10 +73,28 @@ def run_config(topology: str, selection: str, fanout: int, megabytes: float, rou
     per_round = [max(p[i]["comm_s"] for p in peers) for i in range(warm, rounds)]
     planned = [peers[0][i]["planned_s"] for i in range(warm, rounds)]
     measured = statistics.median(per_round)
-    return {"selection": selection, "fanout": fanout, "peers": n, "megabytes": megabytes,
+    return {"selection": selection, "fanout": fanout, "peers": n, "megabytes": megabytes, "transport": transport,
             "round_s": measured, "planned_s": statistics.median(planned),
             "measured_over_planned": measured / statistics.median(planned),
-            "average_p": statistics.mean(peers[0][i]["fanout"] for i in range(warm, rounds))}
+            "average_p": statistics.mean(peers[0][i]["fanout"] for i in range(warm, rounds)),
+            "uplink_mb": statistics.mean(p[i]["uplink_bytes"] for p in peers for i in range(warm, rounds)) / 2**20,
+            "delivered": statistics.mean(p[i]["delivered"] for p in peers for i in range(warm, rounds))}
+
+
+def transport_main(args: argparse.Namespace) -> None:
+    fanouts = [int(f) for f in args.fanouts.split(",")]
+    results = [run_config(args.topology, "ring", p, args.megabytes, args.rounds, mode)
+               for p in fanouts for mode in ("unicast", "multicast")]
+    if args.json:
+        print(json.dumps(results, indent=1))
+        return
+    print(f"{args.topology} testbed, {args.megabytes:g} MB messages, ring selection, BSP, {args.rounds} rounds\n")
+    print("| p | transport | round time s (median) | x unicast | uplink MB per peer per round | delivered |")
+    print("|---|---|---|---|---|---|")
+    for r in results:
+        base = next(u["round_s"] for u in results if u["fanout"] == r["fanout"] and u["transport"] == "unicast")
+        print(f"| {r['fanout']} | {r['transport']} | {r['round_s']:.3f} | {r['round_s'] / base:.2f} | "
+              f"{r['uplink_mb']:.2f} | {r['delivered']:.3f} |")
 
 
 def main(argv: list[str]) -> None:
@@ -73,7 +106,13 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--fanout", type=int, default=2)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--transport", action="store_true", help="unicast vs multicast on the root testbed")
+    ap.add_argument("--fanouts", default="1,3,7", help="--transport: the values of p")
     args = ap.parse_args(argv)
+    if args.transport:
+        if args.topology == ap.get_default("topology"):
+            args.topology = "topology/homogeneous-8.json"
+        return transport_main(args)
     results = [run_config(args.topology, sel, args.fanout, args.megabytes, args.rounds)
                for sel in ("random", "selmcast")]
     if args.json:

@@ -73,7 +73,8 @@ def average_fanout(plan: dict[int, list[int]]) -> float:
     return float(np.mean([len(r) for r in plan.values()])) if plan else 0.0
 
 
-def plan_flows(view: NetworkView, plan: dict[int, list[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def plan_flows(view: NetworkView, plan: dict[int, list[int]],
+               ip_multicast: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(src, dst, rate) per flow of `plan`, in plan order (senders as listed, receivers as listed).
 
     rate = PACING_HEADROOM * min(D_j M_i / L_j, U_i / |R_i|) bytes/s, L_j = the bytes j receives: the
@@ -81,7 +82,8 @@ def plan_flows(view: NetworkView, plan: dict[int, list[int]]) -> tuple[np.ndarra
     (equal shares when sizes are equal), capped by the sender's uplink share. Then every flow takes
     max(L_j / D_j, |R_i| M_i / U_i) <= T(plan), the planner's model, also with unequal sizes (an
     equal split made the larger messages finish up to 3.6x later). The coordinator paces each send
-    this way and the simulator models it.
+    this way and the simulator models it. With IP multicast the sender's uplink carries one copy for
+    all its receivers: its share is U_i, and the group goes at its slowest receiver's rate.
     """
     fanout = np.array([len(rs) for rs in plan.values()], dtype=np.int64)
     src = np.repeat(np.fromiter(plan.keys(), dtype=np.int64, count=len(plan)), fanout)
@@ -90,5 +92,5 @@ def plan_flows(view: NetworkView, plan: dict[int, list[int]]) -> tuple[np.ndarra
     received = np.bincount(dst, weights=size, minlength=view.n)
     outdegree = np.bincount(src, minlength=view.n)
     rate = np.minimum(np.asarray(view.downlink, float)[dst] * size / received[dst],
-                      np.asarray(view.uplink, float)[src] / outdegree[src])
+                      np.asarray(view.uplink, float)[src] / (1 if ip_multicast else outdegree[src]))
     return src, dst, rate * PACING_HEADROOM

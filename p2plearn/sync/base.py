@@ -54,10 +54,16 @@ class RoundStats:
     planned_s: float            # T of the plan
     comm_s: float               # wall time of the round's communication
     send_s: float               # this peer's own transfer: until its slowest receiver closed
-    bytes_sent: int
+    bytes_sent: int             # message bytes on this peer's uplink: one copy per unicast receiver, one for its group
     retransmitted: int          # datagrams this peer sent again (loss it did not tolerate)
     results: dict[str, int] = field(default_factory=dict)  # per-receiver send results, counted
     merged_from: list[int] = field(default_factory=list)   # the senders whose messages were merged
+
+
+def _copies(sent: list) -> int:
+    """Copies of a message on the sender's uplink: one per unicast receiver, one for all through the group."""
+    grouped = sum(st.multicast for st in sent)
+    return len(sent) - grouped + (grouped > 0)
 
 
 class Synchronizer(ABC):
@@ -77,6 +83,9 @@ class Synchronizer(ABC):
         compress: "none", or the format values travel in ("fp16", "bf16", "int8"; see
             `p2plearn.sync.compress`), with error feedback.
         policy_options: the selection policy's own options (SELMCAST: max_fanout, mixing_slack).
+        ip_multicast: the channel sends each message once to an IP multicast group for all its
+            receivers (``transport_mode="multicast"``): plans, their T and pacing count one copy per
+            sender on its uplink. Every peer must give the same value (they plan alike).
         round_cap_s: the longest any round may wait for inputs; a safety net against hangs, not a
             tuning knob. Without a deadline a BSP round waits for an expected sender at most
             LATE_SENDER times the median of recent rounds (at least MIN_WAIT_S): a sender that
@@ -89,7 +98,7 @@ class Synchronizer(ABC):
                  selection: str, fanout: int, seed: int, tolerance: TolerancePolicy,
                  value_filter: UpdateFilter | None = None, outer: OuterOptimizer | None = None,
                  compress: str = "none", round_cap_s: float = 30.0, start_clock: int = 0,
-                 policy_options: dict | None = None):
+                 policy_options: dict | None = None, ip_multicast: bool = False):
         self.params = params
         self.layers = layers
         self.channel = channel
@@ -102,7 +111,7 @@ class Synchronizer(ABC):
             raise ValueError("compression does not apply with a value filter yet (the filter picks what travels)")
         self.round_cap_s = round_cap_s
         self.clock = start_clock
-        self.planner = RoundPlanner(selection, fanout, seed, **(policy_options or {}))
+        self.planner = RoundPlanner(selection, fanout, seed, ip_multicast, **(policy_options or {}))
         self.inbox = Inbox(channel, self._wanted_rounds, lambda: len(self.client.members) if self.client else 0)
         self._interrupted = False
         self.network = NetworkState()
@@ -142,7 +151,7 @@ class Synchronizer(ABC):
         results = dict(Counter(st.result for st in sent))
         send_s = max((st.elapsed_s for st in sent), default=0.0)
         return RoundStats(rnd, [j for j, _ in receivers], plan.senders, merged, delivered, plan.fanout,
-                          plan.planned_time, comm_s, send_s, self.network.expected_bytes * len(receivers),
+                          plan.planned_time, comm_s, send_s, self.network.expected_bytes * _copies(sent),
                           sum(st.retransmitted for st in sent), results, sorted({d.sender for d in inputs}))
 
     def state_dict(self) -> dict[str, Any]:

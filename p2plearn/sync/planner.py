@@ -30,14 +30,19 @@ class RoundPlanner:
     """Plans rounds with the named selection policy (``selmcast``, ``random``, ...).
 
     ``seed`` breaks ties and drives the random policies; it must be the same on every peer, as must
-    ``policy_options`` (the policy's own, e.g. SELMCAST's ``max_fanout``). The
+    ``policy_options`` (the policy's own, e.g. SELMCAST's ``max_fanout``). ``ip_multicast``: senders
+    reach their receivers through an IP multicast group (one copy on the uplink), for the plan's T,
+    the pacing rates and SELMCAST's choice. The
     last few whole plans are cached: SSP peers plan rounds a little apart from the same view.
     """
 
     CACHED = 8
 
-    def __init__(self, selection: str, fanout: int, seed: int, **policy_options) -> None:
+    def __init__(self, selection: str, fanout: int, seed: int, ip_multicast: bool = False, **policy_options) -> None:
+        if selection == "selmcast":
+            policy_options["ip_multicast"] = ip_multicast
         self.policy = make_policy(selection, seed=seed, **policy_options)
+        self.ip_multicast = ip_multicast
         self.fanout = fanout
         self._cache: dict[tuple, tuple[dict[int, list[tuple[int, float]]], float, float]] = {}
 
@@ -57,6 +62,6 @@ class RoundPlanner:
         net = NetworkView.from_global(view, sizes)
         plan = self.policy.plan(net, self.fanout, rnd)
         flows: dict[int, list[tuple[int, float]]] = {i: [] for i in plan}
-        for i, j, rate in zip(*plan_flows(net, plan)):
+        for i, j, rate in zip(*plan_flows(net, plan, self.ip_multicast)):
             flows[int(i)].append((int(j), float(rate)))
-        return flows, plan_time(net, plan), average_fanout(plan)
+        return flows, plan_time(net, plan, self.ip_multicast), average_fanout(plan)

@@ -223,6 +223,9 @@ class DecentralizedOptimizer(Optimizer):
         self.runtime.register(self.channel.address)
         if self.runtime.client.donor is None:  # a joiner does not wait for the original job size
             self.runtime.client.wait_members(self.runtime.world_size, 60.0, receiving=True)
+        if self.options.transport_mode == "auto" and self._own_engine:  # every engine is up: registered
+            peers = [m.engine for r, m in self.runtime.client.members.items() if r != self.runtime.rank and m.engine]
+            self.channel.probe_multicast(peers)
         cls = SYNCHRONIZERS[self.options.sync]
         extra = {"staleness": self.options.staleness} if self.options.sync == "ssp" else {}
         # Overlapped rounds work on a snapshot of the model, so local steps go on meanwhile.
@@ -239,7 +242,8 @@ class DecentralizedOptimizer(Optimizer):
                                       start_clock=self.runtime.client.start_clock,
                                       policy_options={"max_fanout": self.options.max_fanout or None,
                                                       "mixing_slack": self.options.mixing_slack}
-                                      if self.options.selection == "selmcast" else None, **extra)
+                                      if self.options.selection == "selmcast" else None,
+                                      ip_multicast=self.options.transport_mode == "multicast", **extra)
         self._donations: list[int] = []
         self._needs_state = False
         self._expelled = False
@@ -272,6 +276,9 @@ class DecentralizedOptimizer(Optimizer):
             kwargs["uplink_rate"], kwargs["drop_prob"] = _emulated_link(self.options, self.runtime.rank)
             kwargs["seed"] = self.runtime.rank + 1
             kwargs["max_datagram"] = 1472  # the emulated links are Ethernet: 1500-byte MTU, not loopback's 64 KiB
+        if self.options.transport_mode != "unicast":
+            kwargs.update(transport_mode=self.options.transport_mode, mcast_port=self.options.mcast_port,
+                          mcast_groups=self.options.mcast_groups, mcast_ttl=self.options.mcast_ttl)
         secret = self.runtime.secret
         job = int.from_bytes(self.runtime.job_id.encode()[:4].ljust(4, b"\0"), "little")
         return Channel(host=host, sender_id=self.runtime.rank, job_id=job,

@@ -12,9 +12,11 @@ do not change them until the send's `wait()` returns.
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import socket
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
@@ -26,6 +28,11 @@ from p2plearn.transport.arrays import EngineMemory, as_numpy, decode_descriptor,
 from p2plearn.transport.delivery import Delivery, Reason
 
 KEY_BYTES = 32  # the data key: AES-256 (native/auth.h)
+TRANSPORT_MODES = ("unicast", "multicast", "auto")
+# probe_multicast's messages carry this in place of an array descriptor (recv never returns them),
+# under ids of their own: a receiver keeps a sender's message ids for 30 s after delivery.
+PROBE_DESCRIPTOR = b"p2plearn:multicast-probe"
+PROBE_MSG_IDS = (0xFFFFFFFD, 0xFFFFFFFE)
 
 SEND_RESULTS = {
     lib.P2P_SEND_EXACT: "exact",
@@ -54,6 +61,7 @@ class ReceiverStats:
     loss_rate: float
     rtt_s: float
     error: str = ""            # why the kernel refused to send there (result "unreachable"), e.g. "EACCES: Permission denied"
+    multicast: bool = False    # the data reached it through this sender's multicast group
 
 
 def _receiver_tuple(r: Any) -> tuple[str, int, float]:
@@ -107,7 +115,8 @@ class SendHandle:
             retransmitted=st.datagrams_retransmitted, datagrams_received=st.datagrams_received,
             passes=st.passes, elapsed_s=st.elapsed_s, delivery_rate=st.delivery_rate,
             loss_rate=st.loss_rate, rtt_s=st.rtt_s,
-            error=f"{errno.errorcode.get(st.error, st.error)}: {os.strerror(st.error)}" if st.error else "")
+            error=f"{errno.errorcode.get(st.error, st.error)}: {os.strerror(st.error)}" if st.error else "",
+            multicast=bool(st.multicast))
 
 
 class Channel:
@@ -136,15 +145,40 @@ class Channel:
             tests and emulation without root).
         socket_buffer: SO_SNDBUF/SO_RCVBUF in bytes (forced beyond the sysctl limit when root).
         gso: use UDP GSO/GRO segmentation offload when the kernel has it.
+        transport_mode: how sends reach receivers by default. "unicast": one copy per receiver on
+            the uplink. "multicast": one copy to this sender's IP multicast group for all of them
+            (a LAN or cluster switch replicates it), falling back to unicast per receiver that the
+            group does not reach (costs a few round trips of that message). "auto": multicast to
+            the receivers `probe_multicast` found reachable, unicast to the rest.
+        mcast_port: the port every peer of the job receives multicast data on (the same on all;
+            several engines of one host share it); needed by "multicast" and "auto", and by a
+            receiver to take multicast at all (0 = off: it answers every sender "unicast").
+        mcast_groups: the job's group range, "base/prefix"; sender i uses base + i mod its size.
+            One group per sender (a /16 for up to 65536 ranks) keeps each receiver's downlink to
+            the senders it joined; a smaller range works but shares groups (more downlink).
+        mcast_ttl: router hops a multicast datagram may cross (1: this LAN).
+        mcast_max_joined: groups joined at once; a receiver with more senders at once gets the
+            rest by unicast. Keep it under the kernel's net.ipv4.igmp_max_memberships (20).
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, sender_id: int = 0, job_id: int = 0,
                  key: bytes | None = None, max_datagram: int | None = None, window_bytes: int = 8 << 20,
                  rx_idle: float = 5.0, max_message_bytes: int = 4 << 30, max_partial_messages: int = 1024,
                  max_partial_per_source: int = 64, max_partial_bytes: int = 16 << 30, uplink_rate: float = 0.0,
-                 drop_prob: float = 0.0, seed: int = 0, socket_buffer: int = 32 << 20, gso: bool = True):
+                 drop_prob: float = 0.0, seed: int = 0, socket_buffer: int = 32 << 20, gso: bool = True,
+                 transport_mode: str = "unicast", mcast_port: int = 0, mcast_groups: str = "239.77.0.0/16",
+                 mcast_ttl: int = 1, mcast_max_joined: int = 16):
         if not 0 <= sender_id < 65536:
             raise ValueError(f"sender_id must be in 0..65535, got {sender_id}")
+        if transport_mode not in TRANSPORT_MODES:
+            raise ValueError(f"transport_mode must be one of {', '.join(TRANSPORT_MODES)}, got {transport_mode!r}")
+        if transport_mode != "unicast" and not mcast_port:
+            raise ValueError(f"transport_mode {transport_mode!r} needs an mcast_port")
+        if not 0 <= mcast_port < 65536 or not 1 <= mcast_ttl <= 255:
+            raise ValueError(f"mcast_port must be in 0..65535 and mcast_ttl in 1..255, got {mcast_port}, {mcast_ttl}")
+        groups = ipaddress.ip_network(mcast_groups)
+        if not groups.is_multicast:
+            raise ValueError(f"mcast_groups must be a multicast range (in 224.0.0.0/4), got {mcast_groups!r}")
         if key is not None and len(key) != KEY_BYTES:
             raise ValueError(f"key must be {KEY_BYTES} bytes, got {len(key)}")
         cfg = ffi.new("p2p_config *")
@@ -168,6 +202,12 @@ class Channel:
         cfg.seed = seed
         cfg.socket_buffer = socket_buffer
         cfg.gso = int(gso)
+        base_c = ffi.new("char[]", str(groups.network_address).encode())
+        cfg.mcast_port = mcast_port
+        cfg.mcast_group_base = base_c
+        cfg.mcast_groups = groups.num_addresses
+        cfg.mcast_ttl = mcast_ttl
+        cfg.mcast_max_joined = mcast_max_joined
         out = ffi.new("p2p_engine **")
         check(lib.p2p_engine_open(cfg, out))
         self._eng = out[0]
@@ -176,6 +216,8 @@ class Channel:
         # Sends in flight hold the caller's arrays: kept here too, so dropping a handle early is safe.
         self._inflight: list[SendHandle] = []
         self.sender_id = sender_id
+        self.transport_mode = transport_mode
+        self.multicast_reach: set[tuple[str, int]] = set()  # receivers probe_multicast found reachable
         h, p = ffi.new("char[16]"), ffi.new("uint16_t *")
         lib.p2p_engine_address(self._eng, h, p)
         self.address: tuple[str, int] = (ffi.string(h).decode(), p[0])
@@ -199,17 +241,24 @@ class Channel:
 
     def send(self, msg_id: int, arrays: Sequence[Any], receivers: Iterable[Any],
              loss_bounds: float | Sequence[float] = 0.0, deadline: float | None = None,
-             chunk_size: int | None = None) -> SendHandle:
+             chunk_size: int | None = None, multicast: bool | None = None, *, _probe: bool = False) -> SendHandle:
         """Start sending `arrays` as message `msg_id` to every receiver; returns at once.
 
+        msg_id: 32 bits, but for PROBE_MSG_IDS; a receiver refuses one it delivered from this
+            sender in the last 30 s.
         receivers: (host, port) or (host, port, rate in bytes/s; 0 = unpaced) each.
         loss_bounds: per array (or one for all), the fraction that may be missing at a receiver
             when the send to it closes early; 0 = exact delivery.
         deadline: seconds after which each receiver's send closes with whatever arrived.
+        multicast: True: every receiver through this sender's group; False: unicast; None: as
+            `transport_mode` says, for sends to two receivers or more (a group saves nothing for
+            one). Multicast paces the group at its slowest receiver's rate.
         """
         self._engine()
         if not 0 <= msg_id < 2**32:
             raise ValueError(f"msg_id must fit in 32 bits, got {msg_id}")
+        if (msg_id in PROBE_MSG_IDS) != _probe:
+            raise ValueError(f"msg_ids {PROBE_MSG_IDS[0]:#x} and {PROBE_MSG_IDS[1]:#x} are probe_multicast's")
         views = [as_numpy(a) for a in arrays]
         bounds = [float(loss_bounds)] * len(views) if np.isscalar(loss_bounds) else [float(b) for b in loss_bounds]
         if len(bounds) != len(views):
@@ -217,6 +266,9 @@ class Channel:
         rcv = [_receiver_tuple(r) for r in receivers]
         if len({(h, p) for h, p, _ in rcv}) != len(rcv):
             raise ValueError("a receiver is listed twice")
+        mode = ("unicast" if len(rcv) < 2 else self.transport_mode) if multicast is None else \
+            "multicast" if multicast else "unicast"
+        via_group = [mode == "multicast" or (mode == "auto" and (h, p) in self.multicast_reach) for h, p, _ in rcv]
         keep: list[Any] = []
         segs = ffi.new("p2p_segment[]", max(len(views), 1))
         for i, (v, b) in enumerate(zip(views, bounds)):
@@ -229,9 +281,9 @@ class Channel:
         for i, (h, p, rate) in enumerate(rcv):
             hc = ffi.new("char[]", h.encode())
             keep.append(hc)
-            rs[i].host, rs[i].port, rs[i].rate = hc, p, rate
+            rs[i].host, rs[i].port, rs[i].rate, rs[i].multicast = hc, p, rate, via_group[i]
         opt = ffi.new("p2p_send_options *")
-        desc = ffi.new("char[]", encode_descriptor(views))
+        desc = ffi.new("char[]", PROBE_DESCRIPTOR if _probe else encode_descriptor(views))
         opt.app, opt.app_len = desc, len(ffi.string(desc))
         opt.deadline_ms = 0 if deadline is None else max(1, int(deadline * 1000))
         opt.chunk_size = chunk_size or 0
@@ -243,14 +295,35 @@ class Channel:
         self._inflight = [h for h in self._inflight if not h.done()] + [handle]
         return handle
 
+    def probe_multicast(self, peers: Iterable[Any], timeout: float = 2.0) -> set[tuple[str, int]]:
+        """Which of `peers` ((host, port) each) this sender's multicast group reaches: a small message
+        sent through the group to all of them (never delivered by their `recv`). Remembered in
+        `multicast_reach`, which "auto" sends go by. A peer that does not answer in `timeout`
+        seconds (not up yet, or gone) counts as not reached: probe once every peer's engine is up."""
+        peers = [_receiver_tuple(p)[:2] for p in peers]
+        probe = np.zeros(1024, dtype=np.uint8)
+        reached = set()
+        for msg_id in PROBE_MSG_IDS:  # the second once every peer's membership is known to the switch
+            handle = self.send(msg_id, [probe], peers, deadline=timeout / 2, chunk_size=128, multicast=True,
+                               _probe=True)
+            reached |= {st.receiver for st in handle.wait() if st.multicast and st.result in ("exact", "early_closed")}
+        self.multicast_reach = (self.multicast_reach - set(peers)) | reached
+        return reached
+
     def recv(self, timeout: float | None = None) -> Delivery | None:
         """The next delivered message, or None if none arrives within `timeout` seconds."""
         out = ffi.new("p2p_delivery **")
         ms = -1 if timeout is None else max(0, int(timeout * 1000))
-        with self._held() as eng:
-            if check(lib.p2p_recv(eng, ms, out)) == 1:
-                return None
-        return self._wrap(ffi.gc(out[0], lib.p2p_delivery_free))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            with self._held() as eng:
+                if check(lib.p2p_recv(eng, ms, out)) == 1:
+                    return None
+            d = ffi.gc(out[0], lib.p2p_delivery_free)
+            if not d.layout_known or bytes(ffi.buffer(d.app, d.app_len)) != PROBE_DESCRIPTOR:
+                return self._wrap(d)
+            if deadline is not None:  # another peer's multicast probe: wait on for a message
+                ms = max(0, int((deadline - time.monotonic()) * 1000))
 
     @staticmethod
     def _wrap(d: Any) -> Delivery:

@@ -16,7 +16,7 @@ int main(void) {
     for (int i = 0; i < AUTH_KEY; i++) key[i] = (uint8_t)(7 * i + 1);
     struct auth a;
     CHECK(auth_init(&a, key, 42) == 0);
-    a.counter = UINT32_MAX - 1;
+    a.stream.counter = UINT32_MAX - 1;
     uint8_t dg[3][WIRE_HDR + 100];
     for (int k = 0; k < 3; k++) {
         memset(dg[k], 0, sizeof dg[k]);
@@ -24,7 +24,7 @@ int main(void) {
         wire_put_hdr(dg[k], &h);
         memset(dg[k] + WIRE_HDR, 'a' + k, 100);
         struct iovec body = {dg[k] + WIRE_HDR, 100};
-        auth_seal(&a, dg[k], &body, 1);
+        auth_seal(&a, &a.stream, dg[k], &body, 1);
         CHECK(auth_check(&a, dg[k], sizeof dg[k]));
     }
     struct wire_hdr h0, h1, h2;

@@ -1,7 +1,8 @@
 /* The engine alone under AddressSanitizer with leak detection (`make asan`): no Python, so every
  * leak reported is the engine's. Runs what a peer does and what can go wrong around it: tagged
  * messages under loss, a replay, garbage datagrams, undelivered messages and sends in flight at
- * close, and close while another thread is blocked in p2p_recv. Exits non-zero on any failure. */
+ * close, close while another thread is blocked in p2p_recv, and multicast sends (through a group
+ * where loopback carries multicast, else by the fallback to unicast). Exits non-zero on any failure. */
 #include <arpa/inet.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -20,7 +21,9 @@
         }                                                                                        \
     } while (0)
 
-static p2p_engine *open_engine(uint16_t id, double drop) {
+#define MCAST_PORT 47399
+
+static p2p_engine *open_engine_mc(uint16_t id, double drop, uint16_t mcast_port) {
     p2p_config cfg;
     p2p_config_default(&cfg);
     cfg.sender_id = id;
@@ -29,10 +32,13 @@ static p2p_engine *open_engine(uint16_t id, double drop) {
     cfg.drop_prob = drop;
     cfg.seed = id;
     cfg.rx_idle_ms = 300;
+    cfg.mcast_port = mcast_port;
     p2p_engine *e = NULL;
     CHECK(p2p_engine_open(&cfg, &e) == 0);
     return e;
 }
+
+static p2p_engine *open_engine(uint16_t id, double drop) { return open_engine_mc(id, drop, 0); }
 
 static uint16_t port_of(p2p_engine *e) {
     char host[16];
@@ -44,7 +50,7 @@ static uint16_t port_of(p2p_engine *e) {
 static p2p_send *send_to(p2p_engine *from, p2p_engine *to, uint32_t msg, const float *x, size_t n, double bound,
                          uint32_t deadline_ms) {
     p2p_segment seg = {x, n * sizeof *x, bound};
-    p2p_receiver rcv = {"127.0.0.1", port_of(to), 0};
+    p2p_receiver rcv = {"127.0.0.1", port_of(to), 0, 0};
     p2p_send_options opt = {.deadline_ms = deadline_ms, .app = "f4", .app_len = 2};
     p2p_send *s = NULL;
     CHECK(p2p_send_start(from, msg, &seg, 1, &rcv, 1, &opt, &s) == 0);
@@ -94,6 +100,33 @@ int main(void) {
     close(raw);
     p2p_delivery *none = NULL;
     CHECK(p2p_recv(b, 500, &none) == 1);
+
+    /* Multicast to two receivers (one lossy), exact and within a bound; then one left in flight at close. */
+    p2p_engine *m[3] = {open_engine_mc(5, 0, MCAST_PORT), open_engine_mc(6, 0, MCAST_PORT),
+                        open_engine_mc(7, 0.05, MCAST_PORT)};
+    p2p_segment seg = {x, n * sizeof *x, 0};
+    p2p_receiver group[2] = {{"127.0.0.1", port_of(m[1]), 0, 1}, {"127.0.0.1", port_of(m[2]), 0, 1}};
+    p2p_send_options opt = {.app = "f4", .app_len = 2};
+    for (uint32_t msg = 1; msg <= 3; msg++) {
+        seg.loss_bound = msg == 1 ? 0 : 0.1;
+        p2p_send *ms = NULL;
+        CHECK(p2p_send_start(m[0], msg, &seg, 1, group, 2, &opt, &ms) == 0);
+        for (int i = 1; i <= 2; i++) {
+            p2p_delivery *d = NULL;
+            CHECK(p2p_recv(m[i], 10000, &d) == 0 && d->msg_id == msg);
+            if (msg == 1) CHECK(memcmp(d->data, x, n * sizeof *x) == 0);
+            p2p_delivery_free(d);
+        }
+        CHECK(p2p_send_wait(ms, 10000) == 0);
+        p2p_send_release(ms);
+    }
+    p2p_send *inflight = NULL;
+    CHECK(p2p_send_start(m[0], 4, &seg, 1, group, 2, &opt, &inflight) == 0);
+    p2p_engine_close(m[1]);
+    p2p_engine_close(m[0]);
+    p2p_engine_close(m[2]);
+    CHECK(p2p_send_wait(inflight, 0) == 0);
+    p2p_send_release(inflight);
 
     /* Left open at close: a message b never took, a send to a peer that is gone, a partial message. */
     p2p_send *s = send_to(a, b, 10, x, n, 0, 0);
