@@ -88,7 +88,7 @@ def p2plearn_job(topology: str, n: int, mode: str, megabytes: float, rounds: int
     with tempfile.TemporaryDirectory(prefix="p2pbench-") as out:
         network = [] if topology == "loopback" else ["--topology", str(topology_file(topology)),
                                                      "--testbed" if testbed else "--emulate"]
-        cmd = [sys.executable, "-m", "p2plearn.launch", "-np", str(n), *network, *MODES[mode], "--",
+        cmd = [sys.executable, "-m", "p2plearn.launch", "-np", str(n), *network, *MODES[mode], "--period", "1", "--",
                sys.executable, "-m", "p2plearn.bench.rounds", "--peer", out, str(megabytes), str(rounds)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
         if proc.returncode:

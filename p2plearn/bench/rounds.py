@@ -32,7 +32,8 @@ import tempfile
 
 
 def peer_main(out_dir: str, megabytes: float, rounds: int) -> None:
-    """One peer: BSP rounds of a `megabytes` message, no computation; writes its timings."""
+    """One peer: BSP rounds of a `megabytes` message, no computation; writes its timings (run it
+    with --period 1: a round per step)."""
     import torch
 
     import p2plearn
@@ -63,7 +64,7 @@ def run_config(topology: str, selection: str, fanout: int, megabytes: float, rou
     where = ["--emulate"] if transport is None else ["--testbed", "--transport-mode", transport]
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, "-m", "p2plearn.launch", "-np", str(n), "--topology", topology, *where,
-               "--selection", selection, "--fanout", str(fanout), "--sync", "bsp", "--",
+               "--selection", selection, "--fanout", str(fanout), "--sync", "bsp", "--period", "1", "--",
                sys.executable, "-m", "p2plearn.bench.rounds", "--peer", out, str(megabytes), str(rounds)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if proc.returncode:
