@@ -87,6 +87,9 @@ typedef struct {
     double delivered;             /* fraction of the message's chunks acknowledged */
     double elapsed_s;
     double delivery_rate;         /* bytes per second that reached the receiver (every pass) */
+    double ack_rate;              /* wire bytes/s arriving at the receiver in the first pass, from
+                                   * its ACKs' spread (datagrams counted / time between replies);
+                                   * not capped by the send's start or close; 0 = too few ACKs */
     double loss_rate;             /* 1 - received/sent datagrams */
     double rtt_s;                 /* smoothed probe round trip */
     int error;                    /* errno when the kernel refused to send there (UNREACHABLE), else 0 */
