@@ -142,6 +142,9 @@ typedef struct {
     uint64_t drop_evicted;        /* partial messages dropped for a newer one (quotas above) */
     uint64_t ack_limited;         /* ACKs not sent: 3x the bytes the message brought in (anti-amplification) */
     uint64_t send_errors;         /* sends the kernel refused (EACCES, ENETUNREACH, ...): receiver ended */
+    /* Gauges, not counters: incoming messages still being received now, and their bytes still to come. */
+    uint64_t receiving_messages;
+    uint64_t receiving_bytes;
 } p2p_counters;
 
 const char *p2p_last_error(void);
@@ -182,16 +185,18 @@ int p2p_fill(p2p_delivery *d, int mode, const p2p_segment *src, uint32_t nsrc);
 int p2p_delivery_fractions(const p2p_delivery *d, double *out, uint32_t nseg);
 
 /* ---- SELMCAST receiver selection (planner.c) ----
- * Peer i has available uplink[i] and downlink[i] (bytes/s) and sends message_bytes[i] this round.
+ * Peer i has available uplink[i] and downlink[i] (bytes/s) and sends message_bytes[i] this round;
+ * its uplink is free from up_start[i] seconds into the round (after its compute), its downlink
+ * from down_start[i] (after what is still arriving): a link carries rate * (T - start) by T.
  * The plan gives each live sender at least min(p, live - 1) distinct live receivers, never itself,
- * minimising T = the largest (uplink or downlink load) / capacity, then adding receivers beyond p
+ * minimising T = the latest start + load / capacity of any uplink or downlink, then adding receivers beyond p
  * while T does not grow. Application-level multicast (ip_multicast = 0) loads the sender's uplink
  * with one copy per receiver, IP multicast with one copy. max_fanout caps the receivers per sender
  * (0 = no cap, else >= p). Then every live peer still without a sender gets one by moving an edge
  * from a receiver that has two or more, where its downlink takes the message by T (1 + mixing_slack)
  * (0: T does not grow). (seed, round) break ties, so that each round leaves out other peers.
- * Rates and sizes must be finite and >= 0, and > 0 for live peers (alive[i] != 0).
- * On success *out owns its arrays: free them with p2p_plan_free. */
+ * Rates and sizes must be finite and >= 0, and > 0 for live peers (alive[i] != 0); starts finite
+ * and >= 0. On success *out owns its arrays: free them with p2p_plan_free. */
 typedef struct {
     int n;
     double time;                  /* T(plan), seconds */
@@ -200,6 +205,6 @@ typedef struct {
 } p2p_plan;
 
 int p2p_plan_make(int n, const double *uplink, const double *downlink, const double *message_bytes,
-                  const uint8_t *alive, int p, int max_fanout, double mixing_slack, int ip_multicast, uint64_t seed,
-                  uint64_t round, p2p_plan *out);
+                  const double *up_start, const double *down_start, const uint8_t *alive, int p, int max_fanout,
+                  double mixing_slack, int ip_multicast, uint64_t seed, uint64_t round, p2p_plan *out);
 void p2p_plan_free(p2p_plan *plan);

@@ -6,18 +6,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_ARRAYS = ("uplink", "downlink", "load", "load_msgs", "alive", "clock", "message_bytes")
+_ARRAYS = ("uplink", "downlink", "uplink_ceiling", "downlink_ceiling", "uplink_age", "downlink_age",
+           "uplink_noise", "downlink_noise", "compute_s", "merge_s", "backlog", "in_flight_bytes",
+           "in_flight_msgs", "alive", "clock", "message_bytes")
 _DTYPES = {"alive": np.bool_, "clock": np.int64}
-PLANNING_INPUTS = ("uplink", "downlink", "load", "alive", "message_bytes")  # what a plan depends on
+# What a plan (and its pacing and probes) depends on: a new version only when one of these changes.
+PLANNING_INPUTS = ("uplink", "downlink", "uplink_ceiling", "downlink_ceiling", "compute_s", "merge_s", "backlog",
+                   "in_flight_bytes", "alive", "message_bytes")
 
 
 @dataclass(frozen=True)
 class GlobalView:
     """A snapshot of the job, one entry per rank (a rank never seen is not ``alive``).
 
-    - ``uplink`` / ``downlink``: estimated available bandwidth, bytes/s (see BandwidthEstimator);
-    - ``load``: bytes in flight towards each peer (sum over senders' latest reports);
-    - ``load_msgs``: messages in flight towards each peer;
+    - ``uplink`` / ``downlink``: estimated available bandwidth, wire bytes/s (see BandwidthEstimator);
+      ``*_ceiling``: the line rate probes look for (bytes/s); ``*_age``: rounds since the last
+      sample; ``*_noise``: relative deviation of recent samples (the estimates' uncertainty);
+    - load, from each peer's latest report: ``compute_s``, seconds of local work before its send
+      (its training step); ``merge_s``, seconds to merge one message; ``backlog``, messages it
+      received and has not merged yet; ``in_flight_bytes`` / ``in_flight_msgs``, what it is
+      still receiving (see ``NetworkView.from_global`` for how load enters a plan);
     - ``alive``: bool mask of live members;
     - ``clock``: each peer's last reported clock (rounds completed);
     - ``message_bytes``: the size of each peer's last message (0: not known yet);
@@ -32,8 +40,17 @@ class GlobalView:
     round: int
     uplink: np.ndarray
     downlink: np.ndarray
-    load: np.ndarray
-    load_msgs: np.ndarray
+    uplink_ceiling: np.ndarray
+    downlink_ceiling: np.ndarray
+    uplink_age: np.ndarray
+    downlink_age: np.ndarray
+    uplink_noise: np.ndarray
+    downlink_noise: np.ndarray
+    compute_s: np.ndarray
+    merge_s: np.ndarray
+    backlog: np.ndarray
+    in_flight_bytes: np.ndarray
+    in_flight_msgs: np.ndarray
     alive: np.ndarray
     clock: np.ndarray
     message_bytes: np.ndarray

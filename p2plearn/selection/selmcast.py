@@ -88,10 +88,10 @@ class Selmcast(SelectionPolicy):
     def solve(self, view: NetworkView, p: int, round: int) -> tuple[dict[int, list[int]], float]:
         """The plan and its T (seconds)."""
         arrays = [np.ascontiguousarray(a, dtype=np.float64)
-                  for a in (view.uplink, view.downlink, view.message_bytes)]
+                  for a in (view.uplink, view.downlink, view.message_bytes, view.up_start, view.down_start)]
         alive = np.ascontiguousarray(view.alive, dtype=np.uint8)
         if any(len(a) != len(alive) for a in arrays):
-            raise ValueError("uplink, downlink, message_bytes and alive must have one entry per peer")
+            raise ValueError("uplink, downlink, message_bytes, up_start, down_start and alive must have one entry per peer")
         out = ffi.new("p2p_plan *")
         check(lib.p2p_plan_make(len(alive), *(ffi.from_buffer("double[]", a) for a in arrays),
                                 ffi.from_buffer("uint8_t[]", alive), p,

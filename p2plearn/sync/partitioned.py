@@ -118,6 +118,7 @@ class Partitioned(Synchronizer):
     def step(self, loss: float | None = None) -> RoundStats:
         rnd = self.clock
         t0 = time.monotonic()
+        self._computed_until(t0)
         self._track_updates(loss)
         me = self.client.rank
         self.network.expected_bytes = sum(p.nbytes for p in self.params)
@@ -177,7 +178,9 @@ class Partitioned(Synchronizer):
         flows = [(k, layout.scatter_rate[me][k]) for k, _ in scatter] + \
                 ([(j, layout.gather_rate[me][j]) for j in others] if gather is not None else [])
         stats = sent + list(gathered)
+        self._backlog = self.inbox.pending()
         self._report(rnd, flows, stats, comm_s, loss, deadline)
+        self._round_end = time.monotonic()
         results = dict(Counter(st.result for st in stats))
         bytes_sent = sum(sum(x.nbytes for x in pieces(layout.slices[k])) for k, _ in scatter) + \
             sum(x.nbytes for x in pieces(mine)) * len(gathered)

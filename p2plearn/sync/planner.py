@@ -57,6 +57,6 @@ class RoundPlanner:
         net = NetworkView.from_global(view, sizes)
         plan = self.policy.plan(net, self.fanout, rnd)
         flows: dict[int, list[tuple[int, float]]] = {i: [] for i in plan}
-        for i, j, rate in zip(*plan_flows(net, plan)):
+        for i, j, rate in zip(*plan_flows(net, plan, probe_round=rnd)):  # probes: see selection.view
             flows[int(i)].append((int(j), float(rate)))
         return flows, plan_time(net, plan), average_fanout(plan)

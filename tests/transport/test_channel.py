@@ -400,3 +400,20 @@ def test_ack_rate_reports_what_arrived_never_above_the_pace_and_nothing_for_a_sh
     recv_one(b)
     (st,) = h.wait(20)
     assert st.result == "exact" and st.ack_rate == 0.0  # too few datagrams to time: no sample
+
+
+def test_receiving_gauges_show_a_message_while_it_arrives_and_nothing_after(channels):
+    a, b = channels(sender_id=1, max_datagram=1472), channels(sender_id=2)
+    size = 1_000_000
+    h = a.send(1, [np.zeros(size, dtype=np.uint8)], [(*b.address, 1e6)])  # about 1 s on the wire
+    seen = []
+    while not h.done():
+        st = b.stats()
+        if st["receiving_messages"]:
+            seen.append((st["receiving_messages"], st["receiving_bytes"]))
+        time.sleep(0.01)
+    assert seen and all(m == 1 and 0 < left <= size + 2 * CHUNK for m, left in seen)
+    assert seen[-1][1] < seen[0][1]  # what is still to come shrinks
+    recv_one(b)
+    st = b.stats()
+    assert st["receiving_messages"] == 0 and st["receiving_bytes"] == 0
