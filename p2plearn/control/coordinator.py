@@ -385,7 +385,7 @@ class Coordinator:
         view = GlobalView.from_blobs(resume["view"], blobs) if resume.get("view") else None
         if view is not None:
             self._estimator.seed({name: getattr(view, name) for name in
-                                  ("uplink", "downlink", "uplink_ceiling", "downlink_ceiling")})
+                                  ("uplink", "downlink", "uplink_target", "downlink_target")})
             self._size = max(self._size, view.size)
             self._message_bytes.update({r: float(b) for r, b in enumerate(view.message_bytes) if b > 0})
         for d in resume.get("members", []):

@@ -7,8 +7,7 @@ The estimator (documented here because selection relies on its behaviour):
 
 - Seed: ``uplink[i]`` / ``downlink[i]`` from the topology when one is given, else the line rate of
   the interface peer ``i`` registered from (``p2plearn.transport.nic``: a NIC's negotiated speed,
-  10 Gbit/s on loopback), else ``default_rate``. The seed is also the end's *ceiling*: the rate
-  that probing looks for again after a drop (see ``selection.view.probe_gains``).
+  10 Gbit/s on loopback), else ``default_rate``. The seed is also the end's *line* rate.
 - Every round each sender reports, per receiver ``j``: ``paced`` (the rate it paced the flow at,
   0 = unpaced) and ``rate`` (the engine's ACK-based delivery rate: what arrived at ``j`` in the
   first pass, timed by the spread of ``j``'s ACKs; 0 when the transfer was too short to time).
@@ -17,22 +16,33 @@ The estimator (documented here because selection relies on its behaviour):
   that round's measured flows: the uplink of ``i`` the sum of ``rate[i, j]`` over its flows, the
   downlink of ``j`` the sum of ``rate[i, j]`` over its incoming flows (the flows of a round run
   at about the same time; senders far apart in time overstate a downlink's sum until its
-  flows are limited again, which then corrects it). When more than half of the end's flows
-  were limited, the end was their shared bottleneck and the sample is its rate: the estimate
-  moves towards it by ``alpha``, down or up. Otherwise the end carried at least the sample: the
-  estimate rises to it at once and never falls. The majority is what keeps one slow receiver
-  from lowering its sender's uplink (one of the sender's flows was limited, not most of them),
-  and one slow sender from lowering a receiver's downlink. A flow alone on both its ends blames
-  both; the next probe restores the innocent one.
+  flows are limited again, which then corrects it). A limited probe (see below) is put on the
+  end it probed; another limited flow on the end of it that was limited with more partners (the
+  other end's limit explains it), on both if as many: such an ambiguous
+  sample waits for the end's next one and counts only if that one is a bottleneck too (then both
+  count: a slow end's estimate still falls within 3 rounds, an innocent partner keeps its); an
+  end already limited takes it at once. When
+  the flows put on an end carried more than half of what the end was offered (by their paces),
+  the end was their shared bottleneck and the sample is its rate: the estimate moves towards it
+  by ``alpha``, down or up. Otherwise the end carried at least the sample: the estimate rises to
+  it at once and never falls. This keeps one slow receiver from lowering its senders' uplinks
+  (it is limited with all of them, each of them with one receiver) and one slow sender from
+  lowering its receivers' downlinks; ambiguity is what p = 1 plans (one flow per end) leave.
 - Pacing runs at 0.95 of the plan's share, so without probes a sample never exceeds the
-  estimate; the view's ceilings let the planner probe (pace above the estimate) so that a link
-  that recovered is found again.
+  estimate. Each end has a probe *target*, the rate its next probe offers (the planner plans and
+  paces a probed end at it, see ``selection.view.NetworkView.probed``): the line rate at first;
+  each bottleneck sample brings it halfway down to the estimate, never below ``PROBE_FLOOR``
+  times the estimate nor above the line rate (a link that stays slow is probed ever more gently);
+  a sample that raises the estimate sends it back to the line rate (a link that came back may
+  have come back whole). An end that no flow has measured for ``STALE_ROUNDS`` (a peer too slow
+  to be given a message gets no sample) is probed at its line rate.
 - Uncertainty per end, in the view: ``age`` (rounds since its last sample; the seed counts as
   round -1) and ``noise`` (an EWMA, weight ``NOISE_ALPHA``, of |sample - estimate| / estimate
   over bottleneck samples).
 
-Tuning: ``alpha`` (0..1] trades reaction speed against noise: at 0.7 a sustained drop is within
-3% after 3 rounds (0.3: 34% still after 3); ``LIMITED`` must sit below the ratio of ACK-timed
+Tuning: ``alpha`` (0..1] trades reaction speed against noise: at 0.8 what is left of a sustained
+drop after 3 rounds is 0.2^3 (a fifth of a link's rate is then estimated 3% high; at 0.3 it
+would be 34% of the drop); ``LIMITED`` must sit below the ratio of ACK-timed
 to paced rate that an uncongested link shows (1.0 where the hosts keep up with the pace) and
 above what a congested link delivers; ``default_rate`` only matters for a peer without a topology
 entry whose interface does not report a speed (virtual NICs, Wi-Fi).
@@ -49,6 +59,8 @@ import numpy as np
 
 LIMITED = 0.8        # a flow that delivered below this fraction of its pace met a bottleneck
 NOISE_ALPHA = 0.2    # EWMA weight of a new bottleneck sample's relative deviation
+PROBE_FLOOR = 1.25   # a probe offers at least this times the estimate (BBR's probing gain)
+STALE_ROUNDS = 1     # an end unmeasured for more rounds than this is probed at its line rate
 
 
 def seed_rates(topology: Any) -> dict[int, tuple[float, float]]:
@@ -83,18 +95,37 @@ class LinkEstimate:
     """One end (a peer's uplink or downlink): its estimate and how much to trust it."""
 
     rate: float             # wire bytes/s
-    ceiling: float          # the line rate (the seed), or the highest estimate since
+    line: float             # the seed, or the highest estimate since
+    target: float = 0.0     # what the next probe offers (0: the line rate)
     sampled: int = -1       # round of the last sample (-1: the seed)
     noise: float = 0.0      # EWMA of |sample - estimate| / estimate
+    pending: float = 0.0    # an ambiguous bottleneck sample waiting for a second one (0: none)
+    limited: bool = False   # the last sample was a bottleneck
 
-    def sample(self, value: float, bottleneck: bool, round: int, alpha: float) -> None:
-        if bottleneck:
-            self.noise += NOISE_ALPHA * (abs(value - self.rate) / self.rate - self.noise)
-            self.rate += alpha * (value - self.rate)
-        else:
-            self.rate = max(self.rate, value)
-        self.ceiling = max(self.ceiling, self.rate)
+    def __post_init__(self) -> None:
+        self.target = self.target or self.line
+
+    def sample(self, value: float, bottleneck: bool, round: int, alpha: float, ambiguous: bool = False) -> None:
         self.sampled = round
+        if bottleneck and ambiguous and not (self.limited or self.pending):
+            self.pending = value  # the partner may be the one to blame: wait for another round
+            return
+        if bottleneck and self.pending:
+            self._bottleneck(self.pending, alpha)
+        self.pending = 0.0
+        self.limited = bottleneck
+        if bottleneck:
+            self._bottleneck(value, alpha)
+        elif value > self.rate:
+            self.rate = value
+            self.target = self.line
+        self.line = max(self.line, self.rate)
+        self.target = max(self.target, self.rate)
+
+    def _bottleneck(self, value: float, alpha: float) -> None:
+        self.noise += NOISE_ALPHA * (abs(value - self.rate) / self.rate - self.noise)
+        self.rate += alpha * (value - self.rate)
+        self.target = min(self.line, max(PROBE_FLOOR * self.rate, (self.target + self.rate) / 2))
 
 
 class BandwidthEstimator:
@@ -105,21 +136,23 @@ class BandwidthEstimator:
     """
 
     def __init__(self, rates: Mapping[int, tuple[float, float]] | None = None, *,
-                 default_rate: float = 1.25e8, alpha: float = 0.7) -> None:
+                 default_rate: float = 1.25e8, alpha: float = 0.8) -> None:
         self.default_rate = default_rate
         self.alpha = alpha
         self.uplink: dict[int, LinkEstimate] = {r: LinkEstimate(up, up) for r, (up, _) in (rates or {}).items()}
         self.downlink: dict[int, LinkEstimate] = {r: LinkEstimate(d, d) for r, (_, d) in (rates or {}).items()}
-        self._flows: dict[int, list[tuple[int, int, float, float]]] = defaultdict(list)  # round -> flows
+        # round -> flows: (sender, receiver, paced, rate, probes the uplink, probes the downlink)
+        self._flows: dict[int, list[tuple[int, int, float, float, bool, bool]]] = defaultdict(list)
         self._closed = 0  # rounds closed so far (ages count from it)
 
     def observe(self, sender: int, round: int, links: Mapping[int, Mapping[str, float]]) -> None:
-        """One sender's flows of one round: ``links[receiver]`` has ``paced`` and ``rate`` (bytes/s)."""
+        """One sender's flows of one round: ``links[receiver]`` has ``paced`` and ``rate`` (bytes/s),
+        and ``probe``: the end(s) the flow probed ("uplink", "downlink", both or "")."""
         flows = self._flows[round]
         for j, s in links.items():
-            rate, paced = float(s.get("rate", 0.0)), float(s.get("paced", 0.0))
+            rate, paced, probe = float(s.get("rate", 0.0)), float(s.get("paced", 0.0)), str(s.get("probe", ""))
             if 0 < rate < np.inf and 0 <= paced < np.inf:  # rate 0: too short to time
-                flows.append((sender, int(j), paced, rate))
+                flows.append((sender, int(j), paced, rate, "uplink" in probe, "downlink" in probe))
 
     def close_round(self, round: int) -> None:
         """Every live peer has reported ``round``: apply the samples of every round up to it."""
@@ -127,13 +160,27 @@ class BandwidthEstimator:
             flows = self._flows.pop(r)
             if not flows:
                 continue
-            src, dst, paced, rate = (np.array(c) for c in zip(*flows))
+            src, dst, paced, rate, probe_up, probe_down = (np.array(c) for c in zip(*flows))
+            size = int(max(src.max(), dst.max())) + 1
             limited = rate < LIMITED * np.where(paced > 0, paced, np.inf)
-            for table, ends in ((self.uplink, src), (self.downlink, dst)):
+            offered = np.where(paced > 0, paced, rate)  # unpaced: what it took
+            # A probe's limit is put on the end it probed; another limited flow on the end limited
+            # with more partners (on both if as many).
+            up_limited = limited & ~(probe_down & ~probe_up)
+            down_limited = limited & ~(probe_up & ~probe_down)
+            up_count = np.bincount(src, weights=up_limited, minlength=size)
+            down_count = np.bincount(dst, weights=down_limited, minlength=size)
+            up_blamed = up_limited & ((up_count[src] >= down_count[dst]) | probe_up)
+            down_blamed = down_limited & ((down_count[dst] >= up_count[src]) | probe_down)
+            tie = (up_count[src] == down_count[dst]) & ~probe_up & ~probe_down
+            for table, ends, blamed in ((self.uplink, src, up_blamed), (self.downlink, dst, down_blamed)):
+                total = np.bincount(ends, weights=rate, minlength=size)
+                half = np.bincount(ends, weights=offered, minlength=size) / 2
+                bottleneck = np.bincount(ends, weights=offered * blamed, minlength=size) > half
+                clear = np.bincount(ends, weights=offered * (blamed & ~tie), minlength=size) > half
                 for end in np.unique(ends).tolist():
-                    mine = ends == end
-                    bottleneck = 2 * np.count_nonzero(limited[mine]) > np.count_nonzero(mine)
-                    self._estimate(table, end).sample(float(rate[mine].sum()), bottleneck, r, self.alpha)
+                    self._estimate(table, end).sample(float(total[end]), bool(bottleneck[end]), r, self.alpha,
+                                                      ambiguous=not clear[end])
         self._closed = max(self._closed, round)
 
     def _estimate(self, table: dict[int, LinkEstimate], rank: int) -> LinkEstimate:
@@ -143,10 +190,10 @@ class BandwidthEstimator:
 
     def seed(self, estimates: Mapping[str, np.ndarray]) -> None:
         """Take over estimates held elsewhere (a predecessor's view, handed over by a peer):
-        ``uplink``, ``downlink`` and their ``_ceiling`` arrays."""
+        ``uplink``, ``downlink`` and their ``_target`` arrays (a target stands in for the line rate)."""
         for name, table in (("uplink", self.uplink), ("downlink", self.downlink)):
-            for r, (rate, ceiling) in enumerate(zip(estimates[name], estimates[f"{name}_ceiling"])):
-                table[r] = LinkEstimate(float(rate), float(max(ceiling, rate)))
+            for r, (rate, target) in enumerate(zip(estimates[name], estimates[f"{name}_target"])):
+                table[r] = LinkEstimate(float(rate), float(max(target, rate)))
 
     def seed_link(self, rank: int, rate: float | None) -> None:
         """``rank``'s own interface rate (bytes/s; None: unknown) seeds both its estimates, unless a
@@ -156,13 +203,14 @@ class BandwidthEstimator:
             self.downlink.setdefault(rank, LinkEstimate(rate, rate))
 
     def arrays(self, size: int) -> dict[str, np.ndarray]:
-        """Per rank, for each of ``uplink`` and ``downlink``: the estimate (bytes/s), ``_ceiling``
-        (bytes/s), ``_age`` (rounds) and ``_noise`` (relative)."""
+        """Per rank, for each of ``uplink`` and ``downlink``: the estimate (bytes/s), ``_target``
+        (the next probe's rate, bytes/s), ``_age`` (rounds) and ``_noise`` (relative)."""
         out = {}
         for name, table in (("uplink", self.uplink), ("downlink", self.downlink)):
             ends = [table.get(r) or LinkEstimate(self.default_rate, self.default_rate) for r in range(size)]
             out[name] = np.array([e.rate for e in ends])
-            out[f"{name}_ceiling"] = np.array([e.ceiling for e in ends])
-            out[f"{name}_age"] = np.array([self._closed - e.sampled for e in ends], dtype=float)
+            age = np.array([self._closed - e.sampled for e in ends], dtype=float)
+            out[f"{name}_target"] = np.where(age > STALE_ROUNDS, [e.line for e in ends], [e.target for e in ends])
+            out[f"{name}_age"] = age
             out[f"{name}_noise"] = np.array([e.noise for e in ends])
         return out

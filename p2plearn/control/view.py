@@ -6,12 +6,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_ARRAYS = ("uplink", "downlink", "uplink_ceiling", "downlink_ceiling", "uplink_age", "downlink_age",
+_ARRAYS = ("uplink", "downlink", "uplink_target", "downlink_target", "uplink_age", "downlink_age",
            "uplink_noise", "downlink_noise", "compute_s", "merge_s", "backlog", "in_flight_bytes",
            "in_flight_msgs", "alive", "clock", "message_bytes")
 _DTYPES = {"alive": np.bool_, "clock": np.int64}
 # What a plan (and its pacing and probes) depends on: a new version only when one of these changes.
-PLANNING_INPUTS = ("uplink", "downlink", "uplink_ceiling", "downlink_ceiling", "compute_s", "merge_s", "backlog",
+PLANNING_INPUTS = ("uplink", "downlink", "uplink_target", "downlink_target", "compute_s", "merge_s", "backlog",
                    "in_flight_bytes", "alive", "message_bytes")
 
 
@@ -20,7 +20,7 @@ class GlobalView:
     """A snapshot of the job, one entry per rank (a rank never seen is not ``alive``).
 
     - ``uplink`` / ``downlink``: estimated available bandwidth, wire bytes/s (see BandwidthEstimator);
-      ``*_ceiling``: the line rate probes look for (bytes/s); ``*_age``: rounds since the last
+      ``*_target``: the rate the end's next probe offers (bytes/s); ``*_age``: rounds since the last
       sample; ``*_noise``: relative deviation of recent samples (the estimates' uncertainty);
     - load, from each peer's latest report: ``compute_s``, seconds of local work before its send
       (its training step); ``merge_s``, seconds to merge one message; ``backlog``, messages it
@@ -40,8 +40,8 @@ class GlobalView:
     round: int
     uplink: np.ndarray
     downlink: np.ndarray
-    uplink_ceiling: np.ndarray
-    downlink_ceiling: np.ndarray
+    uplink_target: np.ndarray
+    downlink_target: np.ndarray
     uplink_age: np.ndarray
     downlink_age: np.ndarray
     uplink_noise: np.ndarray

@@ -1,7 +1,7 @@
 """What selection sees of the network: per peer available uplink/downlink and message size."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -11,12 +11,13 @@ import numpy as np
 PACING_HEADROOM = 0.95
 
 
-# Probing: pacing above the estimate, so that a link that recovered from a drop is found again (a
-# sample never exceeds what was offered). Each peer's ends are probed in one round of every
-# PROBE_EVERY (offset by rank, so that probes spread over rounds), at up to MAX_PROBE_GAIN times
-# the estimate, towards the end's ceiling (its line rate). Tuning: a smaller PROBE_EVERY finds a
-# recovered link sooner, at more loss on links that stay slow; MAX_PROBE_GAIN bounds that loss
-# (a probe on a link still at a quarter of its ceiling offers it 4x what it carries, once).
+# Probing: planning and pacing an end above its estimate, so that a link that recovered from a
+# drop is found again (a sample never exceeds what was offered, and a peer too slow to be given a
+# message is not measured at all). Each peer's ends are probed in one round of every PROBE_EVERY
+# (offset by rank, so that probes spread over rounds), at the estimator's target for them, at most
+# MAX_PROBE_GAIN times the estimate. Tuning: a smaller PROBE_EVERY finds a recovered link sooner,
+# at more cost on links that stay slow (a probe round plans such a link at more than it carries:
+# its flows take up to the gain times longer); MAX_PROBE_GAIN bounds that cost per probe.
 PROBE_EVERY = 3
 MAX_PROBE_GAIN = 4.0
 
@@ -31,7 +32,9 @@ class NetworkView:
     up_start, down_start: when, from the start of the round, a peer's uplink can start sending
         (after its compute) and its downlink can start taking this round's messages (after
         what is still arriving); None = 0 (the round's links are free from its start).
-    uplink_ceiling, downlink_ceiling: the rates probes look for (line rates); None = no probes.
+    uplink_target, downlink_target: the rate each end's next probe offers (see `probed`); None =
+        no probes.
+    probing_up, probing_down: the ends this view probes (set by `probed`); None = none.
     """
 
     uplink: np.ndarray
@@ -40,8 +43,10 @@ class NetworkView:
     alive: np.ndarray
     up_start: np.ndarray | None = None
     down_start: np.ndarray | None = None
-    uplink_ceiling: np.ndarray | None = None
-    downlink_ceiling: np.ndarray | None = None
+    uplink_target: np.ndarray | None = None
+    downlink_target: np.ndarray | None = None
+    probing_up: np.ndarray | None = None
+    probing_down: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         for name in ("up_start", "down_start"):
@@ -56,6 +61,20 @@ class NetworkView:
     def uniform(cls, n: int, rate: float, message_bytes: float) -> "NetworkView":
         ones = np.ones(n)
         return cls(ones * rate, ones * rate, ones * message_bytes, np.ones(n, dtype=bool))
+
+    def probed(self, round: int) -> "NetworkView":
+        """The view that plans and paces round `round`: the ends `probe_gains` picks for it raised
+        so that their flows, paced at PACING_HEADROOM of their share of it, offer gain x the
+        estimate (see `plan_flows`), and marked as probing."""
+        if self.uplink_target is None or self.downlink_target is None:
+            return self
+        up = probe_gains(self.uplink, self.uplink_target, round)
+        down = probe_gains(self.downlink, self.downlink_target, round)
+        if (up == 1).all() and (down == 1).all():
+            return self
+        return replace(self, uplink=np.where(up > 1, up * self.uplink / PACING_HEADROOM, self.uplink),
+                       downlink=np.where(down > 1, down * self.downlink / PACING_HEADROOM, self.downlink),
+                       probing_up=up > 1, probing_down=down > 1)
 
     @classmethod
     def from_global(cls, view, message_bytes) -> "NetworkView":
@@ -76,7 +95,7 @@ class NetworkView:
             drain = np.where(down > 0, np.asarray(view.in_flight_bytes, float) / down, 0.0)
         sizes = np.broadcast_to(np.asarray(message_bytes, dtype=float), up.shape).copy()
         return cls(up, down, sizes, alive, up_start, np.maximum(drain, first),
-                   np.asarray(view.uplink_ceiling, float), np.asarray(view.downlink_ceiling, float))
+                   np.asarray(view.uplink_target, float), np.asarray(view.downlink_target, float))
 
 
 def plan_time(view: NetworkView, plan: dict[int, list[int]], ip_multicast: bool = False) -> float:
@@ -104,23 +123,28 @@ def average_fanout(plan: dict[int, list[int]]) -> float:
     return float(np.mean([len(r) for r in plan.values()])) if plan else 0.0
 
 
-def probe_gains(rate: np.ndarray, ceiling: np.ndarray | None, round: int) -> np.ndarray:
-    """Per peer, how far above its estimate `rate` an end is paced in `round` (1: not probed): the
-    ends of one peer in PROBE_EVERY, by rank, up to MAX_PROBE_GAIN and no further than the ceiling;
-    an end within the pacing headroom of its ceiling is not probed."""
+def probe_gains(rate: np.ndarray, target: np.ndarray, round: int) -> np.ndarray:
+    """Per peer, how far above its estimate `rate` an end is probed in `round` (1: not probed): the
+    ends of one peer in PROBE_EVERY rounds, by rank, at target / rate, at most MAX_PROBE_GAIN; an
+    end whose target lies within the pacing headroom of its estimate is not probed."""
     gain = np.ones(len(rate))
-    if ceiling is None:
-        return gain
     due = (round + np.arange(len(rate))) % PROBE_EVERY == 0
     with np.errstate(divide="ignore", invalid="ignore"):
-        room = np.minimum(np.asarray(ceiling, float) / rate, MAX_PROBE_GAIN)
+        room = np.minimum(np.asarray(target, float) / rate, MAX_PROBE_GAIN)
     probe = due & (room * PACING_HEADROOM > 1.0)
     gain[probe] = room[probe]
     return gain
 
 
-def plan_flows(view: NetworkView, plan: dict[int, list[int]],
-               probe_round: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def flow_probes(view: NetworkView, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per flow: whether it probes its sender's uplink, and whether it probes its receiver's
+    downlink, in `view` (a `probed` one); the estimator puts a probe's limit on the end it probed."""
+    none = np.zeros(len(src), dtype=bool)
+    return (none if view.probing_up is None else view.probing_up[src],
+            none if view.probing_down is None else view.probing_down[dst])
+
+
+def plan_flows(view: NetworkView, plan: dict[int, list[int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(src, dst, rate) per flow of `plan`, in plan order (senders as listed, receivers as listed).
 
     rate = PACING_HEADROOM * min(D_j M_i / L_j, U_i / |R_i|) bytes/s, L_j = the bytes j receives: the
@@ -130,10 +154,11 @@ def plan_flows(view: NetworkView, plan: dict[int, list[int]],
     equal split made the larger messages finish up to 3.6x later). The coordinator paces each send
     this way and the simulator models it.
 
-    With `probe_round`, the ends `probe_gains` picks for that round are probed: a probed downlink's
-    flows run at its gain times their downlink share (so together they offer gain * D_j), a probed
-    uplink's at its gain times their uplink share, whatever the other end's share; a flow may
-    then end sooner than planned, never later unless the probe finds a link still slow.
+    A probed end (`view.probed(round)`) offers what it is probed at whatever the other end's share:
+    its flows run at their share of it, capped by the other end's whole rate only (a downlink's few
+    senders could not offer its target at their uplink shares). The other flows of an end that a
+    probe would overfill are slowed to leave it room (to a tenth at most): the end still moves its
+    bytes in the same time, and a probe does not make other flows look limited by the network.
     """
     fanout = np.array([len(rs) for rs in plan.values()], dtype=np.int64)
     src = np.repeat(np.fromiter(plan.keys(), dtype=np.int64, count=len(plan)), fanout)
@@ -143,10 +168,27 @@ def plan_flows(view: NetworkView, plan: dict[int, list[int]],
     outdegree = np.bincount(src, minlength=view.n)
     down_share = np.asarray(view.downlink, float)[dst] * size / received[dst]
     up_share = np.asarray(view.uplink, float)[src] / outdegree[src]
-    rate = np.minimum(down_share, up_share) * PACING_HEADROOM
-    if probe_round is not None:
-        down_gain = probe_gains(view.downlink, view.downlink_ceiling, probe_round)[dst]
-        up_gain = probe_gains(view.uplink, view.uplink_ceiling, probe_round)[src]
-        rate = np.maximum(rate, np.maximum(np.where(down_gain > 1, down_gain * down_share, 0.0),
-                                           np.where(up_gain > 1, up_gain * up_share, 0.0)))
-    return src, dst, rate
+    rate = np.minimum(down_share, up_share)
+    if view.probing_up is not None and view.probing_down is not None:
+        rate = _with_probes(view, src, dst, rate, down_share, up_share)
+    return src, dst, rate * PACING_HEADROOM
+
+
+def _with_probes(view: NetworkView, src: np.ndarray, dst: np.ndarray, rate: np.ndarray, down_share: np.ndarray,
+                 up_share: np.ndarray) -> np.ndarray:
+    """plan_flows' rates with the probed ends' flows at their share of the probed end, and the
+    other flows of an end they would overfill slowed to leave them room."""
+    up, down = np.asarray(view.uplink, float), np.asarray(view.downlink, float)
+    probe_down, probe_up = view.probing_down[dst], view.probing_up[src]
+    probe = probe_down | probe_up
+    if not probe.any():
+        return rate
+    rate = np.where(probe_down, np.maximum(rate, np.minimum(down_share, up[src])), rate)
+    rate = np.where(probe_up, np.maximum(rate, np.minimum(up_share, down[dst])), rate)
+    for ends, capacity in ((src, up), (dst, down)):
+        total = np.bincount(ends, weights=rate, minlength=view.n)
+        probing = np.bincount(ends, weights=rate * probe, minlength=view.n)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            room = np.clip((capacity - probing) / (total - probing), 0.1, 1.0)
+        rate = np.where(probe, rate, rate * np.where(total > capacity, room, 1.0)[ends])
+    return rate

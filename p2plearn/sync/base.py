@@ -105,6 +105,7 @@ class Synchronizer(ABC):
         self._compute_s = 0.0
         self._merge_s = 0.0
         self._backlog = 0
+        self._probes: dict[int, str] = {}  # this round's flows that probe an end (see selection.view)
 
     def step(self, loss: float | None = None) -> RoundStats:
         """Run one round; returns its stats. Call it after each local optimizer step."""
@@ -117,6 +118,7 @@ class Synchronizer(ABC):
         view = self.client.view_for(rnd)
         plan = self.planner.plan(view, rnd, self.client.rank, self.network.expected_bytes)
         self.network.planned_time_s = plan.planned_time
+        self._probes = plan.probes
         bounds, deadline = self.tolerance.bounds(rnd, self.layers, self.network, self.training)
         members = self.client.members
         receivers = [(j, rate) for j, rate in plan.receivers if j in members and members[j].engine]
@@ -283,7 +285,8 @@ class Synchronizer(ABC):
                 loss: float | None, deadline: float | None) -> None:
         # Per receiver: the pace and what arrived, as the receiver's ACKs timed it (the estimator
         # tells a bottleneck from our own pacing by comparing the two).
-        links = {j: {"paced": rate, "rate": st.ack_rate, "loss": st.loss_rate} for (j, rate), st in zip(receivers, sent)}
+        links = {j: {"paced": rate, "rate": st.ack_rate, "loss": st.loss_rate, "probe": self._probes.get(j, "")}
+                 for (j, rate), st in zip(receivers, sent)}
         engine = self.channel.stats()
         load = {"compute_s": self._compute_s, "merge_s": self._merge_s, "backlog": self._backlog,
                 "in_flight_bytes": engine.get("receiving_bytes", 0), "in_flight_msgs": engine.get("receiving_messages", 0)}

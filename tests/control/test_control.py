@@ -59,18 +59,18 @@ def test_view_is_seeded_and_corrected_by_measurement(key):
             assert view.alive.tolist() == [False, True]  # planned as a receiver once its engine is known
             a.register(("127.0.0.1", 9000))
             assert a.fetch_view().alive.tolist() == [True, True]
-            # a's flow to b, paced at 1 MB/s, delivered 0.5 MB/s: b's downlink (and a's uplink: its
-            # only flow) was the bottleneck. b's flow to a was too short to time (rate 0): no sample.
-            a.report(1, links={1: {"paced": 1e6, "rate": 5e5, "loss": 0.05}},
+            # a's flow to b probed b's downlink at 1 MB/s and delivered 0.5 MB/s: b's downlink was
+            # the bottleneck. b's flow to a was too short to time (rate 0): no sample.
+            a.report(1, links={1: {"paced": 1e6, "rate": 5e5, "loss": 0.05, "probe": "downlink"}},
                      load={"compute_s": 0.5, "merge_s": 0.01, "backlog": 2, "in_flight_bytes": 1000,
                            "in_flight_msgs": 1})
             b.report(1, links={0: {"paced": 1e6, "rate": 0.0}}, load={"compute_s": "nonsense"})
             assert a.wait_min_clock(1, timeout=5)
             view = a.fetch_view()
             assert view.round == 1
-            assert view.uplink[0] < 1e6 and view.uplink[1] == 3e6      # no sample from b: the seed stands
             assert view.downlink[1] < 4e6 and view.downlink[0] == 2e6
-            assert view.uplink_ceiling.tolist() == [1e6, 3e6] and view.downlink_age.tolist() == [2, 0]
+            assert view.uplink.tolist() == [1e6, 3e6]  # a probe's limit is the probed end's; b: no sample
+            assert view.uplink_target.tolist() == [1e6, 3e6] and view.downlink_age.tolist() == [2, 0]
             assert view.compute_s.tolist() == [0.5, 0.0] and view.backlog.tolist() == [2, 0]  # garbage: 0
             assert view.in_flight_bytes.tolist() == [1000, 0] and view.in_flight_msgs.tolist() == [1, 0]
             deadline = time.monotonic() + 5  # the same view is pushed once the round completes

@@ -44,7 +44,7 @@ def test_samples_wait_for_the_round_to_close_and_sum_what_reached_a_receiver():
     assert est.downlink[2].rate == 100.0  # not before every peer has reported the round
     est.close_round(1)
     assert est.downlink[2].rate == 50.0  # both its flows limited: the sum of what reached it
-    assert est.downlink[2].noise > 0 and est.downlink[2].ceiling == 100.0
+    assert est.downlink[2].noise > 0 and est.downlink[2].line == 100.0
 
 
 def test_a_slow_receiver_lowers_its_downlink_not_its_senders_uplinks():
@@ -84,4 +84,4 @@ def test_an_interface_rate_seeds_only_what_nothing_else_did():
     est.seed_link(2, None)  # unknown: the default
     arrays = est.arrays(3)
     assert arrays["uplink"].tolist() == [100.0, 1e9, 50.0] and arrays["downlink"].tolist() == [200.0, 1e9, 50.0]
-    assert arrays["downlink_ceiling"].tolist() == [200.0, 1e9, 50.0]
+    assert arrays["downlink_target"].tolist() == [200.0, 1e9, 50.0]
