@@ -85,3 +85,41 @@ def test_an_interface_rate_seeds_only_what_nothing_else_did():
     arrays = est.arrays(3)
     assert arrays["uplink"].tolist() == [100.0, 1e9, 50.0] and arrays["downlink"].tolist() == [200.0, 1e9, 50.0]
     assert arrays["downlink_target"].tolist() == [200.0, 1e9, 50.0]
+
+
+def test_a_flow_alone_on_both_ends_waits_for_a_second_round_that_tells_who_was_slow():
+    est = BandwidthEstimator({r: (100.0, 100.0) for r in range(4)}, alpha=1.0)
+    est.observe(0, 1, flows(r1=(50.0, 10.0)))  # one flow, one sender, one receiver: who was slow?
+    est.close_round(1)
+    assert est.uplink[0].rate == est.downlink[1].rate == 100.0
+    est.observe(2, 2, flows(r1=(50.0, 10.0)))  # 1 again slow, now with another sender
+    est.observe(0, 2, flows(r3=(50.0, 50.0)))  # 0 delivered at its pace
+    est.close_round(2)
+    assert est.downlink[1].rate == 10.0  # both of its samples count
+    assert est.uplink[0].rate == 100.0 and est.uplink[2].rate == 100.0  # its partners keep theirs
+    est.observe(3, 3, flows(r1=(50.0, 10.0)))  # still slow: taken at once now
+    est.close_round(3)
+    assert est.downlink[1].rate == 10.0 and not est.downlink[1].pending
+
+
+def test_a_limited_probe_is_put_on_the_end_it_probed():
+    est = BandwidthEstimator({0: (100.0, 100.0), 1: (100.0, 100.0)}, alpha=1.0)
+    est.observe(0, 1, {1: {"paced": 80.0, "rate": 30.0, "probe": "downlink"}})
+    est.close_round(1)
+    assert est.downlink[1].rate == 30.0 and est.uplink[0].rate == 100.0
+
+
+def test_probe_targets_halve_towards_a_slow_estimate_and_return_to_the_line_rate():
+    est = BandwidthEstimator({0: (100.0, 100.0), 1: (100.0, 100.0)}, alpha=1.0)
+    for rnd in (1, 2):
+        est.observe(0, rnd, flows(r1=(50.0, 20.0)))
+        est.observe(1, rnd, {0: {"paced": 50.0, "rate": 50.0}})  # keeps 0's downlink measured
+        est.close_round(rnd)
+    link = est.uplink[0]  # ambiguous (one flow) in round 1, confirmed in round 2: two samples
+    assert link.rate == 20.0 and link.target == 40.0  # halfway to 20 twice: 100, 60, 40 (>= 1.25 x 20)
+    assert est.arrays(2)["uplink_target"][0] == 40.0
+    est.observe(0, 3, flows(r1=(40.0, 40.0)))  # the probe at 40 went through: the link came back
+    est.close_round(3)
+    assert link.rate == 40.0 and link.target == 100.0
+    est.close_round(5)  # two rounds without a flow: unmeasured, so probed at the line rate
+    assert est.arrays(2)["uplink_target"][0] == 100.0 and est.arrays(2)["uplink_age"][0] == 2
