@@ -60,7 +60,7 @@ import numpy as np
 LIMITED = 0.8        # a flow that delivered below this fraction of its pace met a bottleneck
 NOISE_ALPHA = 0.2    # EWMA weight of a new bottleneck sample's relative deviation
 PROBE_FLOOR = 1.25   # a probe offers at least this times the estimate (BBR's probing gain)
-STALE_ROUNDS = 1     # an end unmeasured for more rounds than this is probed at its line rate
+STALE_ROUNDS = 2     # an end unmeasured for more rounds than this is probed at its line rate
 
 
 def seed_rates(topology: Any) -> dict[int, tuple[float, float]]:
@@ -97,7 +97,7 @@ class LinkEstimate:
     rate: float             # wire bytes/s
     line: float             # the seed, or the highest estimate since
     target: float = 0.0     # what the next probe offers (0: the line rate)
-    sampled: int = -1       # round of the last sample (-1: the seed)
+    tested: int = -1        # round of the last sample that tested the estimate (-1: the seed)
     noise: float = 0.0      # EWMA of |sample - estimate| / estimate
     pending: float = 0.0    # an ambiguous bottleneck sample waiting for a second one (0: none)
     limited: bool = False   # the last sample was a bottleneck
@@ -106,7 +106,8 @@ class LinkEstimate:
         self.target = self.target or self.line
 
     def sample(self, value: float, bottleneck: bool, round: int, alpha: float, ambiguous: bool = False) -> None:
-        self.sampled = round
+        if bottleneck or value > self.rate:
+            self.tested = round  # a flow at its pace below the estimate tested nothing
         if bottleneck and ambiguous and not (self.limited or self.pending):
             self.pending = value  # the partner may be the one to blame: wait for another round
             return
@@ -209,7 +210,7 @@ class BandwidthEstimator:
         for name, table in (("uplink", self.uplink), ("downlink", self.downlink)):
             ends = [table.get(r) or LinkEstimate(self.default_rate, self.default_rate) for r in range(size)]
             out[name] = np.array([e.rate for e in ends])
-            age = np.array([self._closed - e.sampled for e in ends], dtype=float)
+            age = np.array([self._closed - e.tested for e in ends], dtype=float)
             out[f"{name}_target"] = np.where(age > STALE_ROUNDS, [e.line for e in ends], [e.target for e in ends])
             out[f"{name}_age"] = age
             out[f"{name}_noise"] = np.array([e.noise for e in ends])
