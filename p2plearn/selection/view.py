@@ -10,6 +10,13 @@ import numpy as np
 # At 1.0 the paced flows fill a link exactly, any extra byte queues, and a shallow switch buffer drops.
 PACING_HEADROOM = 0.95
 
+# Wire bytes per message byte on a 1500-byte MTU path: the engine's datagram carries 1416 bytes of
+# data behind a 56-byte header, plus 42 of IPv4 + UDP + Ethernet. Rates in a view are wire bytes/s
+# (links, pacing and the estimator count frames), so a view made from the control plane's counts a
+# message in wire bytes too; on paths with larger datagrams (loopback) it overstates by up to 7%.
+DATAGRAM_DATA, DATAGRAM_WIRE = 1416, 1416 + 56 + 42
+FRAMING = DATAGRAM_WIRE / DATAGRAM_DATA
+
 
 # Probing: planning and pacing an end above its estimate, so that a link that recovered from a
 # drop is found again (a sample never exceeds what was offered, and a peer too slow to be given a
@@ -85,6 +92,9 @@ class NetworkView:
         - down_start[j] = max(in_flight_bytes[j] / downlink[j], min over live i of up_start[i]):
           a downlink first drains what is still arriving, and takes nothing of this round before
           the first sender starts.
+
+        Units: rates are wire bytes/s, so message sizes (bytes of data) become wire bytes (x FRAMING)
+        and loads seconds; a plan's T is then in seconds on the wire.
         """
         up = np.asarray(view.uplink, dtype=float)
         down = np.asarray(view.downlink, dtype=float)
@@ -93,7 +103,7 @@ class NetworkView:
         first = up_start[alive].min(initial=np.inf) if alive.any() else 0.0
         with np.errstate(divide="ignore", invalid="ignore"):
             drain = np.where(down > 0, np.asarray(view.in_flight_bytes, float) / down, 0.0)
-        sizes = np.broadcast_to(np.asarray(message_bytes, dtype=float), up.shape).copy()
+        sizes = np.broadcast_to(np.asarray(message_bytes, dtype=float), up.shape) * FRAMING
         return cls(up, down, sizes, alive, up_start, np.maximum(drain, first),
                    np.asarray(view.uplink_target, float), np.asarray(view.downlink_target, float))
 

@@ -34,7 +34,7 @@ def test_a_bottleneck_sample_moves_the_estimate_both_ways_a_paced_one_only_raise
     assert est.uplink[0].rate == 90.0
     est.observe(0, 4, flows(r1=(100.0, 0.0)))  # too short to time: no sample
     est.close_round(4)
-    assert est.arrays(1)["uplink_age"].tolist() == [1.0]  # last sampled at clock 3, 4 closed
+    assert est.arrays(1)["uplink_age"].tolist() == [2.0]  # last tested (raised) at clock 2, 4 closed
 
 
 def test_samples_wait_for_the_round_to_close_and_sum_what_reached_a_receiver():

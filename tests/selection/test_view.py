@@ -6,7 +6,7 @@ import pytest
 
 from p2plearn.control import GlobalView
 from p2plearn.selection import PACING_HEADROOM, NetworkView, Selmcast, flow_probes, plan_flows, plan_time
-from p2plearn.selection.view import MAX_PROBE_GAIN, PROBE_EVERY, probe_gains
+from p2plearn.selection.view import FRAMING, MAX_PROBE_GAIN, PROBE_EVERY, probe_gains
 
 MB = 1e6
 
@@ -55,18 +55,22 @@ def test_load_enters_as_start_times_in_seconds():
     # a downlink first drains what still arrives (bytes / bytes per s), and takes nothing before
     # the first sender starts
     assert view.down_start.tolist() == pytest.approx([0.1, 0.5, 0.1])
-    assert plan_time(view, {0: [1]}) == pytest.approx(max(0.6 + 0.01, 0.5 + 0.01))
+    assert view.message_bytes.tolist() == pytest.approx([MB * FRAMING] * 3)  # wire bytes, as the rates count
+    send = MB * FRAMING / (100 * MB)
+    assert plan_time(view, {0: [1]}) == pytest.approx(max(0.6 + send, 0.5 + send))
 
 
 def test_a_slow_computer_is_planned_as_a_straggler_with_fewer_receivers():
     n, policy = 8, Selmcast(seed=0)
     slow = NetworkView.from_global(global_view(n, compute_s=[0.01] * 7 + [0.04]), MB)
     plan, t = policy.solve(slow, 1, 0)
-    assert t == pytest.approx(0.04 + MB / (100 * MB))  # T counts the straggler's compute, then its send
-    # it starts late, so only p fit in its window; the others use theirs, 0.04 s at 100 MB/s each
-    assert len(plan[7]) == 1 and all(len(plan[i]) == 4 for i in range(7))
-    _, t_no_load = policy.solve(NetworkView.uniform(n, 100 * MB, MB), 1, 0)
-    assert t_no_load == pytest.approx(0.01)  # bandwidth-only, it would be planned as if it were not there
+    send = MB * FRAMING / (100 * MB)
+    assert t == pytest.approx(0.04 + send)  # T counts the straggler's compute, then its send
+    # it starts late, so only p fit in its window; the others use theirs, from 0.01 s on
+    others = int((t - 0.01) / send)
+    assert others >= 3 and len(plan[7]) == 1 and all(len(plan[i]) == others for i in range(7))
+    _, t_no_load = policy.solve(NetworkView.uniform(n, 100 * MB, MB * FRAMING), 1, 0)
+    assert t_no_load == pytest.approx(send)  # bandwidth-only, it would be planned as if it were not there
 
 
 def test_a_receiver_still_receiving_gets_fewer_senders():
