@@ -191,10 +191,12 @@ class BandwidthEstimator:
 
     def seed(self, estimates: Mapping[str, np.ndarray]) -> None:
         """Take over estimates held elsewhere (a predecessor's view, handed over by a peer):
-        ``uplink``, ``downlink`` and their ``_target`` arrays (a target stands in for the line rate)."""
+        ``uplink``, ``downlink`` and their ``_target`` arrays. A line rate this estimator was
+        seeded with (the topology) stays; else the target stands in for it."""
         for name, table in (("uplink", self.uplink), ("downlink", self.downlink)):
             for r, (rate, target) in enumerate(zip(estimates[name], estimates[f"{name}_target"])):
-                table[r] = LinkEstimate(float(rate), float(max(target, rate)))
+                line = max(float(target), float(rate), table[r].line if r in table else 0.0)
+                table[r] = LinkEstimate(float(rate), line, target=float(max(target, rate)))
 
     def seed_link(self, rank: int, rate: float | None) -> None:
         """``rank``'s own interface rate (bytes/s; None: unknown) seeds both its estimates, unless a

@@ -61,7 +61,7 @@ def test_view_is_seeded_and_corrected_by_measurement(key):
             assert a.fetch_view().alive.tolist() == [True, True]
             # a's flow to b probed b's downlink at 1 MB/s and delivered 0.5 MB/s: b's downlink was
             # the bottleneck. b's flow to a was too short to time (rate 0): no sample.
-            a.report(1, links={1: {"paced": 1e6, "rate": 5e5, "loss": 0.05, "probe": "downlink"}},
+            a.report(1, links={1: {"paced": 1e6, "rate": 5e5, "probe": "downlink"}},
                      load={"compute_s": 0.5, "merge_s": 0.01, "backlog": 2, "in_flight_bytes": 1000,
                            "in_flight_msgs": 1})
             b.report(1, links={0: {"paced": 1e6, "rate": 0.0}}, load={"compute_s": "nonsense"})

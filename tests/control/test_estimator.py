@@ -1,5 +1,6 @@
 """The bandwidth estimator's rules (see p2plearn.control.estimator)."""
 
+import numpy as np
 import pytest
 
 from p2plearn.control import BandwidthEstimator, seed_rates
@@ -123,3 +124,11 @@ def test_probe_targets_halve_towards_a_slow_estimate_and_return_to_the_line_rate
     assert link.rate == 40.0 and link.target == 100.0
     est.close_round(5)  # two rounds without a flow: unmeasured, so probed at the line rate
     assert est.arrays(2)["uplink_target"][0] == 100.0 and est.arrays(2)["uplink_age"][0] == 2
+
+
+def test_a_successor_takes_over_estimates_and_targets_and_keeps_its_own_line_rates():
+    est = BandwidthEstimator({0: (100.0, 100.0)})
+    est.seed({"uplink": np.array([30.0, 50.0]), "downlink": np.array([100.0, 50.0]),
+              "uplink_target": np.array([40.0, 50.0]), "downlink_target": np.array([100.0, 60.0])})
+    assert est.uplink[0].rate == 30.0 and est.uplink[0].target == 40.0 and est.uplink[0].line == 100.0
+    assert est.downlink[1].line == 60.0  # no line rate of its own: the target stands in
