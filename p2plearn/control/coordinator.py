@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,7 @@ from . import protocol as p
 from .detector import PhiAccrualDetector
 from .estimator import BandwidthEstimator
 from .membership import Member
-from .view import GlobalView
+from .view import PLANNING_INPUTS, GlobalView
 
 log = logging.getLogger("p2plearn.control")
 
@@ -507,10 +507,13 @@ class Coordinator:
                           **self._estimator.arrays(self._size), **load)
 
     def _publish_view(self) -> None:
-        """Push the view; a new version when a planning input changed, applying from a round the
-        fastest peer has not planned yet (before the first round: from round 0)."""
+        """Push the view; a new version when a planning input changed materially (``plans_like``),
+        applying from a round the fastest peer has not planned yet (before the first round: from
+        round 0); else the published version with its planning inputs, and what else is new."""
         view = self._view()
-        if not view.same_plan_inputs(self._published):
+        if view.plans_like(self._published):
+            view = replace(view, **{name: getattr(self._published, name) for name in PLANNING_INPUTS})
+        else:
             self._view_version += 1
             self._view_from = self._max_clock + VIEW_LEAD if self._max_clock else 0
             view = self._view()

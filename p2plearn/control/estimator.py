@@ -17,7 +17,8 @@ The estimator (documented here because selection relies on its behaviour):
   downlink of ``j`` the sum of ``rate[i, j]`` over its incoming flows (the flows of a round run
   at about the same time; senders far apart in time overstate a downlink's sum until its
   flows are limited again, which then corrects it). A limited probe (see below) is put on the
-  end it probed; another limited flow on the end of it that was limited with more partners (the
+  end it probed, unless the other end carried LIMITED of its estimate or more (the probe overfilled
+  it, which says nothing of the probed end); another limited flow on the end of it that was limited with more partners (the
   other end's limit explains it), on both if as many: such an ambiguous
   sample waits for the end's next one and counts only if that one is a bottleneck too (then both
   count: a slow end's estimate still falls within 3 rounds, an innocent partner keeps its); an
@@ -165,15 +166,18 @@ class BandwidthEstimator:
             size = int(max(src.max(), dst.max())) + 1
             limited = rate < LIMITED * np.where(paced > 0, paced, np.inf)
             offered = np.where(paced > 0, paced, rate)  # unpaced: what it took
-            # A probe's limit is put on the end it probed; another limited flow on the end limited
-            # with more partners (on both if as many).
-            up_limited = limited & ~(probe_down & ~probe_up)
-            down_limited = limited & ~(probe_up & ~probe_down)
-            up_count = np.bincount(src, weights=up_limited, minlength=size)
-            down_count = np.bincount(dst, weights=down_limited, minlength=size)
-            up_blamed = up_limited & ((up_count[src] >= down_count[dst]) | probe_up)
-            down_blamed = down_limited & ((down_count[dst] >= up_count[src]) | probe_down)
-            tie = (up_count[src] == down_count[dst]) & ~probe_up & ~probe_down
+            # A probe's limit is put on the end it probed, unless the other end was full (the probe
+            # overfilled it: that says nothing of the probed end); another limited flow on the end
+            # limited with more partners (on both if as many).
+            probe = probe_up | probe_down
+            plain = limited & ~probe
+            up_count = np.bincount(src, weights=plain, minlength=size)
+            down_count = np.bincount(dst, weights=plain, minlength=size)
+            up_full = np.bincount(src, weights=rate, minlength=size) >= LIMITED * self._rates(self.uplink, size)
+            down_full = np.bincount(dst, weights=rate, minlength=size) >= LIMITED * self._rates(self.downlink, size)
+            up_blamed = (plain & (up_count[src] >= down_count[dst])) | (limited & probe_up & ~down_full[dst])
+            down_blamed = (plain & (down_count[dst] >= up_count[src])) | (limited & probe_down & ~up_full[src])
+            tie = (up_count[src] == down_count[dst]) & ~probe
             for table, ends, blamed in ((self.uplink, src, up_blamed), (self.downlink, dst, down_blamed)):
                 total = np.bincount(ends, weights=rate, minlength=size)
                 half = np.bincount(ends, weights=offered, minlength=size) / 2
@@ -183,6 +187,9 @@ class BandwidthEstimator:
                     self._estimate(table, end).sample(float(total[end]), bool(bottleneck[end]), r, self.alpha,
                                                       ambiguous=not clear[end])
         self._closed = max(self._closed, round)
+
+    def _rates(self, table: dict[int, LinkEstimate], size: int) -> np.ndarray:
+        return np.array([table[r].rate if r in table else self.default_rate for r in range(size)])
 
     def _estimate(self, table: dict[int, LinkEstimate], rank: int) -> LinkEstimate:
         if rank not in table:

@@ -10,9 +10,17 @@ _ARRAYS = ("uplink", "downlink", "uplink_target", "downlink_target", "uplink_age
            "uplink_noise", "downlink_noise", "compute_s", "merge_s", "backlog", "in_flight_bytes",
            "in_flight_msgs", "alive", "clock", "message_bytes")
 _DTYPES = {"alive": np.bool_, "clock": np.int64}
-# What a plan (and its pacing and probes) depends on: a new version only when one of these changes.
+# What a plan (and its pacing and probes) depends on: a new version only when one of these changes
+# materially. A new version costs a round of risk (a peer that has not received it yet plans with
+# the old one, and the two plans disagree), so noise must not make one: an input changes when it
+# moves by more than CHANGE of its published value plus the floor of its unit. Tuning: a larger
+# CHANGE keeps views steadier and plans further from the estimates (a burst moves a rate by far
+# more than 10%).
 PLANNING_INPUTS = ("uplink", "downlink", "uplink_target", "downlink_target", "compute_s", "merge_s", "backlog",
                    "in_flight_bytes", "alive", "message_bytes")
+CHANGE = 0.1
+FLOOR = {"compute_s": 0.005, "merge_s": 0.005, "backlog": 1.0, "in_flight_bytes": 65536.0}
+EXACT = ("alive", "message_bytes")
 
 
 @dataclass(frozen=True)
@@ -67,9 +75,19 @@ class GlobalView:
         """Sort key: which of two views is newer."""
         return (self.from_round, self.term, self.version)
 
-    def same_plan_inputs(self, other: GlobalView | None) -> bool:
-        return other is not None and other.size == self.size and all(
-            np.array_equal(getattr(self, name), getattr(other, name)) for name in PLANNING_INPUTS)
+    def plans_like(self, other: GlobalView | None) -> bool:
+        """Whether ``other``'s planning inputs are this view's, up to changes that are not material
+        (see CHANGE): then ``other``, already published, goes on planning."""
+        if other is None or other.size != self.size:
+            return False
+        for name in PLANNING_INPUTS:
+            new, old = getattr(self, name), getattr(other, name)
+            if name in EXACT:
+                if not np.array_equal(new, old):
+                    return False
+            elif (np.abs(new - old) > CHANGE * np.abs(old) + FLOOR.get(name, 0.0)).any():
+                return False
+        return True
 
     def to_blobs(self) -> tuple[dict, list[bytes]]:
         """Header and raw frames for the wire (no JSON of large arrays)."""

@@ -166,9 +166,10 @@ def plan_flows(view: NetworkView, plan: dict[int, list[int]]) -> tuple[np.ndarra
 
     A probed end (`view.probed(round)`) offers what it is probed at whatever the other end's share:
     its flows run at their share of it, capped by the other end's whole rate only (a downlink's few
-    senders could not offer its target at their uplink shares). The other flows of an end that a
-    probe would overfill are slowed to leave it room (to a tenth at most): the end still moves its
-    bytes in the same time, and a probe does not make other flows look limited by the network.
+    senders could not offer its target at their uplink shares). The other end may then carry more
+    than its rate while the probe lasts: its other flows keep their paces (slowing them to make
+    room would stretch them for the whole send: pacing rates are fixed per send) and end later by
+    at most the probe's extra bytes over its rate.
     """
     fanout = np.array([len(rs) for rs in plan.values()], dtype=np.int64)
     src = np.repeat(np.fromiter(plan.keys(), dtype=np.int64, count=len(plan)), fanout)
@@ -186,19 +187,7 @@ def plan_flows(view: NetworkView, plan: dict[int, list[int]]) -> tuple[np.ndarra
 
 def _with_probes(view: NetworkView, src: np.ndarray, dst: np.ndarray, rate: np.ndarray, down_share: np.ndarray,
                  up_share: np.ndarray) -> np.ndarray:
-    """plan_flows' rates with the probed ends' flows at their share of the probed end, and the
-    other flows of an end they would overfill slowed to leave them room."""
+    """plan_flows' rates with the probed ends' flows at their share of the probed end."""
     up, down = np.asarray(view.uplink, float), np.asarray(view.downlink, float)
-    probe_down, probe_up = view.probing_down[dst], view.probing_up[src]
-    probe = probe_down | probe_up
-    if not probe.any():
-        return rate
-    rate = np.where(probe_down, np.maximum(rate, np.minimum(down_share, up[src])), rate)
-    rate = np.where(probe_up, np.maximum(rate, np.minimum(up_share, down[dst])), rate)
-    for ends, capacity in ((src, up), (dst, down)):
-        total = np.bincount(ends, weights=rate, minlength=view.n)
-        probing = np.bincount(ends, weights=rate * probe, minlength=view.n)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            room = np.clip((capacity - probing) / (total - probing), 0.1, 1.0)
-        rate = np.where(probe, rate, rate * np.where(total > capacity, room, 1.0)[ends])
-    return rate
+    rate = np.where(view.probing_down[dst], np.maximum(rate, np.minimum(down_share, up[src])), rate)
+    return np.where(view.probing_up[src], np.maximum(rate, np.minimum(up_share, down[dst])), rate)

@@ -34,11 +34,15 @@ def test_a_burst_on_one_end_never_lowers_another(p):
     assert np.abs(np.delete(down_err, 3, axis=1)).max() == 0.0
 
 
-def test_on_a_heterogeneous_topology_the_burst_peer_is_found_and_recovered():
+def test_on_a_heterogeneous_topology_a_slow_peer_is_found_and_recovered():
     topo = load(TOPOLOGY_DIR / "heterogeneous-8.json")
     up = np.array([topo.uplink_bytes_per_s(x) for x in topo.peers])
     down = np.array([topo.downlink_bytes_per_s(x) for x in topo.peers])
-    burst = Burst(3, 8, 13, 0.2)  # its 200 Mbit/s downlink at 40: below what the plan sends it
-    trace = track(FlowNetwork(up, down, [burst]), up, down, [burst], 30, message_bytes=1e6, p=2)
-    s = summary(trace, burst)
-    assert s["falls_within_rounds"] <= 3 and s["recovers_within_rounds"] <= 10, s
+    # Peer 0's 50 Mbit/s downlink at a fifth. (A peer far faster than the others, such as peer 3's
+    # 200 Mbit/s downlink, is found again only up to what its senders can offer it beside their
+    # planned flows: 69-74% of its rate; see view_tracking.md.)
+    burst = Burst(0, 8, 13, 0.2)
+    for p in (1, 2):
+        trace = track(FlowNetwork(up, down, [burst]), up, down, [burst], 30, message_bytes=1e6, p=p)
+        s = summary(trace, burst)
+        assert s["falls_within_rounds"] <= 3 and s["recovers_within_rounds"] <= 10, (p, s)

@@ -146,5 +146,5 @@ def test_peers_report_their_load_and_the_view_carries_it(job):
     run_threads(peers, 4, before_step=lambda peer: time.sleep(nap[peer.client.rank]))
     view = peers[0].client.fetch_view()
     assert view.compute_s[2] >= 0.1 and view.compute_s[2] > view.compute_s[0]
-    assert (view.merge_s[:3] > 0).all() and (view.backlog[:3] >= 0).all()
+    assert (view.merge_s[:3] >= 0).all() and (view.backlog[:3] >= 0).all()  # changes under 5 ms: not published
     assert (view.in_flight_bytes[:3] >= 0).all()
