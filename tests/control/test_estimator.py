@@ -132,3 +132,4 @@ def test_a_successor_takes_over_estimates_and_targets_and_keeps_its_own_line_rat
               "uplink_target": np.array([40.0, 50.0]), "downlink_target": np.array([100.0, 60.0])})
     assert est.uplink[0].rate == 30.0 and est.uplink[0].target == 40.0 and est.uplink[0].line == 100.0
     assert est.downlink[1].line == 60.0  # no line rate of its own: the target stands in
+
