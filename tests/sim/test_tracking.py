@@ -40,7 +40,7 @@ def test_on_a_heterogeneous_topology_a_slow_peer_is_found_and_recovered():
     down = np.array([topo.downlink_bytes_per_s(x) for x in topo.peers])
     # Peer 0's 50 Mbit/s downlink at a fifth. (A peer far faster than the others, such as peer 3's
     # 200 Mbit/s downlink, is found again only up to what its senders can offer it beside their
-    # planned flows: 69-74% of its rate; see view_tracking.md.)
+    # planned flows: 64-74% of its rate; see the README's results.)
     burst = Burst(0, 8, 13, 0.2)
     for p in (1, 2):
         trace = track(FlowNetwork(up, down, [burst]), up, down, [burst], 30, message_bytes=1e6, p=p)
