@@ -15,38 +15,40 @@ The estimator (documented here because selection relies on its behaviour):
 - Once every live peer has reported a round (``close_round``), every end gets one sample from
   that round's measured flows: the uplink of ``i`` the sum of ``rate[i, j]`` over its flows, the
   downlink of ``j`` the sum of ``rate[i, j]`` over its incoming flows (the flows of a round run
-  at about the same time; senders far apart in time overstate a downlink's sum until its
-  flows are limited again, which then corrects it). A limited probe (see below) is put on the
-  end it probed, unless the other end carried LIMITED of its estimate or more (the probe overfilled
-  it, which says nothing of the probed end); another limited flow on the end of it that was limited with more partners (the
-  other end's limit explains it), on both if as many: such an ambiguous
-  sample waits for the end's next one and counts only if that one is a bottleneck too (then both
-  count: a slow end's estimate still falls within 3 rounds, an innocent partner keeps its); an
-  end already limited takes it at once. When
-  the flows put on an end carried more than half of what the end was offered (by their paces),
+  at about the same time; senders far apart in time overstate a downlink's sum until its flows
+  are limited again, which then corrects it).
+- Which end a limited flow is put on: a probe (see below) on the end it probed, unless the other
+  end carried LIMITED of its estimate or more (the probe overfilled it, which says nothing of the
+  probed end); another flow on the end of it that was limited with more partners (the other
+  end's limit explains it), on both if as many. Such an ambiguous sample (p = 1 plans leave one
+  flow per end) waits for the end's next one and counts only if that one is a bottleneck too;
+  then both count, so a slow end still falls within 3 rounds and an innocent partner keeps its
+  estimate (an end already limited takes it at once). This keeps one slow receiver from
+  lowering its senders' uplinks (it is limited with all of them, each of them with one
+  receiver) and one slow sender from lowering its receivers' downlinks.
+- When the flows put on an end carried more than half of what it was offered (by their paces),
   the end was their shared bottleneck and the sample is its rate: the estimate moves towards it
   by ``alpha``, down or up. Otherwise the end carried at least the sample: the estimate rises to
-  it at once and never falls. This keeps one slow receiver from lowering its senders' uplinks
-  (it is limited with all of them, each of them with one receiver) and one slow sender from
-  lowering its receivers' downlinks; ambiguity is what p = 1 plans (one flow per end) leave.
+  it at once and never falls.
 - Pacing runs at 0.95 of the plan's share, so without probes a sample never exceeds the
   estimate. Each end has a probe *target*, the rate its next probe offers (the planner plans and
   paces a probed end at it, see ``selection.view.NetworkView.probed``): the line rate at first;
   each bottleneck sample brings it halfway down to the estimate, never below ``PROBE_FLOOR``
   times the estimate nor above the line rate (a link that stays slow is probed ever more gently);
   a sample that raises the estimate sends it back to the line rate (a link that came back may
-  have come back whole). An end that no flow has measured for ``STALE_ROUNDS`` (a peer too slow
-  to be given a message gets no sample) is probed at its line rate.
-- Uncertainty per end, in the view: ``age`` (rounds since its last sample; the seed counts as
-  round -1) and ``noise`` (an EWMA, weight ``NOISE_ALPHA``, of |sample - estimate| / estimate
-  over bottleneck samples).
+  have come back whole). An end whose age (below) exceeds ``STALE_ROUNDS`` (a peer too slow to
+  be given a message gets no sample) is probed at its line rate.
+- Uncertainty per end, in the view: ``age`` (rounds since a sample last tested the estimate: a
+  bottleneck, or one that raised it; the seed counts as round -1) and ``noise`` (an EWMA, weight
+  ``NOISE_ALPHA``, of |sample - estimate| / estimate over bottleneck samples).
 
 Tuning: ``alpha`` (0..1] trades reaction speed against noise: at 0.8 what is left of a sustained
-drop after 3 rounds is 0.2^3 (a fifth of a link's rate is then estimated 3% high; at 0.3 it
-would be 34% of the drop); ``LIMITED`` must sit below the ratio of ACK-timed
-to paced rate that an uncongested link shows (1.0 where the hosts keep up with the pace) and
-above what a congested link delivers; ``default_rate`` only matters for a peer without a topology
-entry whose interface does not report a speed (virtual NICs, Wi-Fi).
+drop after 3 rounds is 0.2^3 of it (a link down to a fifth is then estimated 3% high; at 0.3 it
+would be 34% of the drop); ``LIMITED`` must sit below the ratio of ACK-timed to paced rate that
+an uncongested link shows (1.0 where the hosts keep up with the pace) and above what a congested
+link delivers; ``STALE_ROUNDS`` trades how soon a peer too slow to be sent anything is probed
+again against what probing a link that stays slow costs; ``default_rate`` only matters for a
+peer without a topology entry whose interface does not report a speed (virtual NICs, Wi-Fi).
 """
 
 from __future__ import annotations
