@@ -32,7 +32,7 @@ class TestbedNetwork:
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stack.close()
+        self._stack.__exit__(*exc)  # on failure the peers are stopped, not waited for
 
     def __call__(self, rnd: int, src: np.ndarray, dst: np.ndarray, pace: np.ndarray, size: float) -> np.ndarray:
         for b in self.bursts:
