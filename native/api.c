@@ -490,6 +490,12 @@ int p2p_send_receiver_stats(p2p_send *s, uint32_t i, p2p_receiver_stats *out, do
      * rate, while a link slower than the pacing caps it (what bandwidth estimates need). */
     double arrived = (double)r->peer_total * s->chunk;
     out->delivery_rate = out->elapsed_s > 0 ? arrived / out->elapsed_s : 0;
+    /* Datagrams the receiver counted between its first and latest first-pass replies, over the time
+     * between them, in wire bytes (as pacing and link rates count them). */
+    uint32_t spread = r->ack_last_total - r->ack_first_total;
+    if (spread >= ACK_RATE_MIN_DGRAMS && r->ack_last_ns > r->ack_first_ns)
+        out->ack_rate = (double)spread * (double)(WIRE_HDR + s->chunk + WIRE_OVERHEAD) /
+                        ((double)(r->ack_last_ns - r->ack_first_ns) / 1e9);
     out->loss_rate = r->sent ? 1.0 - (double)r->peer_total / (double)r->sent : 0;
     if (out->loss_rate < 0) out->loss_rate = 0;
     out->rtt_s = (double)r->srtt_ns / 1e9;

@@ -13,6 +13,10 @@
 
 #define BIT_GET(bm, i) (((bm)[(i) >> 3] >> ((i) & 7)) & 1u)
 #define BIT_SET(bm, i) ((bm)[(i) >> 3] |= (uint8_t)(1u << ((i) & 7)))
+#define WIRE_OVERHEAD 42          /* IPv4 + UDP + Ethernet bytes on the link, for pacing and rates */
+/* Datagrams between the first and the last reply that an ACK-based rate needs: the receiver ACKs
+ * every 32, so two ACK intervals at least. */
+#define ACK_RATE_MIN_DGRAMS 64
 #define CNT(eng, field, n) __atomic_fetch_add(&(eng)->counters.field, (uint64_t)(n), __ATOMIC_RELAXED)
 
 enum tx_state { S_SEND, S_PROBE, S_CLOSE, S_DONE, S_JOIN };
@@ -37,6 +41,10 @@ struct txr {
     uint32_t tries, passes;
     uint64_t sent, retrans, peer_total;
     uint32_t peer_chunks;         /* chunks the receiver reported at DONE */
+    /* First pass, from the receiver's replies: when the first and the latest reported the count
+     * of datagrams received (the ACK-based delivery rate, see p2p_receiver_stats.ack_rate). */
+    uint64_t ack_first_ns, ack_last_ns;
+    uint32_t ack_first_total, ack_last_total;
     int error;                    /* errno of a send the kernel refused (result UNREACHABLE), else 0 */
     uint8_t follows;              /* member: its passes are the group's (set until it leaves for unicast or ends) */
     uint8_t answered;             /* member: answered the probe that ended the group's pass */

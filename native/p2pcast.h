@@ -99,6 +99,9 @@ typedef struct {
     double delivered;             /* fraction of the message's chunks acknowledged */
     double elapsed_s;
     double delivery_rate;         /* bytes per second that reached the receiver (every pass) */
+    double ack_rate;              /* wire bytes/s arriving at the receiver in the first pass, from
+                                   * its ACKs' spread (datagrams counted / time between replies);
+                                   * not capped by the send's start or close; 0 = too few ACKs */
     double loss_rate;             /* 1 - received/sent datagrams */
     double rtt_s;                 /* smoothed probe round trip */
     int error;                    /* errno when the kernel refused to send there (UNREACHABLE), else 0 */
@@ -156,6 +159,9 @@ typedef struct {
     uint64_t mcast_datagrams_received; /* datagrams that arrived through a group */
     uint64_t mcast_refused;       /* announced messages this engine could not join the group of (got them by unicast) */
     uint64_t drop_not_member;     /* multicast DATA for a message not announced to this engine */
+    /* Gauges, not counters: incoming messages still being received now, and their bytes still to come. */
+    uint64_t receiving_messages;
+    uint64_t receiving_bytes;
 } p2p_counters;
 
 const char *p2p_last_error(void);
@@ -196,16 +202,18 @@ int p2p_fill(p2p_delivery *d, int mode, const p2p_segment *src, uint32_t nsrc);
 int p2p_delivery_fractions(const p2p_delivery *d, double *out, uint32_t nseg);
 
 /* ---- SELMCAST receiver selection (planner.c) ----
- * Peer i has available uplink[i] and downlink[i] (bytes/s) and sends message_bytes[i] this round.
+ * Peer i has available uplink[i] and downlink[i] (bytes/s) and sends message_bytes[i] this round;
+ * its uplink is free from up_start[i] seconds into the round (after its compute), its downlink
+ * from down_start[i] (after what is still arriving): a link carries rate * (T - start) by T.
  * The plan gives each live sender at least min(p, live - 1) distinct live receivers, never itself,
- * minimising T = the largest (uplink or downlink load) / capacity, then adding receivers beyond p
+ * minimising T = the latest start + load / capacity of any uplink or downlink, then adding receivers beyond p
  * while T does not grow. Application-level multicast (ip_multicast = 0) loads the sender's uplink
  * with one copy per receiver, IP multicast with one copy. max_fanout caps the receivers per sender
  * (0 = no cap, else >= p). Then every live peer still without a sender gets one by moving an edge
  * from a receiver that has two or more, where its downlink takes the message by T (1 + mixing_slack)
  * (0: T does not grow). (seed, round) break ties, so that each round leaves out other peers.
- * Rates and sizes must be finite and >= 0, and > 0 for live peers (alive[i] != 0).
- * On success *out owns its arrays: free them with p2p_plan_free. */
+ * Rates and sizes must be finite and >= 0, and > 0 for live peers (alive[i] != 0); starts finite
+ * and >= 0. On success *out owns its arrays: free them with p2p_plan_free. */
 typedef struct {
     int n;
     double time;                  /* T(plan), seconds */
@@ -214,8 +222,8 @@ typedef struct {
 } p2p_plan;
 
 int p2p_plan_make(int n, const double *uplink, const double *downlink, const double *message_bytes,
-                  const uint8_t *alive, int p, int max_fanout, double mixing_slack, int ip_multicast, uint64_t seed,
-                  uint64_t round, p2p_plan *out);
+                  const double *up_start, const double *down_start, const uint8_t *alive, int p, int max_fanout,
+                  double mixing_slack, int ip_multicast, uint64_t seed, uint64_t round, p2p_plan *out);
 void p2p_plan_free(p2p_plan *plan);
 
 /* ---- Mask-aware merging (merge.c) ----

@@ -38,6 +38,7 @@ struct planner {
     double mixing_slack;        /* step 3 may let T grow by this fraction to give a peer a sender */
     int equal;                  /* all live messages equal: fan-in counts whole messages, exactly */
     const double *up, *down, *msg;
+    const double *up_start, *down_start; /* seconds into the round before each link is free */
     const uint8_t *alive;
     uint64_t *rank;             /* random tie-break per peer, from (seed, round) */
     uint64_t shuffle_seed;      /* for step 1's random orders, also from (seed, round) */
@@ -115,9 +116,14 @@ static void heap_remove(struct planner *pl, int v) {
     sift_down(pl, pl->pos[last]);
 }
 
+/* Time a link has within T once it is free (0 if it never is). */
+static double window(double T, double start) {
+    return T > start ? T - start : 0.0;
+}
+
 /* What receiver j's downlink takes by T: messages (equal sizes) or bytes. */
 static double fanin(const struct planner *pl, int j, double T) {
-    double bytes = pl->down[j] * T * (1 + REL_EPS);
+    double bytes = pl->down[j] * window(T, pl->down_start[j]) * (1 + REL_EPS);
     return pl->equal ? floor(bytes / pl->msg[j]) : bytes;
 }
 
@@ -163,7 +169,8 @@ static void heapify(struct planner *pl) {
 
 /* Receivers sender i may have at T: what its uplink carries by T, at most live - 1 and max_fanout. */
 static int fanout(const struct planner *pl, int i, double T) {
-    double c = pl->ip_multicast ? INFINITY : floor(pl->up[i] * T * (1 + REL_EPS) / pl->msg[i]);
+    double c = pl->ip_multicast ? (T > pl->up_start[i] ? INFINITY : 0)
+                                : floor(pl->up[i] * window(T, pl->up_start[i]) * (1 + REL_EPS) / pl->msg[i]);
     int lim = pl->live - 1;
     if (pl->max_fanout > 0 && pl->max_fanout < lim) lim = pl->max_fanout;
     return c < lim ? (int)c : lim;
@@ -238,26 +245,28 @@ static double current_time(struct planner *pl) {
     for (int t = 0; t < pl->live; t++) {
         int i = pl->by_size_desc[t], k = pl->p + pl->nextra_of[i];
         if (k == 0) continue;
-        T = fmax(T, (pl->ip_multicast ? 1 : k) * pl->msg[i] / pl->up[i]);
+        T = fmax(T, pl->up_start[i] + (pl->ip_multicast ? 1 : k) * pl->msg[i] / pl->up[i]);
         for (int r = 0; r < pl->p; r++) down_load[pl->base[(size_t)i * pl->p + r]] += pl->msg[i];
         for (int r = 0; r < pl->nextra_of[i]; r++) down_load[pl->extra[pl->extra_at[i] + r]] += pl->msg[i];
     }
     for (int j = 0; j < pl->n; j++)
-        if (down_load[j] > 0) T = fmax(T, down_load[j] / pl->down[j]);
+        if (down_load[j] > 0) T = fmax(T, pl->down_start[j] + down_load[j] / pl->down[j]);
     return T;
 }
 
-/* No T below this can work: a sender's own uplink, and all bytes over all downlinks. */
+/* No T below this can work: a sender's own uplink after its start, and all bytes over all
+ * downlinks from the earliest downlink start. */
 static double lower_bound(const struct planner *pl) {
-    double T = 0, bytes = 0, down = 0;
+    double T = 0, bytes = 0, down = 0, first = INFINITY;
     if (pl->p == 0) return 0;
     for (int t = 0; t < pl->live; t++) {
         int i = pl->by_size_desc[t];
-        T = fmax(T, (pl->ip_multicast ? 1 : pl->p) * pl->msg[i] / pl->up[i]);
+        T = fmax(T, pl->up_start[i] + (pl->ip_multicast ? 1 : pl->p) * pl->msg[i] / pl->up[i]);
         bytes += pl->p * pl->msg[i];
         down += pl->down[i];
+        first = fmin(first, pl->down_start[i]);
     }
-    return fmax(T, bytes / down);
+    return fmax(T, first + bytes / down);
 }
 
 /* Here every receiver can take every sender, so step 1's greedy cannot fail. */
@@ -266,7 +275,7 @@ static double upper_bound(const struct planner *pl) {
     for (int t = 0; t < pl->live; t++) bytes += pl->msg[pl->by_size_desc[t]];
     for (int t = 0; t < pl->live; t++) {
         int j = pl->by_size_desc[t];
-        T = fmax(T, (bytes - pl->msg[j]) / pl->down[j]);
+        T = fmax(T, pl->down_start[j] + (bytes - pl->msg[j]) / pl->down[j]);
     }
     return T;
 }
@@ -368,9 +377,18 @@ static int check_array(const double *v, int n, const uint8_t *alive, const char 
     return 0;
 }
 
-static int validate(int n, const double *up, const double *down, const double *msg,
-                    const uint8_t *alive, int p, int max_fanout, double mixing_slack, const p2p_plan *out) {
-    if (!up || !down || !msg || !alive || !out) return set_error(EINVAL, "plan: NULL argument");
+/* Start times: finite, >= 0 (0 for a live peer is fine: its link is free from the start). */
+static int check_starts(const double *v, int n, const char *name) {
+    for (int i = 0; i < n; i++)
+        if (!isfinite(v[i]) || v[i] < 0) return set_error(EINVAL, "%s[%d] = %g: must be finite and >= 0", name, i, v[i]);
+    return 0;
+}
+
+static int validate(int n, const double *up, const double *down, const double *msg, const double *up_start,
+                    const double *down_start, const uint8_t *alive, int p, int max_fanout, double mixing_slack,
+                    const p2p_plan *out) {
+    if (!up || !down || !msg || !up_start || !down_start || !alive || !out)
+        return set_error(EINVAL, "plan: NULL argument");
     if (n <= 0) return set_error(EINVAL, "plan: n must be > 0, got %d", n);
     if (p < 0) return set_error(EINVAL, "plan: p must be >= 0, got %d", p);
     if (max_fanout < 0 || (max_fanout > 0 && max_fanout < p))
@@ -379,7 +397,8 @@ static int validate(int n, const double *up, const double *down, const double *m
         return set_error(EINVAL, "plan: mixing_slack must be in [0, 1e6], got %g", mixing_slack);
     int rc;
     if ((rc = check_array(up, n, alive, "uplink")) || (rc = check_array(down, n, alive, "downlink")) ||
-        (rc = check_array(msg, n, alive, "message_bytes")))
+        (rc = check_array(msg, n, alive, "message_bytes")) || (rc = check_starts(up_start, n, "up_start")) ||
+        (rc = check_starts(down_start, n, "down_start")))
         return rc;
     return 0;
 }
@@ -436,14 +455,16 @@ static int planner_init(struct planner *pl, uint64_t seed, uint64_t round) {
 }
 
 int p2p_plan_make(int n, const double *uplink, const double *downlink, const double *message_bytes,
-                  const uint8_t *alive, int p, int max_fanout, double mixing_slack, int ip_multicast, uint64_t seed,
-                  uint64_t round, p2p_plan *out) {
-    int rc = validate(n, uplink, downlink, message_bytes, alive, p, max_fanout, mixing_slack, out);
+                  const double *up_start, const double *down_start, const uint8_t *alive, int p, int max_fanout,
+                  double mixing_slack, int ip_multicast, uint64_t seed, uint64_t round, p2p_plan *out) {
+    int rc = validate(n, uplink, downlink, message_bytes, up_start, down_start, alive, p, max_fanout, mixing_slack,
+                      out);
     if (rc) return rc;
     memset(out, 0, sizeof *out);
     struct planner pl = {.n = n, .p = p, .max_fanout = max_fanout, .mixing_slack = mixing_slack,
                          .ip_multicast = ip_multicast != 0,
-                         .up = uplink, .down = downlink, .msg = message_bytes, .alive = alive};
+                         .up = uplink, .down = downlink, .msg = message_bytes, .up_start = up_start,
+                         .down_start = down_start, .alive = alive};
     if ((rc = planner_init(&pl, seed, round)) || (rc = solve(&pl, &out->time))) goto done;
     out->n = n;
     out->offsets = malloc(sizeof(int64_t) * ((size_t)n + 1));

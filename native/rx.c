@@ -100,6 +100,8 @@ static void rx_unlink_free(p2p_engine *eng, struct rx *m) {
     eng->rx_open--;
     eng->rx_claimed -= m->cap;
     if (m->group >= 0) mcast_release(&eng->mc, m->group, now_ns());
+    CNT(eng, receiving_messages, -1);
+    CNT(eng, receiving_bytes, -(m->cap - (uint64_t)m->received * m->chunk));
     free(m->base);
     free(m->bitmap);
     free(m);
@@ -256,6 +258,8 @@ static struct rx *rx_create(p2p_engine *eng, const struct wire_hdr *h, const str
     eng->rxs = m;
     eng->rx_open++;
     eng->rx_claimed += m->cap;
+    CNT(eng, receiving_messages, 1);
+    CNT(eng, receiving_bytes, m->cap);
     return m;
 }
 
@@ -321,6 +325,7 @@ void rx_on_data(p2p_engine *eng, const struct wire_hdr *h, const struct sockaddr
         memcpy(m->flat + off, payload, len);
         BIT_SET(m->bitmap, h->chunk);
         m->received++;
+        CNT(eng, receiving_bytes, -(uint64_t)m->chunk);
         if (h->chunk < m->meta_chunks) m->meta_received++;
         if (m->meta_received == m->meta_chunks && h->chunk < m->meta_chunks) {
             uint64_t dl;

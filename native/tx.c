@@ -18,7 +18,6 @@
 #define UDP_SEGMENT 103
 #endif
 
-#define WIRE_OVERHEAD 42          /* IPv4 + UDP + Ethernet bytes on the link, for pacing */
 #define MAX_DGRAMS 256            /* datagrams per sendmmsg */
 #define MAX_MSGS 64
 #define MAX_GSO_SEGS 64
@@ -557,6 +556,20 @@ static int pump_receiver(p2p_engine *eng, struct p2p_send *s, struct txr *r, int
     return dgrams;
 }
 
+/* A first-pass reply saying the receiver has `total` datagrams of the message: the spread of these
+ * over time is the rate at which datagrams reached it, whatever the pacing and whatever the close
+ * handshake cost (a delivery-rate estimate from ACK arrivals). Later passes wait on probes first. */
+static void note_arrivals(struct txr *r, uint32_t total, uint64_t now) {
+    if (r->pass != 0 || total == 0) return;
+    if (!r->ack_first_ns) {
+        r->ack_first_ns = r->ack_last_ns = now;
+        r->ack_first_total = r->ack_last_total = total;
+    } else if (total > r->ack_last_total) {
+        r->ack_last_ns = now;
+        r->ack_last_total = total;
+    }
+}
+
 static void on_ack(p2p_engine *eng, struct p2p_send *s, struct txr *r, const struct wire_hdr *h,
                    const uint8_t *body, size_t blen, uint64_t now) {
     struct ack_body a;
@@ -593,6 +606,7 @@ static void on_ack(p2p_engine *eng, struct p2p_send *s, struct txr *r, const str
         r->last_ack_ns = now;
     }
     if (a.total > r->peer_total) r->peer_total = a.total;
+    note_arrivals(r, a.total, now);
     int final = (a.flags & ACK_FINAL) && a.pass == r->pass;
     if (final) {
         uint64_t rtt = now - r->probe_ns;
@@ -618,6 +632,7 @@ static void on_done(p2p_engine *eng, struct p2p_send *s, struct txr *r, const ui
         for (uint32_t k = 0; k < s->nchunks; k++) mark_acked(s, r, k);
     if (d.total > r->peer_total) r->peer_total = d.total;
     if (r->follows && d.total) r->reached = 1; /* all it got came through the group */
+    note_arrivals(r, d.total, now);
     r->peer_chunks = d.chunks;
     int result = r->state == S_CLOSE ? r->result : P2P_SEND_EARLY_CLOSED;
     if (r->nacked == s->nchunks) result = P2P_SEND_EXACT;

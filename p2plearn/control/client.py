@@ -256,21 +256,23 @@ class Client:
         return self.donor
 
     def report(self, clock: int, *, loss: float | None = None, step_time: float | None = None,
-               saturated: bool = False, links: Mapping[int, Mapping[str, float]] | None = None,
+               links: Mapping[int, Mapping[str, float]] | None = None, load: Mapping[str, float] | None = None,
                message_bytes: int | None = None) -> None:
         """Report a finished round (one-way, never waits; dropped while no coordinator is reachable).
 
         ``clock``: rounds this peer has completed; ``loss``: training loss (for the progress
         line); ``step_time``: seconds of the round; ``links[receiver]``: what the engine measured
-        towards it: ``rate`` (bytes/s delivered), ``loss`` (0..1), ``bytes``,
-        ``in_flight_bytes``, ``in_flight_msgs``; ``saturated``: the engine had data queued for
-        the whole send (see ``estimator`` for why it matters); ``message_bytes``: the size of
-        this peer's message (the plans weigh it).
+        towards it: ``paced`` (the pacing rate, bytes/s; 0 = unpaced), ``rate`` (the ACK-based
+        delivery rate, bytes/s; 0 = too short to time), ``probe`` (the end(s) the flow probed)
+        (see ``estimator``);
+        ``load``: this peer's ``compute_s``, ``merge_s``, ``backlog``, ``in_flight_bytes`` and
+        ``in_flight_msgs`` (see ``GlobalView``); ``message_bytes``: the size of this peer's
+        message (the plans weigh it).
         """
         self._check()
         self._clock = max(self._clock, int(clock))
         body = {"type": p.REPORT, "rank": self.rank, "session": self._session, "clock": int(clock),
-                "loss": loss, "step_time": step_time, "saturated": saturated, "message_bytes": message_bytes,
+                "loss": loss, "step_time": step_time, "message_bytes": message_bytes, "load": dict(load or {}),
                 "links": {str(j): dict(s) for j, s in (links or {}).items()}}
         if self._failing_over:
             self.dropped_reports += 1

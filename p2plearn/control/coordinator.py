@@ -22,7 +22,7 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -34,11 +34,12 @@ from . import protocol as p
 from .detector import PhiAccrualDetector
 from .estimator import BandwidthEstimator
 from .membership import Member
-from .view import GlobalView
+from .view import PLANNING_INPUTS, GlobalView
 
 log = logging.getLogger("p2plearn.control")
 
 VIEW_LEAD = 2        # a new view applies this many rounds after the fastest reported clock
+LOAD = ("compute_s", "merge_s", "backlog", "in_flight_bytes", "in_flight_msgs")  # per peer, from its reports
 
 
 @dataclass(frozen=True)
@@ -104,6 +105,7 @@ class Coordinator:
         self._min_clock = 0
         self._max_clock = 0
         self._message_bytes: dict[int, float] = {}
+        self._load: dict[int, dict[str, float]] = {}  # rank -> its latest reported load (LOAD)
         self._last_loss: float | None = None
         self._published: GlobalView | None = None
         self._view_version = 0
@@ -382,7 +384,8 @@ class Coordinator:
         self._resumed = True
         view = GlobalView.from_blobs(resume["view"], blobs) if resume.get("view") else None
         if view is not None:
-            self._estimator.seed(view.uplink, view.downlink)
+            self._estimator.seed({name: getattr(view, name) for name in
+                                  ("uplink", "downlink", "uplink_target", "downlink_target")})
             self._size = max(self._size, view.size)
             self._message_bytes.update({r: float(b) for r, b in enumerate(view.message_bytes) if b > 0})
         for d in resume.get("members", []):
@@ -434,7 +437,8 @@ class Coordinator:
         if not isinstance(links, dict):
             raise TypeError("links must be an object")
         links = {_rank(j): s for j, s in links.items() if isinstance(s, dict)}
-        self._estimator.observe(member.rank, clock, links, bool(body.get("saturated")))
+        self._estimator.observe(member.rank, clock, links)
+        self._load[rank] = _load(body.get("load"))
         self._advance_clock()
         return None
 
@@ -497,15 +501,19 @@ class Coordinator:
             # the member but not its engine would skip it while the member waited for its message.
             alive[r], clock[r] = m.engine is not None, m.clock
         sizes = np.array([self._message_bytes.get(r, 0.0) for r in range(self._size)])
+        load = {name: np.array([self._load.get(r, {}).get(name, 0.0) for r in range(self._size)]) for name in LOAD}
         return GlobalView(round=self._min_clock, alive=alive, clock=clock, message_bytes=sizes, term=self.term,
                           version=self._view_version, from_round=self._view_from,
-                          **self._estimator.arrays(self._size))
+                          **self._estimator.arrays(self._size), **load)
 
     def _publish_view(self) -> None:
-        """Push the view; a new version when a planning input changed, applying from a round the
-        fastest peer has not planned yet (before the first round: from round 0)."""
+        """Push the view; a new version when a planning input changed materially (``plans_like``),
+        applying from a round the fastest peer has not planned yet (before the first round: from
+        round 0); else the published version with its planning inputs, and what else is new."""
         view = self._view()
-        if not view.same_plan_inputs(self._published):
+        if view.plans_like(self._published):
+            view = replace(view, **{name: getattr(self._published, name) for name in PLANNING_INPUTS})
+        else:
             self._view_version += 1
             self._view_from = self._max_clock + VIEW_LEAD if self._max_clock else 0
             view = self._view()
@@ -529,7 +537,7 @@ class Coordinator:
         del self._sessions[rank], self._detectors[rank]
         self._awaiting_state.discard(rank)
         self._connections = {i: r for i, r in self._connections.items() if r != rank}
-        self._estimator.forget(rank)
+        self._load.pop(rank, None)  # what it computed and received no longer loads anyone
         self._epoch += 1
         self._publish(p.MEMBER, event=event, epoch=self._epoch, member=member.to_dict())
         if not self._advance_clock():
@@ -564,6 +572,18 @@ def _rank(value: Any) -> int:
     if not 0 <= rank < 1 << 20:
         raise ValueError(f"rank {rank} is out of range")
     return rank
+
+
+def _load(value: Any) -> dict[str, float]:
+    """A peer's reported load: the LOAD entries that are finite numbers >= 0 (else 0: nothing known)."""
+    out = {}
+    for name in LOAD:
+        try:
+            x = float((value or {}).get(name, 0.0))
+        except (TypeError, ValueError, AttributeError):
+            x = 0.0
+        out[name] = x if 0 <= x < float("inf") else 0.0
+    return out
 
 
 def _link_rate(value: Any) -> float | None:

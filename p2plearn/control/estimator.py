@@ -1,38 +1,69 @@
-"""Per-peer estimates of available bandwidth and load, seeded from a topology, corrected by measurement.
+"""Per-peer estimates of available bandwidth, seeded from a topology, corrected by what receivers saw.
+
+Units: every rate here is in wire bytes/s, frames as a link counts them (the topology's rates, the
+pacing rates and the engine's ACK-based rates alike).
 
 The estimator (documented here because selection relies on its behaviour):
 
 - Seed: ``uplink[i]`` / ``downlink[i]`` from the topology when one is given, else the line rate of
   the interface peer ``i`` registered from (``p2plearn.transport.nic``: a NIC's negotiated speed,
-  10 Gbit/s on loopback), else ``default_rate``.
-- Every round each sender reports, per receiver, the rate it delivered (bytes/s), the loss,
-  and what it still has in flight; plus ``saturated``: its engine had data queued for the whole
-  send, so the network, not the application, set the pace.
-- Uplink of sender ``i``: a *saturated* report gives the sample ``sum_j rate[i, j]`` and the
-  estimate moves towards it by EWMA (``est += alpha * (sample - est)``), up or down.
-- Downlink of receiver ``j``, once per round (all live peers have reported it): the sample is
-  ``sum_i rate[i, j]`` over the senders of that round; it counts only when every one of those
-  senders was saturated *and* their mean loss towards ``j`` is at least ``loss_threshold``
-  (drops at ``j``'s port say that ``j``, not the senders, set the pace).
-- An unsaturated sample is ignored: an application-limited rate says what was offered, not
-  what the link can carry, so a measured rate moves the estimate only when the link was
-  saturated. (Consequence: without saturation the seed stands; that is intended.)
-- Load of ``j``: bytes and messages in flight towards ``j``, summed over every sender's latest
-  report; a sender that dies or leaves stops counting.
+  10 Gbit/s on loopback), else ``default_rate``. The seed is also the end's *line* rate.
+- Every round each sender reports, per receiver ``j``: ``paced`` (the rate it paced the flow at,
+  0 = unpaced) and ``rate`` (the engine's ACK-based delivery rate: what arrived at ``j`` in the
+  first pass, timed by the spread of ``j``'s ACKs; 0 when the transfer was too short to time).
+  A flow is *limited* when ``rate < LIMITED * paced``: the network, not our pacing, set its pace.
+- Once every live peer has reported a round (``close_round``), every end gets one sample from
+  that round's measured flows: the uplink of ``i`` the sum of ``rate[i, j]`` over its flows, the
+  downlink of ``j`` the sum of ``rate[i, j]`` over its incoming flows (the flows of a round run
+  at about the same time; senders far apart in time overstate a downlink's sum until its flows
+  are limited again, which then corrects it).
+- Which end a limited flow is put on: a probe (see below) on the end it probed, unless the other
+  end carried LIMITED of its estimate or more (the probe overfilled it, which says nothing of the
+  probed end); another flow on the end of it that was limited with more partners (the other
+  end's limit explains it), on both if as many. Such an ambiguous sample (p = 1 plans leave one
+  flow per end) waits for the end's next one and counts only if that one is a bottleneck too;
+  then both count, so a slow end still falls within 3 rounds and an innocent partner keeps its
+  estimate (an end already limited takes it at once). This keeps one slow receiver from
+  lowering its senders' uplinks (it is limited with all of them, each of them with one
+  receiver) and one slow sender from lowering its receivers' downlinks.
+- When the flows put on an end carried more than half of what it was offered (by their paces),
+  the end was their shared bottleneck and the sample is its rate: the estimate moves towards it
+  by ``alpha``, down or up. Otherwise the end carried at least the sample: the estimate rises to
+  it at once and never falls.
+- Pacing runs at 0.95 of the plan's share, so without probes a sample never exceeds the
+  estimate. Each end has a probe *target*, the rate its next probe offers (the planner plans and
+  paces a probed end at it, see ``selection.view.NetworkView.probed``): the line rate at first;
+  each bottleneck sample brings it halfway down to the estimate, never below ``PROBE_FLOOR``
+  times the estimate nor above the line rate (a link that stays slow is probed ever more gently);
+  a sample that raises the estimate sends it back to the line rate (a link that came back may
+  have come back whole). An end whose age (below) exceeds ``STALE_ROUNDS`` (a peer too slow to
+  be given a message gets no sample) is probed at its line rate.
+- Uncertainty per end, in the view: ``age`` (rounds since a sample last tested the estimate: a
+  bottleneck, or one that raised it; the seed counts as round -1) and ``noise`` (an EWMA, weight
+  ``NOISE_ALPHA``, of |sample - estimate| / estimate over bottleneck samples).
 
-Tuning: ``alpha`` (0..1] trades reaction speed against noise (0.3 follows a changed link in
-about 5 rounds); ``loss_threshold`` should sit above the random loss of the network and below
-the loss that congestion causes; ``default_rate`` only matters for a peer without a topology
-entry whose interface does not report a speed (virtual NICs, Wi-Fi).
+Tuning: ``alpha`` (0..1] trades reaction speed against noise: at 0.8 what is left of a sustained
+drop after 3 rounds is 0.2^3 of it (a link down to a fifth is then estimated 3% high; at 0.3 it
+would be 34% of the drop); ``LIMITED`` must sit below the ratio of ACK-timed to paced rate that
+an uncongested link shows (1.0 where the hosts keep up with the pace) and above what a congested
+link delivers; ``STALE_ROUNDS`` trades how soon a peer too slow to be sent anything is probed
+again against what probing a link that stays slow costs; ``default_rate`` only matters for a
+peer without a topology entry whose interface does not report a speed (virtual NICs, Wi-Fi).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
+LIMITED = 0.8        # a flow that delivered below this fraction of its pace met a bottleneck
+NOISE_ALPHA = 0.2    # EWMA weight of a new bottleneck sample's relative deviation
+PROBE_FLOOR = 1.25   # a probe offers at least this times the estimate (BBR's probing gain)
+STALE_ROUNDS = 2     # an end unmeasured for more rounds than this is probed at its line rate
 
 
 def seed_rates(topology: Any) -> dict[int, tuple[float, float]]:
@@ -62,82 +93,136 @@ def rates_from_file(path: str) -> dict[int, tuple[float, float]]:
     return seed_rates(load(path))
 
 
+@dataclass
+class LinkEstimate:
+    """One end (a peer's uplink or downlink): its estimate and how much to trust it."""
+
+    rate: float             # wire bytes/s
+    line: float             # the seed, or the highest estimate since
+    target: float = 0.0     # what the next probe offers (0: the line rate)
+    tested: int = -1        # round of the last sample that tested the estimate (-1: the seed)
+    noise: float = 0.0      # EWMA of |sample - estimate| / estimate
+    pending: float = 0.0    # an ambiguous bottleneck sample waiting for a second one (0: none)
+    limited: bool = False   # the last sample was a bottleneck
+
+    def __post_init__(self) -> None:
+        self.target = self.target or self.line
+
+    def sample(self, value: float, bottleneck: bool, round: int, alpha: float, ambiguous: bool = False) -> None:
+        if bottleneck or value > self.rate:
+            self.tested = round  # a flow at its pace below the estimate tested nothing
+        if bottleneck and ambiguous and not (self.limited or self.pending):
+            self.pending = value  # the partner may be the one to blame: wait for another round
+            return
+        if bottleneck and self.pending:
+            self._bottleneck(self.pending, alpha)
+        self.pending = 0.0
+        self.limited = bottleneck
+        if bottleneck:
+            self._bottleneck(value, alpha)
+        elif value > self.rate:
+            self.rate = value
+            self.target = self.line
+        self.line = max(self.line, self.rate)
+        self.target = max(self.target, self.rate)
+
+    def _bottleneck(self, value: float, alpha: float) -> None:
+        self.noise += NOISE_ALPHA * (abs(value - self.rate) / self.rate - self.noise)
+        self.rate += alpha * (value - self.rate)
+        self.target = min(self.line, max(PROBE_FLOOR * self.rate, (self.target + self.rate) / 2))
+
+
 class BandwidthEstimator:
-    """Bandwidth and load estimates per rank (see the module docstring for the rules).
+    """Bandwidth estimates per rank (see the module docstring for the rules).
 
     ``rates``: seed from ``seed_rates``; ``default_rate``: bytes/s assumed for a rank with no
-    seed (1.25e8 = 1 Gbit/s); ``alpha``: EWMA weight of a new sample; ``loss_threshold``: mean
-    loss towards a receiver above which its downlink is taken as the bottleneck.
+    seed (1.25e8 = 1 Gbit/s); ``alpha``: how far a bottleneck sample moves the estimate.
     """
 
     def __init__(self, rates: Mapping[int, tuple[float, float]] | None = None, *,
-                 default_rate: float = 1.25e8, alpha: float = 0.3, loss_threshold: float = 0.01) -> None:
+                 default_rate: float = 1.25e8, alpha: float = 0.8) -> None:
         self.default_rate = default_rate
         self.alpha = alpha
-        self.loss_threshold = loss_threshold
-        self.uplink: dict[int, float] = {r: up for r, (up, _) in (rates or {}).items()}
-        self.downlink: dict[int, float] = {r: down for r, (_, down) in (rates or {}).items()}
-        # sender -> receiver -> (bytes, messages) in flight, from the sender's latest report
-        self._in_flight: dict[int, dict[int, tuple[float, float]]] = {}
-        # round -> receiver -> [sum of rates, sum of losses, senders, all senders saturated]
-        self._incoming: dict[int, dict[int, list]] = defaultdict(dict)
+        self.uplink: dict[int, LinkEstimate] = {r: LinkEstimate(up, up) for r, (up, _) in (rates or {}).items()}
+        self.downlink: dict[int, LinkEstimate] = {r: LinkEstimate(d, d) for r, (_, d) in (rates or {}).items()}
+        # round -> flows: (sender, receiver, paced, rate, probes the uplink, probes the downlink)
+        self._flows: dict[int, list[tuple[int, int, float, float, bool, bool]]] = defaultdict(list)
+        self._closed = 0  # rounds closed so far (ages count from it)
 
-    def _ewma(self, table: dict[int, float], rank: int, sample: float) -> None:
-        est = table.get(rank, self.default_rate)
-        table[rank] = est + self.alpha * (sample - est)
-
-    def observe(self, sender: int, round: int, links: Mapping[int, Mapping[str, float]], saturated: bool) -> None:
-        """One sender's measurements of one round: ``links[receiver]`` has ``rate`` (bytes/s),
-        ``loss`` (0..1), ``in_flight_bytes`` and ``in_flight_msgs``."""
-        self._in_flight[sender] = {int(j): (float(s.get("in_flight_bytes", 0)), float(s.get("in_flight_msgs", 0)))
-                                   for j, s in links.items()}
-        if not links:
-            return
-        if saturated:
-            self._ewma(self.uplink, sender, sum(float(s.get("rate", 0.0)) for s in links.values()))
-        incoming = self._incoming[round]
+    def observe(self, sender: int, round: int, links: Mapping[int, Mapping[str, float]]) -> None:
+        """One sender's flows of one round: ``links[receiver]`` has ``paced`` and ``rate`` (bytes/s),
+        and ``probe``: the end(s) the flow probed ("uplink", "downlink", both or "")."""
+        flows = self._flows[round]
         for j, s in links.items():
-            acc = incoming.setdefault(int(j), [0.0, 0.0, 0, True])
-            acc[0] += float(s.get("rate", 0.0))
-            acc[1] += float(s.get("loss", 0.0))
-            acc[2] += 1
-            acc[3] = acc[3] and saturated
+            rate, paced, probe = float(s.get("rate", 0.0)), float(s.get("paced", 0.0)), str(s.get("probe", ""))
+            if 0 < rate < np.inf and 0 <= paced < np.inf:  # rate 0: too short to time
+                flows.append((sender, int(j), paced, rate, "uplink" in probe, "downlink" in probe))
 
     def close_round(self, round: int) -> None:
-        """Every live peer has reported ``round``: apply the downlink samples up to it."""
-        for r in [r for r in self._incoming if r <= round]:
-            for j, (rate, loss, senders, saturated) in self._incoming.pop(r).items():
-                if saturated and loss / senders >= self.loss_threshold:
-                    self._ewma(self.downlink, j, rate)
+        """Every live peer has reported ``round``: apply the samples of every round up to it."""
+        for r in sorted(r for r in self._flows if r <= round):
+            flows = self._flows.pop(r)
+            if not flows:
+                continue
+            src, dst, paced, rate, probe_up, probe_down = (np.array(c) for c in zip(*flows))
+            size = int(max(src.max(), dst.max())) + 1
+            limited = rate < LIMITED * np.where(paced > 0, paced, np.inf)
+            offered = np.where(paced > 0, paced, rate)  # unpaced: what it took
+            # A probe's limit is put on the end it probed, unless the other end was full (the probe
+            # overfilled it: that says nothing of the probed end); another limited flow on the end
+            # limited with more partners (on both if as many).
+            probe = probe_up | probe_down
+            plain = limited & ~probe
+            up_count = np.bincount(src, weights=plain, minlength=size)
+            down_count = np.bincount(dst, weights=plain, minlength=size)
+            up_full = np.bincount(src, weights=rate, minlength=size) >= LIMITED * self._rates(self.uplink, size)
+            down_full = np.bincount(dst, weights=rate, minlength=size) >= LIMITED * self._rates(self.downlink, size)
+            up_blamed = (plain & (up_count[src] >= down_count[dst])) | (limited & probe_up & ~down_full[dst])
+            down_blamed = (plain & (down_count[dst] >= up_count[src])) | (limited & probe_down & ~up_full[src])
+            tie = (up_count[src] == down_count[dst]) & ~probe
+            for table, ends, blamed in ((self.uplink, src, up_blamed), (self.downlink, dst, down_blamed)):
+                total = np.bincount(ends, weights=rate, minlength=size)
+                half = np.bincount(ends, weights=offered, minlength=size) / 2
+                bottleneck = np.bincount(ends, weights=offered * blamed, minlength=size) > half
+                clear = np.bincount(ends, weights=offered * (blamed & ~tie), minlength=size) > half
+                for end in np.unique(ends).tolist():
+                    self._estimate(table, end).sample(float(total[end]), bool(bottleneck[end]), r, self.alpha,
+                                                      ambiguous=not clear[end])
+        self._closed = max(self._closed, round)
 
-    def seed(self, uplink: np.ndarray, downlink: np.ndarray) -> None:
-        """Take over estimates held elsewhere (a predecessor's view, handed over by a peer)."""
-        self.uplink.update({r: float(u) for r, u in enumerate(uplink)})
-        self.downlink.update({r: float(d) for r, d in enumerate(downlink)})
+    def _rates(self, table: dict[int, LinkEstimate], size: int) -> np.ndarray:
+        return np.array([table[r].rate if r in table else self.default_rate for r in range(size)])
+
+    def _estimate(self, table: dict[int, LinkEstimate], rank: int) -> LinkEstimate:
+        if rank not in table:
+            table[rank] = LinkEstimate(self.default_rate, self.default_rate)
+        return table[rank]
+
+    def seed(self, estimates: Mapping[str, np.ndarray]) -> None:
+        """Take over estimates held elsewhere (a predecessor's view, handed over by a peer):
+        ``uplink``, ``downlink`` and their ``_target`` arrays. A line rate this estimator was
+        seeded with (the topology) stays; else the target stands in for it."""
+        for name, table in (("uplink", self.uplink), ("downlink", self.downlink)):
+            for r, (rate, target) in enumerate(zip(estimates[name], estimates[f"{name}_target"])):
+                line = max(float(target), float(rate), table[r].line if r in table else 0.0)
+                table[r] = LinkEstimate(float(rate), line, target=float(max(target, rate)))
 
     def seed_link(self, rank: int, rate: float | None) -> None:
         """``rank``'s own interface rate (bytes/s; None: unknown) seeds both its estimates, unless a
         topology or earlier rounds already set them."""
         if rate is not None:
-            self.uplink.setdefault(rank, rate)
-            self.downlink.setdefault(rank, rate)
-
-    def forget(self, rank: int) -> None:
-        """``rank`` is gone: what it had in flight no longer loads anyone."""
-        self._in_flight.pop(rank, None)
+            self.uplink.setdefault(rank, LinkEstimate(rate, rate))
+            self.downlink.setdefault(rank, LinkEstimate(rate, rate))
 
     def arrays(self, size: int) -> dict[str, np.ndarray]:
-        """``uplink``, ``downlink``, ``load`` (bytes), ``load_msgs`` as arrays of ``size`` ranks."""
-        load = np.zeros(size)
-        load_msgs = np.zeros(size)
-        for flights in self._in_flight.values():
-            for j, (nbytes, msgs) in flights.items():
-                if j < size:
-                    load[j] += nbytes
-                    load_msgs[j] += msgs
-        return {
-            "uplink": np.array([self.uplink.get(r, self.default_rate) for r in range(size)]),
-            "downlink": np.array([self.downlink.get(r, self.default_rate) for r in range(size)]),
-            "load": load,
-            "load_msgs": load_msgs,
-        }
+        """Per rank, for each of ``uplink`` and ``downlink``: the estimate (bytes/s), ``_target``
+        (the next probe's rate, bytes/s), ``_age`` (rounds) and ``_noise`` (relative)."""
+        out = {}
+        for name, table in (("uplink", self.uplink), ("downlink", self.downlink)):
+            ends = [table.get(r) or LinkEstimate(self.default_rate, self.default_rate) for r in range(size)]
+            out[name] = np.array([e.rate for e in ends])
+            age = np.array([self._closed - e.tested for e in ends], dtype=float)
+            out[f"{name}_target"] = np.where(age > STALE_ROUNDS, [e.line for e in ends], [e.target for e in ends])
+            out[f"{name}_age"] = age
+            out[f"{name}_noise"] = np.array([e.noise for e in ends])
+        return out

@@ -6,18 +6,34 @@ from dataclasses import dataclass
 
 import numpy as np
 
-_ARRAYS = ("uplink", "downlink", "load", "load_msgs", "alive", "clock", "message_bytes")
+_ARRAYS = ("uplink", "downlink", "uplink_target", "downlink_target", "uplink_age", "downlink_age",
+           "uplink_noise", "downlink_noise", "compute_s", "merge_s", "backlog", "in_flight_bytes",
+           "in_flight_msgs", "alive", "clock", "message_bytes")
 _DTYPES = {"alive": np.bool_, "clock": np.int64}
-PLANNING_INPUTS = ("uplink", "downlink", "load", "alive", "message_bytes")  # what a plan depends on
+# What a plan (and its pacing and probes) depends on: a new version only when one of these changes
+# materially. A new version costs a round of risk (a peer that has not received it yet plans with
+# the old one, and the two plans disagree), so noise must not make one: an input changes when it
+# moves by more than CHANGE of its published value plus the floor of its unit. Tuning: a larger
+# CHANGE keeps views steadier and plans further from the estimates (a burst moves a rate by far
+# more than 10%).
+PLANNING_INPUTS = ("uplink", "downlink", "uplink_target", "downlink_target", "compute_s", "merge_s", "backlog",
+                   "in_flight_bytes", "alive", "message_bytes")
+CHANGE = 0.1
+FLOOR = {"compute_s": 0.005, "merge_s": 0.005, "backlog": 1.0, "in_flight_bytes": 65536.0}
+EXACT = ("alive", "message_bytes")
 
 
 @dataclass(frozen=True)
 class GlobalView:
     """A snapshot of the job, one entry per rank (a rank never seen is not ``alive``).
 
-    - ``uplink`` / ``downlink``: estimated available bandwidth, bytes/s (see BandwidthEstimator);
-    - ``load``: bytes in flight towards each peer (sum over senders' latest reports);
-    - ``load_msgs``: messages in flight towards each peer;
+    - ``uplink`` / ``downlink``: estimated available bandwidth, wire bytes/s (see BandwidthEstimator);
+      ``*_target``: the rate the end's next probe offers (bytes/s); ``*_age``: rounds since the last
+      sample; ``*_noise``: relative deviation of recent samples (the estimates' uncertainty);
+    - load, from each peer's latest report: ``compute_s``, seconds of local work before its send
+      (its training step); ``merge_s``, seconds to merge one message; ``backlog``, messages it
+      received and has not merged yet; ``in_flight_bytes`` / ``in_flight_msgs``, what it is
+      still receiving (see ``NetworkView.from_global`` for how load enters a plan);
     - ``alive``: bool mask of live members;
     - ``clock``: each peer's last reported clock (rounds completed);
     - ``message_bytes``: the size of each peer's last message (0: not known yet);
@@ -32,8 +48,17 @@ class GlobalView:
     round: int
     uplink: np.ndarray
     downlink: np.ndarray
-    load: np.ndarray
-    load_msgs: np.ndarray
+    uplink_target: np.ndarray
+    downlink_target: np.ndarray
+    uplink_age: np.ndarray
+    downlink_age: np.ndarray
+    uplink_noise: np.ndarray
+    downlink_noise: np.ndarray
+    compute_s: np.ndarray
+    merge_s: np.ndarray
+    backlog: np.ndarray
+    in_flight_bytes: np.ndarray
+    in_flight_msgs: np.ndarray
     alive: np.ndarray
     clock: np.ndarray
     message_bytes: np.ndarray
@@ -50,9 +75,19 @@ class GlobalView:
         """Sort key: which of two views is newer."""
         return (self.from_round, self.term, self.version)
 
-    def same_plan_inputs(self, other: GlobalView | None) -> bool:
-        return other is not None and other.size == self.size and all(
-            np.array_equal(getattr(self, name), getattr(other, name)) for name in PLANNING_INPUTS)
+    def plans_like(self, other: GlobalView | None) -> bool:
+        """Whether ``other``'s planning inputs are this view's, up to changes that are not material
+        (see CHANGE): then ``other``, already published, goes on planning."""
+        if other is None or other.size != self.size:
+            return False
+        for name in PLANNING_INPUTS:
+            new, old = getattr(self, name), getattr(other, name)
+            if name in EXACT:
+                if not np.array_equal(new, old):
+                    return False
+            elif (np.abs(new - old) > CHANGE * np.abs(old) + FLOOR.get(name, 0.0)).any():
+                return False
+        return True
 
     def to_blobs(self) -> tuple[dict, list[bytes]]:
         """Header and raw frames for the wire (no JSON of large arrays)."""

@@ -8,7 +8,7 @@ from p2plearn.selection.base import SelectionPolicy
 from p2plearn.selection.fixed import AllToAll, Exponential, Ring
 from p2plearn.selection.random_p import RandomP
 from p2plearn.selection.selmcast import Selmcast
-from p2plearn.selection.view import PACING_HEADROOM, NetworkView, average_fanout, plan_flows, plan_time
+from p2plearn.selection.view import PACING_HEADROOM, NetworkView, average_fanout, flow_probes, plan_flows, plan_time
 
 POLICIES: dict[str, type[SelectionPolicy]] = {
     cls.name: cls for cls in (Selmcast, RandomP, AllToAll, Ring, Exponential)
@@ -24,5 +24,5 @@ def make_policy(name: str, seed: int = 0, **kw) -> SelectionPolicy:
     return cls(seed=seed, **kw)
 
 
-__all__ = ["POLICIES", "PACING_HEADROOM", "SelectionPolicy", "NetworkView", "average_fanout", "plan_flows", "plan_time", "make_policy",
+__all__ = ["POLICIES", "PACING_HEADROOM", "SelectionPolicy", "NetworkView", "average_fanout", "flow_probes", "plan_flows", "plan_time", "make_policy",
            "Selmcast", "RandomP", "AllToAll", "Ring", "Exponential"]

@@ -1,7 +1,7 @@
 """What selection sees of the network: per peer available uplink/downlink and message size."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -10,20 +10,55 @@ import numpy as np
 # At 1.0 the paced flows fill a link exactly, any extra byte queues, and a shallow switch buffer drops.
 PACING_HEADROOM = 0.95
 
+# Wire bytes per message byte on a 1500-byte MTU path: the engine's datagram carries 1416 bytes of
+# data behind a 56-byte header, plus 42 of IPv4 + UDP + Ethernet. Rates in a view are wire bytes/s
+# (links, pacing and the estimator count frames), so a view made from the control plane's counts a
+# message in wire bytes too; on paths with larger datagrams (loopback) it overstates by up to 7%.
+DATAGRAM_DATA, DATAGRAM_WIRE = 1416, 1416 + 56 + 42
+FRAMING = DATAGRAM_WIRE / DATAGRAM_DATA
+
+
+# Probing: planning and pacing an end above its estimate, so that a link that recovered from a
+# drop is found again (a sample never exceeds what was offered, and a peer too slow to be given a
+# message is not measured at all). Each peer's ends are probed in one round of every PROBE_EVERY
+# (offset by rank, so that probes spread over rounds), at the estimator's target for them, at most
+# MAX_PROBE_GAIN times the estimate. Tuning: a smaller PROBE_EVERY finds a recovered link sooner,
+# at more cost on links that stay slow (a probe round plans such a link at more than it carries:
+# its flows take up to the gain times longer); MAX_PROBE_GAIN bounds that cost per probe.
+PROBE_EVERY = 3
+MAX_PROBE_GAIN = 4.0
+
 
 @dataclass(frozen=True)
 class NetworkView:
-    """Arrays indexed by peer (rank).
+    """Arrays indexed by peer (rank). Rates in wire bytes/s, sizes in bytes, times in seconds.
 
-    uplink, downlink: available bandwidth in bytes/s (after subtracting current load).
+    uplink, downlink: available bandwidth (bytes/s).
     message_bytes: size of the message each peer sends this round (M_i).
     alive: peers that take part; dead ones neither send nor receive.
+    up_start, down_start: when, from the start of the round, a peer's uplink can start sending
+        (after its compute) and its downlink can start taking this round's messages (after
+        what is still arriving); None = 0 (the round's links are free from its start).
+    uplink_target, downlink_target: the rate each end's next probe offers (see `probed`); None =
+        no probes.
+    probing_up, probing_down: the ends this view probes (set by `probed`); None = none.
     """
 
     uplink: np.ndarray
     downlink: np.ndarray
     message_bytes: np.ndarray
     alive: np.ndarray
+    up_start: np.ndarray | None = None
+    down_start: np.ndarray | None = None
+    uplink_target: np.ndarray | None = None
+    downlink_target: np.ndarray | None = None
+    probing_up: np.ndarray | None = None
+    probing_down: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("up_start", "down_start"):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, np.zeros(len(self.uplink)))
 
     @property
     def n(self) -> int:
@@ -34,22 +69,47 @@ class NetworkView:
         ones = np.ones(n)
         return cls(ones * rate, ones * rate, ones * message_bytes, np.ones(n, dtype=bool))
 
+    def probed(self, round: int) -> "NetworkView":
+        """The view that plans and paces round `round`: the ends `probe_gains` picks for it raised
+        so that their flows, paced at PACING_HEADROOM of their share of it, offer gain x the
+        estimate (see `plan_flows`), and marked as probing."""
+        if self.uplink_target is None or self.downlink_target is None:
+            return self
+        up = probe_gains(self.uplink, self.uplink_target, round)
+        down = probe_gains(self.downlink, self.downlink_target, round)
+        if (up == 1).all() and (down == 1).all():
+            return self
+        return replace(self, uplink=np.where(up > 1, up * self.uplink / PACING_HEADROOM, self.uplink),
+                       downlink=np.where(down > 1, down * self.downlink / PACING_HEADROOM, self.downlink),
+                       probing_up=up > 1, probing_down=down > 1)
+
     @classmethod
     def from_global(cls, view, message_bytes) -> "NetworkView":
-        """From the control plane's GlobalView (uplink, downlink, load, alive) and this round's sizes.
+        """From the control plane's GlobalView and this round's sizes; load enters as start times:
 
-        The load (bytes in flight towards a peer) is subtracted from its downlink as the bandwidth
-        that it will take over the next second; a floor keeps every live peer selectable.
+        - up_start[i] = compute_s[i] + backlog[i] * merge_s[i]: a peer sends once it has computed
+          its step and merged the messages waiting for it (its CPU comes first);
+        - down_start[j] = max(in_flight_bytes[j] / downlink[j], min over live i of up_start[i]):
+          a downlink first drains what is still arriving, and takes nothing of this round before
+          the first sender starts.
+
+        Units: rates are wire bytes/s, so message sizes (bytes of data) become wire bytes (x FRAMING)
+        and loads seconds; a plan's T is then in seconds on the wire.
         """
         up = np.asarray(view.uplink, dtype=float)
         down = np.asarray(view.downlink, dtype=float)
-        down = np.maximum(down - np.asarray(view.load, dtype=float), 0.05 * down)
-        sizes = np.broadcast_to(np.asarray(message_bytes, dtype=float), up.shape).copy()
-        return cls(up, down, sizes, np.asarray(view.alive, dtype=bool))
+        alive = np.asarray(view.alive, dtype=bool)
+        up_start = np.asarray(view.compute_s, float) + np.asarray(view.backlog, float) * np.asarray(view.merge_s, float)
+        first = up_start[alive].min(initial=np.inf) if alive.any() else 0.0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            drain = np.where(down > 0, np.asarray(view.in_flight_bytes, float) / down, 0.0)
+        sizes = np.broadcast_to(np.asarray(message_bytes, dtype=float), up.shape) * FRAMING
+        return cls(up, down, sizes, alive, up_start, np.maximum(drain, first),
+                   np.asarray(view.uplink_target, float), np.asarray(view.downlink_target, float))
 
 
 def plan_time(view: NetworkView, plan: dict[int, list[int]], ip_multicast: bool = False) -> float:
-    """T(plan): the largest uplink or downlink load divided by its capacity, in seconds.
+    """T(plan), seconds: the latest end of any uplink's or downlink's work, start + load / capacity.
 
     Application-level multicast: sender i's uplink carries |R_i| M_i; with IP multicast one M_i.
     Receiver j's downlink carries the sum of M_i over the senders that chose j.
@@ -63,14 +123,35 @@ def plan_time(view: NetworkView, plan: dict[int, list[int]], ip_multicast: bool 
         for j in rs:
             down_load[j] += view.message_bytes[i]
     with np.errstate(divide="ignore", invalid="ignore"):
-        t_up = np.where(up_load > 0, up_load / view.uplink, 0.0)
-        t_down = np.where(down_load > 0, down_load / view.downlink, 0.0)
+        t_up = np.where(up_load > 0, view.up_start + up_load / view.uplink, 0.0)
+        t_down = np.where(down_load > 0, view.down_start + down_load / view.downlink, 0.0)
     return float(max(t_up.max(initial=0.0), t_down.max(initial=0.0)))
 
 
 def average_fanout(plan: dict[int, list[int]]) -> float:
     """Average p: receivers per sender, over the senders in the plan."""
     return float(np.mean([len(r) for r in plan.values()])) if plan else 0.0
+
+
+def probe_gains(rate: np.ndarray, target: np.ndarray, round: int) -> np.ndarray:
+    """Per peer, how far above its estimate `rate` an end is probed in `round` (1: not probed): the
+    ends of one peer in PROBE_EVERY rounds, by rank, at target / rate, at most MAX_PROBE_GAIN; an
+    end whose target lies within the pacing headroom of its estimate is not probed."""
+    gain = np.ones(len(rate))
+    due = (round + np.arange(len(rate))) % PROBE_EVERY == 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        room = np.minimum(np.asarray(target, float) / rate, MAX_PROBE_GAIN)
+    probe = due & (room * PACING_HEADROOM > 1.0)
+    gain[probe] = room[probe]
+    return gain
+
+
+def flow_probes(view: NetworkView, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per flow: whether it probes its sender's uplink, and whether it probes its receiver's
+    downlink, in `view` (a `probed` one); the estimator puts a probe's limit on the end it probed."""
+    none = np.zeros(len(src), dtype=bool)
+    return (none if view.probing_up is None else view.probing_up[src],
+            none if view.probing_down is None else view.probing_down[dst])
 
 
 def plan_flows(view: NetworkView, plan: dict[int, list[int]],
@@ -84,6 +165,13 @@ def plan_flows(view: NetworkView, plan: dict[int, list[int]],
     equal split made the larger messages finish up to 3.6x later). The coordinator paces each send
     this way and the simulator models it. With IP multicast the sender's uplink carries one copy for
     all its receivers: its share is U_i, and the group goes at its slowest receiver's rate.
+
+    A probed end (`view.probed(round)`) offers what it is probed at whatever the other end's share:
+    its flows run at their share of it, capped by the other end's whole rate only (a downlink's few
+    senders could not offer its target at their uplink shares). The other end may then carry more
+    than its rate while the probe lasts: its other flows keep their paces (slowing them to make
+    room would stretch them for the whole send: pacing rates are fixed per send) and end later by
+    at most the probe's extra bytes over its rate.
     """
     fanout = np.array([len(rs) for rs in plan.values()], dtype=np.int64)
     src = np.repeat(np.fromiter(plan.keys(), dtype=np.int64, count=len(plan)), fanout)
@@ -91,6 +179,17 @@ def plan_flows(view: NetworkView, plan: dict[int, list[int]],
     size = np.asarray(view.message_bytes, float)[src]
     received = np.bincount(dst, weights=size, minlength=view.n)
     outdegree = np.bincount(src, minlength=view.n)
-    rate = np.minimum(np.asarray(view.downlink, float)[dst] * size / received[dst],
-                      np.asarray(view.uplink, float)[src] / (1 if ip_multicast else outdegree[src]))
+    down_share = np.asarray(view.downlink, float)[dst] * size / received[dst]
+    up_share = np.asarray(view.uplink, float)[src] / (1 if ip_multicast else outdegree[src])
+    rate = np.minimum(down_share, up_share)
+    if view.probing_up is not None and view.probing_down is not None:
+        rate = _with_probes(view, src, dst, rate, down_share, up_share)
     return src, dst, rate * PACING_HEADROOM
+
+
+def _with_probes(view: NetworkView, src: np.ndarray, dst: np.ndarray, rate: np.ndarray, down_share: np.ndarray,
+                 up_share: np.ndarray) -> np.ndarray:
+    """plan_flows' rates with the probed ends' flows at their share of the probed end."""
+    up, down = np.asarray(view.uplink, float), np.asarray(view.downlink, float)
+    rate = np.where(view.probing_down[dst], np.maximum(rate, np.minimum(down_share, up[src])), rate)
+    return np.where(view.probing_up[src], np.maximum(rate, np.minimum(up_share, down[dst])), rate)

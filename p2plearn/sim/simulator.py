@@ -7,13 +7,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from p2plearn.selection import NetworkView, average_fanout, make_policy, plan_flows, plan_time
+from p2plearn.selection.view import DATAGRAM_DATA, DATAGRAM_WIRE
 from p2plearn.sim.fairness import RTOL, max_min_rates
 from p2plearn.topology import Topology
 
-# The engine's datagram on a 1500-byte MTU: 1416 bytes of data, a 56-byte header, and 42 bytes of
-# IPv4 + UDP + Ethernet. tbf and the engine's pacing both count whole frames, so the data moves at
+# tbf and the engine's pacing both count whole frames (see selection.view.FRAMING), so the data moves at
 # 1416 / 1514 (about 0.935) of a link's rate.
-WIRE_EFFICIENCY = 1416 / (1416 + 56 + 42)
+WIRE_EFFICIENCY = DATAGRAM_DATA / DATAGRAM_WIRE
 
 
 @dataclass

@@ -27,6 +27,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,38 +78,52 @@ def simulate(topology: Topology, policy: str, p: int, message_bytes: int, rounds
     return [r.time_s for r in sim.run(rounds).rounds]
 
 
-def measure(topology: Topology, policy: str, p: int, message_bytes: int, rounds: int,
-            seed: int = 0) -> tuple[list[float], list[float], float]:
-    """Wall times of the CALIBRATION tiny rounds and of the `rounds` rounds on the testbed (root), and
-    the fraction of the measured rounds' datagrams that were retransmissions."""
+@contextmanager
+def testbed_peers(topology: Topology, policy: str, p: int, message_bytes: int, rounds: int,
+                  seed: int = 0) -> Iterator[tuple[Testbed, list[subprocess.Popen]]]:
+    """`topology` built as a Testbed (root) with one `p2plearn.sim.peer` per namespace, each ready
+    for `rounds` rounds (see its docstring); every peer and namespace is gone on exit, also on failure."""
     with tempfile.TemporaryDirectory() as tmp, Testbed(topology) as tb:
         path = os.path.join(tmp, "topology.json")
         save(topology, path)
         hosts = ",".join(tb.address(i) for i in range(len(tb.peers)))
         secret = secrets.token_hex(32)  # tags on, as in training
         peers = [tb.run(i, [sys.executable, "-m", "p2plearn.sim.peer", path, str(i), hosts, str(PORT), policy,
-                            str(p), str(message_bytes), str(CALIBRATION + rounds), str(seed)],
-                        env={"OMP_NUM_THREADS": "1", "P2PLEARN_JOB_KEY": secret}, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                            str(p), str(message_bytes), str(rounds), str(seed)],
+                        env={"OMP_NUM_THREADS": "1", "P2PLEARN_JOB_KEY": secret}, stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE, text=True)
                  for i in range(len(tb.peers))]
         for i, peer in enumerate(peers):
             _expect(peer, i, "ready")
+        yield tb, peers
+        for peer in peers:
+            peer.stdin.close()
+            peer.wait(10)
+
+
+def run_round(peers: list[subprocess.Popen], commands: list[str]) -> list[dict]:
+    """One round: each peer's command line (see `p2plearn.sim.peer`), then every peer's report."""
+    for peer, command in zip(peers, commands):
+        peer.stdin.write(command + "\n")
+        peer.stdin.flush()
+    return [json.loads(_expect(peer, i, "{")) for i, peer in enumerate(peers)]
+
+
+def measure(topology: Topology, policy: str, p: int, message_bytes: int, rounds: int,
+            seed: int = 0) -> tuple[list[float], list[float], float]:
+    """Wall times of the CALIBRATION tiny rounds and of the `rounds` rounds on the testbed (root), and
+    the fraction of the measured rounds' datagrams that were retransmissions."""
+    with testbed_peers(topology, policy, p, message_bytes, CALIBRATION + rounds, seed) as (_, peers):
         times, sent, resent = [], 0, 0
         # The tiny rounds use plans of other round numbers, so the measured rounds are 0..rounds-1.
         schedule = [(rounds + k, TINY) for k in range(CALIBRATION)] + [(r, message_bytes) for r in range(rounds)]
         for rnd, size in schedule:
             t0 = time.monotonic()
-            for peer in peers:
-                peer.stdin.write(f"go {rnd} {size}\n")
-                peer.stdin.flush()
-            for i, peer in enumerate(peers):
-                flows = json.loads(_expect(peer, i, "{"))["flows"]
-                if size == message_bytes:
-                    sent += sum(f["sent"] for f in flows)
-                    resent += sum(f["retransmitted"] for f in flows)
+            reports = run_round(peers, [f"go {rnd} {size}"] * len(peers))
+            if size == message_bytes:
+                sent += sum(f["sent"] for r in reports for f in r["flows"])
+                resent += sum(f["retransmitted"] for r in reports for f in r["flows"])
             times.append(time.monotonic() - t0)
-        for peer in peers:
-            peer.stdin.close()
-            peer.wait(10)
         return times[:CALIBRATION], times[CALIBRATION:], resent / sent if sent else 0.0
 
 

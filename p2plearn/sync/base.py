@@ -37,8 +37,6 @@ GRACE_S = 0.25        # after a sender's deadline, time for its CLOSE to reach u
 LATE_SENDER = 3.0     # deadlines (or typical rounds) a receiver waits for a sender that started late
 AHEAD_ROUNDS = 16     # beyond the staleness window, how far ahead a sender's round may be and still be kept
 MIN_WAIT_S = 1.0      # without a deadline, never give up on an expected sender sooner than this
-SATURATED = 0.5       # delivered below half the paced rate: the link, not random loss, is the bottleneck
-MEASURABLE_S = 0.02   # transfers planned shorter than this are dominated by latency, not bandwidth
 
 
 @dataclass
@@ -117,17 +115,26 @@ class Synchronizer(ABC):
         self.network = NetworkState()
         self.training = TrainingState()
         self._previous = [p.copy() for p in params]
+        # This peer's load, reported every round (see GlobalView): its compute between rounds,
+        # merge time per message, and messages kept for a later round's merge.
+        self._round_end: float | None = None
+        self._compute_s = 0.0
+        self._merge_s = 0.0
+        self._backlog = 0
+        self._probes: dict[int, str] = {}  # this round's flows that probe an end (see selection.view)
 
     def step(self, loss: float | None = None) -> RoundStats:
         """Run one round; returns its stats. Call it after each local optimizer step."""
         rnd = self.clock
         t0 = time.monotonic()
+        self._computed_until(t0)
         deltas = self._track_updates(loss)
         arrays, to_wire = self._message(rnd, deltas)
         self.network.expected_bytes = sum(a.nbytes for a in arrays)
         view = self.client.view_for(rnd)
         plan = self.planner.plan(view, rnd, self.client.rank, self.network.expected_bytes)
         self.network.planned_time_s = plan.planned_time
+        self._probes = plan.probes
         bounds, deadline = self.tolerance.bounds(rnd, self.layers, self.network, self.training)
         members = self.client.members
         receivers = [(j, rate) for j, rate in plan.receivers if j in members and members[j].engine]
@@ -145,11 +152,13 @@ class Synchronizer(ABC):
         self._report(rnd, receivers, sent, comm_s, loss, deadline)
         inputs = self._inputs(rnd)
         merged, delivered = self._merge(inputs)
+        self._backlog = self.inbox.pending()
         if self.outer is not None:
             self.outer.step(self.params, self._previous)  # the model as last merged is the anchor
         self._previous = [p.copy() for p in self.params]
         results = dict(Counter(st.result for st in sent))
         send_s = max((st.elapsed_s for st in sent), default=0.0)
+        self._round_end = time.monotonic()
         return RoundStats(rnd, [j for j, _ in receivers], plan.senders, merged, delivered, plan.fanout,
                           plan.planned_time, comm_s, send_s, self.network.expected_bytes * _copies(sent),
                           sum(st.retransmitted for st in sent), results, sorted({d.sender for d in inputs}))
@@ -266,13 +275,20 @@ class Synchronizer(ABC):
                 out.append(None)
         return out
 
+    def _computed_until(self, t0: float) -> None:
+        """A round starts at t0: the time since the last one ended was this peer's compute."""
+        if self._round_end is not None:
+            self._compute_s = t0 - self._round_end
+
     def _merge(self, inputs: list[Delivery]) -> tuple[int, float]:
+        t0 = time.monotonic()
         usable = [c for c in (self._contributions(d) for d in inputs) if c is not None]
         if not usable:
             return 0, 1.0
         fractions = []
         for i, own in enumerate(self.params):
             fractions.append(merge_parameter(own, [c[i] for c in usable if c[i] is not None]))
+        self._merge_s = (time.monotonic() - t0) / len(usable)
         return len(usable), float(np.mean(fractions))
 
     def _track_updates(self, loss: float | None) -> list[np.ndarray]:
@@ -291,15 +307,14 @@ class Synchronizer(ABC):
 
     def _report(self, rnd: int, receivers: list[tuple[int, float]], sent: list, comm_s: float,
                 loss: float | None, deadline: float | None) -> None:
-        links = {j: {"rate": st.delivery_rate, "loss": st.loss_rate, "bytes": float(self.network.expected_bytes),
-                     "in_flight_bytes": 0.0, "in_flight_msgs": 0.0} for (j, _), st in zip(receivers, sent)}
-        # A rate sample says something about the link only when the link carried clearly less than
-        # the engine offered, over a transfer long enough that latency does not dominate; otherwise
-        # it measures our own pacing, or round trips.
-        size = self.network.expected_bytes
-        saturated = any(rate > 0 and size / rate >= MEASURABLE_S and st.delivery_rate < SATURATED * rate
-                        for (_, rate), st in zip(receivers, sent))
-        self.client.report(rnd + 1, loss=loss, step_time=comm_s, saturated=saturated, links=links,
+        # Per receiver: the pace and what arrived, as the receiver's ACKs timed it (the estimator
+        # tells a bottleneck from our own pacing by comparing the two).
+        links = {j: {"paced": rate, "rate": st.ack_rate, "probe": self._probes.get(j, "")}
+                 for (j, rate), st in zip(receivers, sent)}
+        engine = self.channel.stats()
+        load = {"compute_s": self._compute_s, "merge_s": self._merge_s, "backlog": self._backlog,
+                "in_flight_bytes": engine.get("receiving_bytes", 0), "in_flight_msgs": engine.get("receiving_messages", 0)}
+        self.client.report(rnd + 1, loss=loss, step_time=comm_s, links=links, load=load,
                            message_bytes=self.network.expected_bytes)
         record = RoundRecord(round=rnd, elapsed_s=comm_s,
                              delivered=float(np.mean([st.delivered for st in sent])) if sent else 1.0,

@@ -65,6 +65,10 @@ class Inbox:
                 return
             self.pump(min(left, 0.05))
 
+    def pending(self) -> int:
+        """Round messages kept and not taken yet (the backlog a later merge has to work through)."""
+        return sum(len(got) for got in self._rounds.values())
+
     def take(self, first: int, last: int) -> list[Delivery]:
         """Remove and return the deliveries of rounds first..last (by round, then sender); drop anything older."""
         out = []

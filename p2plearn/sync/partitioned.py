@@ -118,6 +118,7 @@ class Partitioned(Synchronizer):
     def step(self, loss: float | None = None) -> RoundStats:
         rnd = self.clock
         t0 = time.monotonic()
+        self._computed_until(t0)
         self._track_updates(loss)
         me = self.client.rank
         self.network.expected_bytes = self._model_bytes()
@@ -184,7 +185,9 @@ class Partitioned(Synchronizer):
         flows = [(k, layout.scatter_rate[me][k]) for k, _ in scatter] + \
                 ([(j, layout.gather_rate[me][j]) for j in others] if gather is not None else [])
         stats = sent + list(gathered)
+        self._backlog = self.inbox.pending()
         self._report(rnd, flows, stats, comm_s, loss, deadline)
+        self._round_end = time.monotonic()
         results = dict(Counter(st.result for st in stats))
         return RoundStats(rnd, [k for k, _ in flows], sorted(aggregators), len(merged_from),
                           float(np.mean(fractions)) if fractions else 1.0, float(len(layout.ranks) - 1),

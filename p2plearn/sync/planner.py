@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from p2plearn.control import GlobalView
-from p2plearn.selection import NetworkView, average_fanout, make_policy, plan_flows, plan_time
+from p2plearn.selection import NetworkView, average_fanout, flow_probes, make_policy, plan_flows, plan_time
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,7 @@ class LocalPlan:
     senders: list[int]                  # ranks that send to this peer
     planned_time: float                 # T of the whole plan, seconds
     fanout: float                       # the plan's average p
+    probes: dict[int, str]              # receiver -> the end its flow probes ("uplink", "downlink" or both, "+")
 
 
 class RoundPlanner:
@@ -44,7 +45,7 @@ class RoundPlanner:
         self.policy = make_policy(selection, seed=seed, **policy_options)
         self.ip_multicast = ip_multicast
         self.fanout = fanout
-        self._cache: dict[tuple, tuple[dict[int, list[tuple[int, float]]], float, float]] = {}
+        self._cache: dict[tuple, tuple[dict[int, list[tuple[int, float, str]]], float, float]] = {}
 
     def plan(self, view: GlobalView, rnd: int, rank: int, own_bytes: float) -> LocalPlan:
         """``own_bytes``: this peer's message size, standing in for sizes the view does not know yet."""
@@ -54,14 +55,17 @@ class RoundPlanner:
             while len(self._cache) > self.CACHED:
                 del self._cache[next(iter(self._cache))]
         flows, planned_time, fanout = self._cache[key]
-        senders = sorted(i for i, rs in flows.items() if any(j == rank for j, _ in rs))
-        return LocalPlan(flows.get(rank, []), senders, planned_time, fanout)
+        senders = sorted(i for i, rs in flows.items() if any(j == rank for j, _, _ in rs))
+        mine = flows.get(rank, [])
+        return LocalPlan([(j, rate) for j, rate, _ in mine], senders, planned_time, fanout,
+                         {j: probe for j, _, probe in mine if probe})
 
     def _whole_plan(self, view: GlobalView, rnd: int, own_bytes: float):
         sizes = np.where(view.message_bytes > 0, view.message_bytes, float(own_bytes))
-        net = NetworkView.from_global(view, sizes)
+        net = NetworkView.from_global(view, sizes).probed(rnd)  # probes: see selection.view
         plan = self.policy.plan(net, self.fanout, rnd)
-        flows: dict[int, list[tuple[int, float]]] = {i: [] for i in plan}
-        for i, j, rate in zip(*plan_flows(net, plan, self.ip_multicast)):
-            flows[int(i)].append((int(j), float(rate)))
+        flows: dict[int, list[tuple[int, float, str]]] = {i: [] for i in plan}
+        src, dst, rates = plan_flows(net, plan, self.ip_multicast)
+        for i, j, rate, up, down in zip(src, dst, rates, *flow_probes(net, src, dst)):
+            flows[int(i)].append((int(j), float(rate), "+".join(e for e, on in (("uplink", up), ("downlink", down)) if on)))
         return flows, plan_time(net, plan, self.ip_multicast), average_fanout(plan)

@@ -46,7 +46,8 @@ SEND_RESULTS = {
 
 @dataclass
 class ReceiverStats:
-    """How the send to one receiver went; `delivery_rate` and `loss_rate` feed bandwidth-aware selection."""
+    """How the send to one receiver went; `ack_rate`, `loss_rate` and the pacing rate feed the view's
+    bandwidth estimates (see `p2plearn.control.estimator`)."""
 
     receiver: tuple[str, int]
     result: str
@@ -57,7 +58,8 @@ class ReceiverStats:
     datagrams_received: int
     passes: int
     elapsed_s: float
-    delivery_rate: float        # bytes/s that reached the receiver, every pass
+    delivery_rate: float        # bytes/s that reached the receiver, every pass, over the whole send
+    ack_rate: float             # wire bytes/s arriving in the first pass, from ACK spread (0: too few ACKs)
     loss_rate: float
     rtt_s: float
     error: str = ""            # why the kernel refused to send there (result "unreachable"), e.g. "EACCES: Permission denied"
@@ -113,7 +115,7 @@ class SendHandle:
             receiver=(host, port), result=SEND_RESULTS.get(st.result, str(st.result)),
             fractions=[fr[j] for j in range(n)], delivered=st.delivered, datagrams_sent=st.datagrams_sent,
             retransmitted=st.datagrams_retransmitted, datagrams_received=st.datagrams_received,
-            passes=st.passes, elapsed_s=st.elapsed_s, delivery_rate=st.delivery_rate,
+            passes=st.passes, elapsed_s=st.elapsed_s, delivery_rate=st.delivery_rate, ack_rate=st.ack_rate,
             loss_rate=st.loss_rate, rtt_s=st.rtt_s,
             error=f"{errno.errorcode.get(st.error, st.error)}: {os.strerror(st.error)}" if st.error else "",
             multicast=bool(st.multicast))

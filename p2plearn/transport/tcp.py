@@ -65,6 +65,7 @@ class TcpSendHandle:
                              fractions=[1.0 if ok else 0.0] * self._narrays, delivered=1.0 if ok else 0.0,
                              datagrams_sent=0, retransmitted=0, datagrams_received=0, passes=1,
                              elapsed_s=elapsed, delivery_rate=self._nbytes / elapsed if ok and elapsed > 0 else 0.0,
+                             ack_rate=0.0,  # the kernel's ACKs are not ours to time: no rate sample
                              loss_rate=0.0, rtt_s=0.0)
 
 

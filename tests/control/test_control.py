@@ -59,16 +59,20 @@ def test_view_is_seeded_and_corrected_by_measurement(key):
             assert view.alive.tolist() == [False, True]  # planned as a receiver once its engine is known
             a.register(("127.0.0.1", 9000))
             assert a.fetch_view().alive.tolist() == [True, True]
-            # a was saturated sending to b at 0.5 MB/s with 5% loss; b sent unsaturated.
-            a.report(1, saturated=True, links={1: {"rate": 5e5, "loss": 0.05, "in_flight_bytes": 1000,
-                                                   "in_flight_msgs": 1}})
-            b.report(1, saturated=False, links={0: {"rate": 1e3, "loss": 0.0}})
+            # a's flow to b probed b's downlink at 1 MB/s and delivered 0.5 MB/s: b's downlink was
+            # the bottleneck. b's flow to a was too short to time (rate 0): no sample.
+            a.report(1, links={1: {"paced": 1e6, "rate": 5e5, "probe": "downlink"}},
+                     load={"compute_s": 0.5, "merge_s": 0.01, "backlog": 2, "in_flight_bytes": 1e6,
+                           "in_flight_msgs": 1})
+            b.report(1, links={0: {"paced": 1e6, "rate": 0.0}}, load={"compute_s": "nonsense"})
             assert a.wait_min_clock(1, timeout=5)
             view = a.fetch_view()
             assert view.round == 1
-            assert view.uplink[0] < 1e6 and view.uplink[1] == 3e6      # unsaturated: ignored
-            assert view.downlink[1] < 4e6 and view.downlink[0] == 2e6  # lossy saturated link into 1
-            assert view.load.tolist() == [0, 1000] and view.load_msgs.tolist() == [0, 1]
+            assert view.downlink[1] < 4e6 and view.downlink[0] == 2e6
+            assert view.uplink.tolist() == [1e6, 3e6]  # a probe's limit is the probed end's; b: no sample
+            assert view.uplink_target.tolist() == [1e6, 3e6] and view.downlink_age.tolist() == [2, 0]
+            assert view.compute_s.tolist() == [0.5, 0.0] and view.backlog.tolist() == [2, 0]  # garbage: 0
+            assert view.in_flight_bytes.tolist() == [1e6, 0] and view.in_flight_msgs.tolist() == [1, 0]
             deadline = time.monotonic() + 5  # the same view is pushed once the round completes
             while (b.view is None or b.view.round < 1) and time.monotonic() < deadline:
                 b.wait_min_clock(1, 0.05)

@@ -1,5 +1,6 @@
 """The bandwidth estimator's rules (see p2plearn.control.estimator)."""
 
+import numpy as np
 import pytest
 
 from p2plearn.control import BandwidthEstimator, seed_rates
@@ -16,39 +17,65 @@ def test_seed_rates_reads_mappings_and_topologies():
         seed_rates(42)
 
 
-def test_saturated_sample_moves_uplink_both_ways_unsaturated_is_ignored():
+def flows(**rates):
+    """{receiver: {"paced", "rate"}} from receiver=(paced, rate) keywords r1=..., r2=..."""
+    return {int(k[1:]): {"paced": p, "rate": r} for k, (p, r) in rates.items()}
+
+
+def test_a_bottleneck_sample_moves_the_estimate_both_ways_a_paced_one_only_raises_it():
     est = BandwidthEstimator({0: (100.0, 100.0)}, alpha=0.5)
-    est.observe(0, 1, {1: {"rate": 60.0}, 2: {"rate": 40.0 + 100.0}}, saturated=True)
-    assert est.uplink[0] == 150.0
-    est.observe(0, 2, {1: {"rate": 10.0}}, saturated=False)
-    assert est.uplink[0] == 150.0
-    est.observe(0, 3, {1: {"rate": 50.0}}, saturated=True)
-    assert est.uplink[0] == 100.0
-
-
-def test_downlink_needs_saturated_senders_and_loss_and_a_closed_round():
-    est = BandwidthEstimator({2: (100.0, 100.0)}, alpha=1.0, loss_threshold=0.01)
-    est.observe(0, 1, {2: {"rate": 20.0, "loss": 0.1}}, saturated=True)
-    est.observe(1, 1, {2: {"rate": 30.0, "loss": 0.1}}, saturated=True)
-    assert est.downlink[2] == 100.0  # not before every peer has reported the round
+    est.observe(0, 1, flows(r1=(50.0, 30.0), r2=(50.0, 30.0)))  # both limited: the uplink carried 60
     est.close_round(1)
-    assert est.downlink[2] == 50.0  # the sum of what reached it
-    est.observe(0, 2, {2: {"rate": 5.0, "loss": 0.0}}, saturated=True)  # no loss: senders set the pace
-    est.observe(1, 2, {2: {"rate": 5.0, "loss": 0.5}}, saturated=False)
+    assert est.uplink[0].rate == 80.0
+    est.observe(0, 2, flows(r1=(45.0, 45.0), r2=(45.0, 45.0)))  # at the pace: at least 90
     est.close_round(2)
-    assert est.downlink[2] == 50.0
+    assert est.uplink[0].rate == 90.0
+    est.observe(0, 3, flows(r1=(40.0, 40.0)))  # a paced sample below the estimate says nothing new
+    est.close_round(3)
+    assert est.uplink[0].rate == 90.0
+    est.observe(0, 4, flows(r1=(100.0, 0.0)))  # too short to time: no sample
+    est.close_round(4)
+    assert est.arrays(1)["uplink_age"].tolist() == [2.0]  # last tested (raised) at clock 2, 4 closed
 
 
-def test_load_sums_latest_in_flight_and_forgets_the_gone():
-    est = BandwidthEstimator(default_rate=7.0)
-    est.observe(0, 1, {2: {"in_flight_bytes": 100, "in_flight_msgs": 1}}, saturated=False)
-    est.observe(1, 1, {2: {"in_flight_bytes": 50, "in_flight_msgs": 2}}, saturated=False)
-    est.observe(0, 2, {2: {"in_flight_bytes": 10, "in_flight_msgs": 1}}, saturated=False)
-    arrays = est.arrays(3)
-    assert arrays["load"].tolist() == [0, 0, 60] and arrays["load_msgs"].tolist() == [0, 0, 3]
-    assert arrays["uplink"].tolist() == [7.0, 7.0, 7.0]
-    est.forget(1)
-    assert est.arrays(3)["load"].tolist() == [0, 0, 10]
+def test_samples_wait_for_the_round_to_close_and_sum_what_reached_a_receiver():
+    est = BandwidthEstimator({2: (100.0, 100.0)}, alpha=1.0)
+    est.observe(0, 1, flows(r2=(50.0, 20.0)))
+    est.observe(1, 1, flows(r2=(50.0, 30.0)))
+    assert est.downlink[2].rate == 100.0  # not before every peer has reported the round
+    est.close_round(1)
+    assert est.downlink[2].rate == 50.0  # both its flows limited: the sum of what reached it
+    assert est.downlink[2].noise > 0 and est.downlink[2].line == 100.0
+
+
+def test_a_slow_receiver_lowers_its_downlink_not_its_senders_uplinks():
+    rates = {r: (100.0, 100.0) for r in range(5)}
+    est = BandwidthEstimator(rates, alpha=1.0)
+    # 0 and 1 each send to 2, 3 and 4 at 30; receiver 4 took only 10 from each.
+    for sender in (0, 1):
+        est.observe(sender, 1, flows(r2=(30.0, 30.0), r3=(30.0, 30.0), r4=(30.0, 10.0)))
+    est.close_round(1)
+    assert est.downlink[4].rate == 20.0
+    assert est.uplink[0].rate == est.uplink[1].rate == 100.0
+    assert est.downlink[2].rate == est.downlink[3].rate == 100.0
+
+
+def test_a_slow_sender_lowers_its_uplink_not_its_receivers_downlinks():
+    rates = {r: (100.0, 100.0) for r in range(5)}
+    est = BandwidthEstimator(rates, alpha=1.0)
+    est.observe(0, 1, flows(r3=(40.0, 10.0), r4=(40.0, 10.0)))  # 0's uplink carried 20 of the 80 paced
+    est.observe(1, 1, flows(r3=(40.0, 40.0), r4=(40.0, 40.0)))
+    est.observe(2, 1, flows(r3=(40.0, 40.0), r4=(40.0, 40.0)))
+    est.close_round(1)
+    assert est.uplink[0].rate == 20.0
+    assert est.downlink[3].rate == est.downlink[4].rate == 100.0
+
+
+def test_unusable_reports_are_ignored():
+    est = BandwidthEstimator({0: (100.0, 100.0)})
+    est.observe(0, 1, {1: {"paced": float("inf"), "rate": 5.0}, 2: {"paced": 5.0, "rate": float("nan")}})
+    est.close_round(1)
+    assert est.uplink[0].rate == 100.0 and est.arrays(1)["uplink_age"].tolist() == [2.0]
 
 
 def test_an_interface_rate_seeds_only_what_nothing_else_did():
@@ -58,3 +85,51 @@ def test_an_interface_rate_seeds_only_what_nothing_else_did():
     est.seed_link(2, None)  # unknown: the default
     arrays = est.arrays(3)
     assert arrays["uplink"].tolist() == [100.0, 1e9, 50.0] and arrays["downlink"].tolist() == [200.0, 1e9, 50.0]
+    assert arrays["downlink_target"].tolist() == [200.0, 1e9, 50.0]
+
+
+def test_a_flow_alone_on_both_ends_waits_for_a_second_round_that_tells_who_was_slow():
+    est = BandwidthEstimator({r: (100.0, 100.0) for r in range(4)}, alpha=1.0)
+    est.observe(0, 1, flows(r1=(50.0, 10.0)))  # one flow, one sender, one receiver: who was slow?
+    est.close_round(1)
+    assert est.uplink[0].rate == est.downlink[1].rate == 100.0
+    est.observe(2, 2, flows(r1=(50.0, 10.0)))  # 1 again slow, now with another sender
+    est.observe(0, 2, flows(r3=(50.0, 50.0)))  # 0 delivered at its pace
+    est.close_round(2)
+    assert est.downlink[1].rate == 10.0  # both of its samples count
+    assert est.uplink[0].rate == 100.0 and est.uplink[2].rate == 100.0  # its partners keep theirs
+    est.observe(3, 3, flows(r1=(50.0, 10.0)))  # still slow: taken at once now
+    est.close_round(3)
+    assert est.downlink[1].rate == 10.0 and not est.downlink[1].pending
+
+
+def test_a_limited_probe_is_put_on_the_end_it_probed():
+    est = BandwidthEstimator({0: (100.0, 100.0), 1: (100.0, 100.0)}, alpha=1.0)
+    est.observe(0, 1, {1: {"paced": 80.0, "rate": 30.0, "probe": "downlink"}})
+    est.close_round(1)
+    assert est.downlink[1].rate == 30.0 and est.uplink[0].rate == 100.0
+
+
+def test_probe_targets_halve_towards_a_slow_estimate_and_return_to_the_line_rate():
+    est = BandwidthEstimator({0: (100.0, 100.0), 1: (100.0, 100.0)}, alpha=1.0)
+    for rnd in (1, 2):
+        est.observe(0, rnd, flows(r1=(50.0, 20.0)))
+        est.observe(1, rnd, {0: {"paced": 50.0, "rate": 50.0}})  # keeps 0's downlink measured
+        est.close_round(rnd)
+    link = est.uplink[0]  # ambiguous (one flow) in round 1, confirmed in round 2: two samples
+    assert link.rate == 20.0 and link.target == 40.0  # halfway to 20 twice: 100, 60, 40 (>= 1.25 x 20)
+    assert est.arrays(2)["uplink_target"][0] == 40.0
+    est.observe(0, 3, flows(r1=(40.0, 40.0)))  # the probe at 40 went through: the link came back
+    est.close_round(3)
+    assert link.rate == 40.0 and link.target == 100.0
+    est.close_round(5)  # two rounds without a flow: unmeasured, so probed at the line rate
+    assert est.arrays(2)["uplink_target"][0] == 100.0 and est.arrays(2)["uplink_age"][0] == 2
+
+
+def test_a_successor_takes_over_estimates_and_targets_and_keeps_its_own_line_rates():
+    est = BandwidthEstimator({0: (100.0, 100.0)})
+    est.seed({"uplink": np.array([30.0, 50.0]), "downlink": np.array([100.0, 50.0]),
+              "uplink_target": np.array([40.0, 50.0]), "downlink_target": np.array([100.0, 60.0])})
+    assert est.uplink[0].rate == 30.0 and est.uplink[0].target == 40.0 and est.uplink[0].line == 100.0
+    assert est.downlink[1].line == 60.0  # no line rate of its own: the target stands in
+

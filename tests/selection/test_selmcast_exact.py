@@ -68,3 +68,29 @@ def test_no_live_peer_is_left_without_a_sender_when_a_swap_costs_nothing():
         view = bench_view(1000, 1e6, seed=rnd)
         plan, t = Selmcast(seed=0).solve(view, 4, round=rnd)
         assert starved_with_a_swap(view, plan, t) == []
+
+
+def test_with_start_times_the_bottleneck_is_still_optimal():
+    """Load as start times (compute before a send, bytes still arriving before a receive): the same
+    exactness with equal sizes, the same bound otherwise."""
+    from dataclasses import replace
+
+    rng = np.random.default_rng(7)
+    worst, equal_worst = 1.0, 1.0
+    for k in range(120):
+        n, p = int(rng.integers(2, 7)), int(rng.integers(1, 4))
+        view = random_view(rng, n, equal=k % 2 == 0, receiver_tight=k % 4 >= 2)
+        # starts of the order of a transfer: from nothing to a few messages' worth
+        scale = float(np.median(view.message_bytes / view.uplink))
+        view = replace(view, up_start=rng.choice([0.0, 0.5, 2.0], n) * scale * rng.random(n),
+                       down_start=rng.choice([0.0, 1.0], n) * scale * rng.random(n))
+        plan, t = Selmcast(seed=k).solve(view, p, round=k)
+        assert t == pytest.approx(plan_time(view, plan), rel=1e-12)
+        t_opt = optimal_time(view, p)
+        assert t >= t_opt * (1 - 1e-6)
+        ratio = t / t_opt if t_opt > 0 else 1.0  # 0: a single live peer
+        worst = max(worst, ratio)
+        if view.message_bytes.min() == view.message_bytes.max():
+            equal_worst = max(equal_worst, ratio)
+    assert worst <= 1.05, worst
+    assert equal_worst <= 1 + 1e-6, equal_worst

@@ -139,3 +139,15 @@ def test_ssp_runs_at_most_s_rounds_ahead_of_the_slowest(job):
 def test_ssp_rejects_negative_staleness(job):
     with pytest.raises(ValueError, match="staleness"):
         job(1, SSP, staleness=-1)
+
+
+def test_peers_report_their_load_and_the_view_carries_it(job):
+    """Compute between rounds (a sleep here), merge time per message and the backlog reach the view;
+    a host that is busy only lengthens what is measured."""
+    peers = job(3, BSP, selection="selmcast", fanout=1)
+    nap = {0: 0.0, 1: 0.0, 2: 0.1}
+    run_threads(peers, 4, before_step=lambda peer: time.sleep(nap[peer.client.rank]))
+    view = peers[0].client.fetch_view()
+    assert view.compute_s[2] >= 0.1 and view.compute_s[2] > view.compute_s[0]
+    assert (view.merge_s[:3] >= 0).all() and (view.backlog[:3] >= 0).all()  # changes under 5 ms: not published
+    assert (view.in_flight_bytes[:3] >= 0).all()

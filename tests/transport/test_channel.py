@@ -386,3 +386,34 @@ def test_a_valid_message_with_a_hostile_descriptor_arrives_without_arrays(channe
         raw_peer.send(datagram(DATA, sender=9, msg=6, chunk=k, nchunks=len(good), chunk_size=CHUNK,
                                meta_len=meta_len, body=chunk), b.address)
     np.testing.assert_array_equal(recv_one(b).arrays[0], np.arange(1250, dtype=np.float32))
+
+
+def test_ack_rate_reports_what_arrived_never_above_the_pace_and_nothing_for_a_short_send(channels):
+    a, b = channels(sender_id=1, max_datagram=1472), channels(sender_id=2)
+    pace = 2e7  # wire bytes/s: 4 MB take 0.2 s, hundreds of ACKs
+    h = a.send(1, [np.zeros(4_000_000, dtype=np.uint8)], [(*b.address, pace)])
+    recv_one(b)
+    (st,) = h.wait(20)
+    # A busy host can only slow the arrivals; pacing bounds them from above (one bucket of slack).
+    assert st.result == "exact" and 0 < st.ack_rate <= 1.1 * pace
+    h = a.send(2, [np.zeros(10 * CHUNK, dtype=np.uint8)], [(*b.address, pace)])
+    recv_one(b)
+    (st,) = h.wait(20)
+    assert st.result == "exact" and st.ack_rate == 0.0  # too few datagrams to time: no sample
+
+
+def test_receiving_gauges_show_a_message_while_it_arrives_and_nothing_after(channels):
+    a, b = channels(sender_id=1, max_datagram=1472), channels(sender_id=2)
+    size = 1_000_000
+    h = a.send(1, [np.zeros(size, dtype=np.uint8)], [(*b.address, 1e6)])  # about 1 s on the wire
+    seen = []
+    while not h.done():
+        st = b.stats()
+        if st["receiving_messages"]:
+            seen.append((st["receiving_messages"], st["receiving_bytes"]))
+        time.sleep(0.01)
+    assert seen and all(m == 1 and 0 < left <= size + 2 * CHUNK for m, left in seen)
+    assert seen[-1][1] < seen[0][1]  # what is still to come shrinks
+    recv_one(b)
+    st = b.stats()
+    assert st["receiving_messages"] == 0 and st["receiving_bytes"] == 0
