@@ -46,7 +46,7 @@ bench: $(STAMP)
 
 # The engine built with AddressSanitizer + UndefinedBehaviorSanitizer, running the engine tests.
 # AddressSanitizer + UBSan: the engine alone with leak detection (tests/native/engine_leaks.c: no
-# Python, so each leak reported is the engine's), then the transport tests on a sanitized build
+# Python, so each leak reported is the engine's), then the transport and merge tests on a sanitized build
 # (leak detection off there: the interpreter keeps its own memory until exit).
 ENGINE_C := $(filter-out native/build_p2pcast.py,$(wildcard native/*.c))
 asan: $(STAMP)
@@ -57,7 +57,7 @@ asan: $(STAMP)
 	P2PCAST_SANITIZE=1 $(VPY) -m pip install -q --no-build-isolation --no-deps -e .
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-	  $(VPY) -m pytest -q -x --capture=sys -p no:cacheprovider tests/transport; rc=$$?; \
+	  $(VPY) -m pytest -q -x --capture=sys -p no:cacheprovider tests/transport tests/sync/test_merge.py tests/sync/test_compress.py; rc=$$?; \
 	$(VPY) -m pip install -q --no-build-isolation --no-deps -e .; exit $$rc
 
 clean:
