@@ -47,7 +47,8 @@ def test_four_lossy_peers_match_the_baseline(tmp_path, baseline, sync):
     save(homogeneous(PEERS, mbit=1000, loss=0.05), topo)
     out = tmp_path / "result.json"
     cmd = [sys.executable, "-m", "p2plearn.launch", "-np", str(PEERS), "--topology", str(topo), "--emulate",
-           "--loss-bound", "0.05", *sync, "--", sys.executable, "-m", "p2plearn.examples.mnist1d",
+           "--loss-bound", "0.05", "--period", "1", "--fanout", "2", *sync,  # loss on every step's round
+           "--", sys.executable, "-m", "p2plearn.examples.mnist1d",
            "--epochs", str(EPOCHS), "--lr", str(LR), "--batch-size", str(BATCH), "--width", str(WIDTH),
            "--json", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
