@@ -2,7 +2,7 @@
 
 `--compress` picks the format every value travels in:
     fp16: IEEE half (2 bytes; 11 significant bits, so about 5e-4 of each value; |x| > 65504 is
-          clipped). The default choice: half the bytes at an error far below an SGD step's.
+          clipped): half the bytes at an error far below an SGD step's.
     bf16: bfloat16 (2 bytes; float32's range, 8 significant bits: 4e-3 of each value).
     int8: 1 byte per value and a float32 scale per block of BLOCK values (max |x| / 127 of the
           block): a quarter of the bytes, an error up to 1/254 of the block's largest value.

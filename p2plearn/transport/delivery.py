@@ -70,13 +70,11 @@ class Delivery:
         """Bool array shaped like arrays[i]: True where the element arrived."""
         if self.arrays is None:
             raise ValueError("the message's layout never arrived")
-        a = self.arrays[i]
-        if not self.chunk_size or self.complete:
-            return np.ones(a.shape, dtype=bool)
-        start = self.meta_len + self.offsets[i]
+        a, chunks = self.arrays[i], self.chunks(i)
         nbytes = a.nbytes
-        if nbytes == 0:
+        if chunks is None or nbytes == 0:
             return np.ones(a.shape, dtype=bool)
+        start = chunks.first_byte
         first, last = start // self.chunk_size, (start + nbytes - 1) // self.chunk_size
         # Chunk boundaries fall on 8-byte boundaries of the segment, so on element boundaries.
         cuts = np.arange(first + 1, last + 1, dtype=np.int64) * self.chunk_size - start

@@ -50,6 +50,7 @@ def test_error_feedback_sends_what_rounding_took_in_later_rounds(mode):
     xs = [(rng.standard_normal(3000) * 0.05).astype(np.float32) for _ in range(20)]
     total = sum(_sent(c, x).astype(np.float64) for x in xs)
     np.testing.assert_allclose(total, sum(x.astype(np.float64) for x in xs) - c.residuals[0], atol=1e-5)
+    # and what is carried stays within about one round's rounding (it is rounded again with the next value)
     one_round = np.abs(_sent(Compressor(mode, [3000]), xs[0]) - xs[0]).max()
     assert np.abs(c.residuals[0]).max() <= 1.0001 * max(one_round, np.abs(xs[-1] - _sent(Compressor(mode, [3000]),
                                                                                          xs[-1])).max()) * 2
