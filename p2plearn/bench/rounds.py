@@ -15,7 +15,8 @@ Targets (issue 5): selmcast round time <= 0.6x random's; measured / planned <= 1
 --transport: for each p in --fanouts, ring selection (every peer sends to the next p and receives
 from p: each uplink and each downlink carries the same load) with --transport-mode unicast, then
 multicast, on the root testbed (real links, shaped; IP multicast across its bridge). It reports the
-round time, the message bytes each peer's engine put on its uplink per round (engine counters), and
+round time, the message bytes each peer's engine put on its uplink per round (engine counters; the mean
+and per rank), and
 the fraction delivered. Note that when every peer sends, each downlink takes p messages either way,
 so multicast cannot make a round shorter than p M / D: it frees the uplinks, which is what rounds
 bound by the senders' uplinks (few senders, or uplinks slower than downlinks) gain from.
@@ -79,6 +80,8 @@ def run_config(topology: str, selection: str, fanout: int, megabytes: float, rou
             "measured_over_planned": measured / statistics.median(planned),
             "average_p": statistics.mean(peers[0][i]["fanout"] for i in range(warm, rounds)),
             "uplink_mb": statistics.mean(p[i]["uplink_bytes"] for p in peers for i in range(warm, rounds)) / 2**20,
+            "uplink_mb_per_rank": [statistics.mean(p[i]["uplink_bytes"] for i in range(warm, rounds)) / 2**20
+                                   for p in peers],
             "delivered": statistics.mean(p[i]["delivered"] for p in peers for i in range(warm, rounds))}
 
 
@@ -96,6 +99,12 @@ def transport_main(args: argparse.Namespace) -> None:
         base = next(u["round_s"] for u in results if u["fanout"] == r["fanout"] and u["transport"] == "unicast")
         print(f"| {r['fanout']} | {r['transport']} | {r['round_s']:.3f} | {r['round_s'] / base:.2f} | "
               f"{r['uplink_mb']:.2f} | {r['delivered']:.3f} |")
+    ranks = range(results[0]["peers"])
+    print("\nUplink MB per round, per rank (mean over rounds)\n")
+    print("| p | transport | " + " | ".join(f"rank {r}" for r in ranks) + " |")
+    print("|---|---|" + "---|" * len(ranks))
+    for r in results:
+        print(f"| {r['fanout']} | {r['transport']} | " + " | ".join(f"{mb:.2f}" for mb in r["uplink_mb_per_rank"]) + " |")
 
 
 def main(argv: list[str]) -> None:
