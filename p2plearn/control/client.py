@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import zmq
@@ -282,6 +282,12 @@ class Client:
                 self._send(self._req, body)
             except zmq.Again:
                 self.dropped_reports += 1  # the coordinator is not reading; the detector will tell
+
+    def report_reach(self, reached: Iterable[int]) -> None:
+        """Tell the coordinator which ranks this peer's multicast probe reached
+        (``Channel.probe_multicast``); the view's ``mcast_domain`` follows from every peer's report.
+        Raises ControlError if the coordinator refuses it."""
+        self._request({"type": p.REACH, "rank": self.rank, "reached": sorted(int(j) for j in reached)})
 
     def leave(self) -> None:
         """Deregister cleanly; the others are told at once."""

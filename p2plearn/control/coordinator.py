@@ -34,7 +34,7 @@ from . import protocol as p
 from .detector import PhiAccrualDetector
 from .estimator import BandwidthEstimator
 from .membership import Member
-from .view import PLANNING_INPUTS, GlobalView
+from .view import PLANNING_INPUTS, GlobalView, multicast_domains, reach_of
 
 log = logging.getLogger("p2plearn.control")
 
@@ -106,6 +106,7 @@ class Coordinator:
         self._max_clock = 0
         self._message_bytes: dict[int, float] = {}
         self._load: dict[int, dict[str, float]] = {}  # rank -> its latest reported load (LOAD)
+        self._reach: dict[int, set[int]] = {}  # rank -> the ranks its multicast probe reached
         self._last_loss: float | None = None
         self._published: GlobalView | None = None
         self._view_version = 0
@@ -346,6 +347,8 @@ class Coordinator:
             elif resumed is not None:
                 known.clock = max(known.clock, resumed)
             if (engine and engine != known.engine) or (standby and standby != known.standby):
+                if engine and engine != known.engine:
+                    self._forget_reach(rank)  # the others' probes reached its old engine
                 known.engine = engine or known.engine
                 known.standby = str(standby) if standby else known.standby
                 self._epoch += 1
@@ -388,6 +391,7 @@ class Coordinator:
                                   ("uplink", "downlink", "uplink_target", "downlink_target")})
             self._size = max(self._size, view.size)
             self._message_bytes.update({r: float(b) for r, b in enumerate(view.message_bytes) if b > 0})
+            self._reach = reach_of(view.mcast_domain)  # until peers report again: what the domains say
         for d in resume.get("members", []):
             member = Member.from_dict(d)
             if member.rank not in self._members:
@@ -456,6 +460,28 @@ class Coordinator:
             self._publish(p.DONATE, to=donor.rank, rank=rank, engine=member.engine, clock=member.clock)
         return {"type": p.OK, "donor": donor.to_dict() if donor else None}
 
+    def _on_reach(self, body: dict, blobs: list[bytes]) -> dict:
+        """Which ranks a member's multicast probe reached; the view's ``mcast_domain`` follows
+        (``multicast_domains``). Ranks that are no longer members are left out (they died since)."""
+        rank = _rank(body["rank"])
+        if rank not in self._members or self._sessions.get(rank) != body.get("session"):
+            return {"type": p.ERROR, "reason": "expelled", "expelled": True}
+        reached = body.get("reached")
+        if not isinstance(reached, list) or not all(isinstance(j, int) and not isinstance(j, bool) for j in reached):
+            raise TypeError(f"reached must be a list of ranks, got {str(reached)[:100]}")
+        out = [j for j in reached if not 0 <= j < self._size]
+        if out:
+            raise ValueError(f"reached ranks {out[:10]} are out of range (the job has ranks 0..{self._size - 1})")
+        self._reach[rank] = {j for j in reached if j in self._members and j != rank}
+        self._publish_view()
+        return {"type": p.OK}
+
+    def _forget_reach(self, rank: int) -> None:
+        """``rank`` is gone or moved its engine: nobody's probe has reached it since."""
+        self._reach.pop(rank, None)
+        for reached in self._reach.values():
+            reached.discard(rank)
+
     def _on_members(self, body: dict, blobs: list[bytes]) -> dict:
         return {"type": p.OK, **self._snapshot()}
 
@@ -502,7 +528,9 @@ class Coordinator:
             alive[r], clock[r] = m.engine is not None, m.clock
         sizes = np.array([self._message_bytes.get(r, 0.0) for r in range(self._size)])
         load = {name: np.array([self._load.get(r, {}).get(name, 0.0) for r in range(self._size)]) for name in LOAD}
-        return GlobalView(round=self._min_clock, alive=alive, clock=clock, message_bytes=sizes, term=self.term,
+        return GlobalView(round=self._min_clock, alive=alive, clock=clock, message_bytes=sizes,
+                          mcast_domain=multicast_domains({r: self._reach[r] for r in self._members if r in self._reach},
+                                                         self._size), term=self.term,
                           version=self._view_version, from_round=self._view_from,
                           **self._estimator.arrays(self._size), **load)
 
@@ -538,6 +566,7 @@ class Coordinator:
         self._awaiting_state.discard(rank)
         self._connections = {i: r for i, r in self._connections.items() if r != rank}
         self._load.pop(rank, None)  # what it computed and received no longer loads anyone
+        self._forget_reach(rank)
         self._epoch += 1
         self._publish(p.MEMBER, event=event, epoch=self._epoch, member=member.to_dict())
         if not self._advance_clock():

@@ -31,6 +31,7 @@ VIEW = "view"            # -> GlobalView
 LEAVE = "leave"          # -> ok
 STEP_DOWN = "step_down"  # term, endpoint: a successor started; the old coordinator sends everyone there
 STATE = "state"          # rank, session -> donor: a joiner whose state did not come asks for it again
+REACH = "reach"          # rank, session, reached (ranks its multicast probe reached) -> ok
 # Replies.
 OK = "ok"
 ERROR = "error"

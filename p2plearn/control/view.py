@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 _ARRAYS = ("uplink", "downlink", "uplink_target", "downlink_target", "uplink_age", "downlink_age",
            "uplink_noise", "downlink_noise", "compute_s", "merge_s", "backlog", "in_flight_bytes",
-           "in_flight_msgs", "alive", "clock", "message_bytes")
-_DTYPES = {"alive": np.bool_, "clock": np.int64}
+           "in_flight_msgs", "alive", "clock", "message_bytes", "mcast_domain")
+_DTYPES = {"alive": np.bool_, "clock": np.int64, "mcast_domain": np.int64}
+UNICAST_ONLY = -1  # mcast_domain of a peer that shares a multicast domain with nobody
 # What a plan (and its pacing and probes) depends on: a new version only when one of these changes
 # materially. A new version costs a round of risk (a peer that has not received it yet plans with
 # the old one, and the two plans disagree), so noise must not make one: an input changes when it
@@ -17,10 +19,44 @@ _DTYPES = {"alive": np.bool_, "clock": np.int64}
 # CHANGE keeps views steadier and plans further from the estimates (a burst moves a rate by far
 # more than 10%).
 PLANNING_INPUTS = ("uplink", "downlink", "uplink_target", "downlink_target", "compute_s", "merge_s", "backlog",
-                   "in_flight_bytes", "alive", "message_bytes")
+                   "in_flight_bytes", "alive", "message_bytes", "mcast_domain")
 CHANGE = 0.1
 FLOOR = {"compute_s": 0.005, "merge_s": 0.005, "backlog": 1.0, "in_flight_bytes": 65536.0}
-EXACT = ("alive", "message_bytes")
+EXACT = ("alive", "message_bytes", "mcast_domain")
+
+
+def multicast_domains(reach: Mapping[int, Collection[int]], size: int) -> np.ndarray:
+    """Multicast domain labels from the peers' probe reports: ``reach[i]``, the ranks that peer i's
+    multicast probe reached (``Channel.probe_multicast``), for every peer that reported.
+
+    A domain is a set of peers of which each reached every other one (both ways: a pair reached one
+    way only is not in one domain), labelled by its smallest rank; a peer in no domain of two or
+    more is ``UNICAST_ONLY``. Conservative and deterministic: in rank order, each peer not yet in a
+    domain starts one and takes in, in rank order, every peer not yet in one that it and all the
+    domain's members reach both ways. Where reach is an equivalence (one LAN, or several LANs that
+    multicast does not cross) this finds exactly its classes; elsewhere (A-B and B-C but not A-C) a
+    peer stays in the first domain that takes it and is sent to by unicast from the others, which
+    costs uplink copies, never a message.
+    """
+    mutual = {i: {j for j in reach[i] if j != i and i in reach.get(j, ())} for i in reach if 0 <= i < size}
+    domain = np.full(size, UNICAST_ONLY, dtype=np.int64)
+    for i in sorted(mutual):
+        if domain[i] != UNICAST_ONLY:
+            continue
+        members = [i]
+        for j in sorted(mutual[i]):
+            if j < size and domain[j] == UNICAST_ONLY and all(j in mutual[k] for k in members):
+                members.append(j)
+        if len(members) > 1:
+            domain[members] = i
+    return domain
+
+
+def reach_of(domain: np.ndarray) -> dict[int, set[int]]:
+    """The reach that ``multicast_domains`` makes ``domain`` from (a successor coordinator takes
+    over a view's domains this way, before the peers' own reports)."""
+    return {i: {j for j in np.flatnonzero(domain == d).tolist() if j != i}
+            for i, d in enumerate(domain.tolist()) if d != UNICAST_ONLY}
 
 
 @dataclass(frozen=True)
@@ -37,6 +73,10 @@ class GlobalView:
     - ``alive``: bool mask of live members;
     - ``clock``: each peer's last reported clock (rounds completed);
     - ``message_bytes``: the size of each peer's last message (0: not known yet);
+    - ``mcast_domain``: each peer's IP multicast domain (``multicast_domains``): peers sharing a
+      label >= 0 reach each other through one copy on the sender's uplink; ``UNICAST_ONLY`` (-1)
+      shares one with nobody, or did not report (only ``--transport-mode auto`` probes and reports;
+      see ``sync.planner`` for what each mode plans with). None: -1 everywhere;
     - ``round``: the slowest live peer's clock when the snapshot was taken.
 
     Every peer plans its rounds from the view it holds, so that no step asks anyone. ``term`` (the
@@ -62,9 +102,14 @@ class GlobalView:
     alive: np.ndarray
     clock: np.ndarray
     message_bytes: np.ndarray
+    mcast_domain: np.ndarray | None = None
     term: int = 0
     version: int = 0
     from_round: int = 0
+
+    def __post_init__(self) -> None:
+        if self.mcast_domain is None:
+            object.__setattr__(self, "mcast_domain", np.full(len(self.alive), UNICAST_ONLY, dtype=np.int64))
 
     @property
     def size(self) -> int:
