@@ -243,7 +243,8 @@ class Channel:
 
     def send(self, msg_id: int, arrays: Sequence[Any], receivers: Iterable[Any],
              loss_bounds: float | Sequence[float] = 0.0, deadline: float | None = None,
-             chunk_size: int | None = None, multicast: bool | None = None, *, _probe: bool = False) -> SendHandle:
+             chunk_size: int | None = None, multicast: bool | Sequence[bool] | None = None, *,
+             _probe: bool = False) -> SendHandle:
         """Start sending `arrays` as message `msg_id` to every receiver; returns at once.
 
         msg_id: 32 bits, but for PROBE_MSG_IDS; a receiver refuses one it delivered from this
@@ -252,9 +253,12 @@ class Channel:
         loss_bounds: per array (or one for all), the fraction that may be missing at a receiver
             when the send to it closes early; 0 = exact delivery.
         deadline: seconds after which each receiver's send closes with whatever arrived.
-        multicast: True: every receiver through this sender's group; False: unicast; None: as
-            `transport_mode` says, for sends to two receivers or more (a group saves nothing for
-            one). Multicast paces the group at its slowest receiver's rate.
+        multicast: True: every receiver through this sender's group; False: unicast; one bool
+            per receiver: those marked True through the group, the others by unicast (a round's
+            plan says which share the sender's multicast domain); None: as `transport_mode` says,
+            for sends to two receivers or more (a group saves nothing for one). Multicast paces the
+            group at its slowest receiver's rate; a receiver the group does not reach falls back to
+            unicast whatever this says.
         """
         self._engine()
         if not 0 <= msg_id < 2**32:
@@ -268,9 +272,14 @@ class Channel:
         rcv = [_receiver_tuple(r) for r in receivers]
         if len({(h, p) for h, p, _ in rcv}) != len(rcv):
             raise ValueError("a receiver is listed twice")
-        mode = ("unicast" if len(rcv) < 2 else self.transport_mode) if multicast is None else \
-            "multicast" if multicast else "unicast"
-        via_group = [mode == "multicast" or (mode == "auto" and (h, p) in self.multicast_reach) for h, p, _ in rcv]
+        if multicast is None or isinstance(multicast, bool):
+            mode = ("unicast" if len(rcv) < 2 else self.transport_mode) if multicast is None else \
+                "multicast" if multicast else "unicast"
+            via_group = [mode == "multicast" or (mode == "auto" and (h, p) in self.multicast_reach) for h, p, _ in rcv]
+        else:
+            via_group = [bool(m) for m in multicast]
+            if len(via_group) != len(rcv):
+                raise ValueError(f"{len(via_group)} multicast flags for {len(rcv)} receivers")
         keep: list[Any] = []
         segs = ffi.new("p2p_segment[]", max(len(views), 1))
         for i, (v, b) in enumerate(zip(views, bounds)):

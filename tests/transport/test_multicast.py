@@ -155,6 +155,17 @@ def test_probe_finds_who_multicast_reaches_and_is_never_delivered(ns):
     assert [st.multicast for st in h.wait(10)] == [True, False]
 
 
+def test_a_send_takes_the_group_for_the_receivers_marked_and_unicast_for_the_others(ns):
+    rx = [ns.make(sender_id=i + 1) for i in range(4)]
+    tx = ns.make(sender_id=0, transport_mode="auto")  # no probe: by default auto would send all by unicast
+    x = np.arange(200_000, dtype=np.float32)
+    h = send_in(ns, tx, 1, [x], [c.address for c in rx], multicast=[True, False, True, False])
+    for d in recv_all(rx):
+        np.testing.assert_array_equal(d.arrays[0], x)
+    assert [st.multicast for st in h.wait(10)] == [True, False, True, False]
+    assert [c.stats()["mcast_datagrams_received"] > 0 for c in rx] == [True, False, True, False]
+
+
 def test_group_datagrams_of_a_message_not_announced_are_dropped(ns):
     a, b = ns.make(sender_id=1), ns.make(sender_id=2)
     tx = ns.make(sender_id=0, transport_mode="multicast")
@@ -207,5 +218,7 @@ def test_multicast_arguments_are_checked():
     with Channel() as ch:
         with pytest.raises(ValueError, match="no mcast_port"):
             ch.send(1, [np.ones(4)], [("127.0.0.1", 9)], multicast=True)
+        with pytest.raises(ValueError, match="2 multicast flags for 1 receivers"):
+            ch.send(1, [np.ones(4)], [("127.0.0.1", 9)], multicast=[False, False])
         with pytest.raises(ValueError, match="probe_multicast's"):
             ch.send(0xFFFFFFFE, [np.ones(4)], [("127.0.0.1", 9)])
