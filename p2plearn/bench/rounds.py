@@ -16,8 +16,7 @@ Targets (issue 5): selmcast round time <= 0.6x random's; measured / planned <= 1
 from p: each uplink and each downlink carries the same load) with --transport-mode unicast, then
 multicast, on the root testbed (real links, shaped; IP multicast across its bridge). It reports the
 round time, the message bytes each peer's engine put on its uplink per round (engine counters; the mean
-and per rank), and
-the fraction delivered. Note that when every peer sends, each downlink takes p messages either way,
+and per rank), and the fraction delivered. Note that when every peer sends, each downlink takes p messages either way,
 so multicast cannot make a round shorter than p M / D: it frees the uplinks, which is what rounds
 bound by the senders' uplinks (few senders, or uplinks slower than downlinks) gain from.
 """
@@ -111,7 +110,7 @@ def main(argv: list[str]) -> None:
     if argv and argv[0] == "--peer":
         return peer_main(argv[1], float(argv[2]), int(argv[3]))
     ap = argparse.ArgumentParser(prog="python -m p2plearn.bench rounds", description=__doc__.splitlines()[0])
-    ap.add_argument("--topology", default="topology/heterogeneous-8.json")
+    ap.add_argument("--topology", help="default: heterogeneous-8, with --transport homogeneous-8")
     ap.add_argument("--megabytes", type=float, default=1.0)
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--fanout", type=int, default=2)
@@ -120,9 +119,9 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--fanouts", default="1,3,7", help="--transport: the values of p")
     args = ap.parse_args(argv)
     if args.transport:
-        if args.topology == ap.get_default("topology"):
-            args.topology = "topology/homogeneous-8.json"
+        args.topology = args.topology or "topology/homogeneous-8.json"
         return transport_main(args)
+    args.topology = args.topology or "topology/heterogeneous-8.json"
     results = [run_config(args.topology, sel, args.fanout, args.megabytes, args.rounds)
                for sel in ("random", "selmcast")]
     if args.json:
