@@ -537,13 +537,15 @@ class Coordinator:
     def _publish_view(self) -> None:
         """Push the view; a new version when a planning input changed materially (``plans_like``),
         applying from a round the fastest peer has not planned yet (before the first round: from
-        round 0); else the published version with its planning inputs, and what else is new."""
+        round 0, unless a peer reported its multicast reach: it starts its rounds right after, while
+        others may still be probing); else the published version with its planning inputs, and what
+        else is new."""
         view = self._view()
         if view.plans_like(self._published):
             view = replace(view, **{name: getattr(self._published, name) for name in PLANNING_INPUTS})
         else:
             self._view_version += 1
-            self._view_from = self._max_clock + VIEW_LEAD if self._max_clock else 0
+            self._view_from = self._max_clock + VIEW_LEAD if self._max_clock or self._reach else 0
             view = self._view()
         self._published = view
         header, blobs = view.to_blobs()

@@ -101,3 +101,13 @@ def test_domains_survive_a_coordinator_failover_through_the_view_handed_over(key
         for c in clients:
             c.close()
         old.stop()
+
+
+def test_domains_reported_at_start_up_apply_from_a_round_no_peer_can_have_planned(connect):
+    """A peer starts its rounds as soon as it has reported its reach, while others still probe."""
+    clients = [connect(r, ("127.0.0.1", 9000 + r)) for r in range(2)]
+    assert clients[0].wait_members(2, timeout=5) and clients[0].view.from_round == 0  # membership before round 0
+    clients[0].report_reach([1])
+    clients[1].report_reach([0])
+    view = _domains(clients[0], [0, 0, UNICAST_ONLY])  # the fixture's job has 3 ranks
+    assert view.from_round == 2 and clients[0].view_for(0).mcast_domain.tolist() == [UNICAST_ONLY] * 3
