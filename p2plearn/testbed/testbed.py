@@ -210,6 +210,9 @@ class Testbed:
         command("ip", "-n", namespace, "route", "add", MULTICAST_ROUTE, "dev", interface)
         self._iptables(peer, "-N", LOSS_CHAIN)
         self._iptables(peer, "-A", "INPUT", "-j", LOSS_CHAIN)
+        if not self.topology.multicast(peer):  # as behind a router: groups neither reach it nor leave it
+            for chain in ("INPUT", "OUTPUT"):
+                self._iptables(peer, "-A", chain, "-d", MULTICAST_ROUTE, "-j", "DROP")
         self._shape_uplink(peer)
         self._shape_downlink(peer)
         self._apply_loss(peer)

@@ -24,7 +24,8 @@ class Topology:
 
     Each node is a peer (or a host that runs ``slots`` peers) with ``uplink_mbit``,
     ``downlink_mbit``, optional ``buffer_kb`` (the queue at its switch port), ``loss`` (random
-    loss rate of what it receives, in [0, 1)) and optional ``events``. Without edges every
+    loss rate of what it receives, in [0, 1)), ``multicast`` (false: IP multicast neither reaches
+    nor leaves it, as behind a router; true by default) and optional ``events``. Without edges every
     peer hangs off one shared switch; edges, where given, say which peers are neighbours.
 
     Build one with ``load``, ``Topology.from_data`` or a generator in
@@ -112,6 +113,10 @@ class Topology:
     def loss(self, peer: str) -> float:
         """Random loss rate of what ``peer`` receives, in [0, 1)."""
         return float(self._node(peer).get("loss", 0.0))
+
+    def multicast(self, peer: str) -> bool:
+        """Whether IP multicast reaches ``peer`` and leaves it (false: as behind a router)."""
+        return bool(self._node(peer).get("multicast", True))
 
     def slots(self, peer: str) -> int:
         """How many peer processes this node's host runs (1 unless given)."""

@@ -13,7 +13,7 @@ from p2plearn.topology.event import CHANGE_FIELDS, Event
 
 TOP_LEVEL_KEYS = {"directed", "multigraph", "graph", "nodes", "edges", "links"}
 GRAPH_KEYS = {"name", "description"}
-NODE_KEYS = {"id", "uplink_mbit", "downlink_mbit", "buffer_kb", "loss", "slots", "events"}
+NODE_KEYS = {"id", "uplink_mbit", "downlink_mbit", "buffer_kb", "loss", "slots", "events", "multicast"}
 EDGE_KEYS = {"source", "target"}
 EVENT_KEYS = {"at_s", "duration_s", "every_s", "until_s", *CHANGE_FIELDS}
 
@@ -75,6 +75,8 @@ def _check_node(node: Any, index: int, source: str) -> str:
     slots = node.get("slots", 1)
     if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
         raise TopologyError(f"{where}: field 'slots': {slots!r} is not a positive integer")
+    if not isinstance(node.get("multicast", True), bool):
+        raise TopologyError(f"{where}: field 'multicast': {node['multicast']!r} is not true or false")
     events = node.get("events", [])
     if not isinstance(events, list):
         raise TopologyError(f"{where}: field 'events': must be a list")

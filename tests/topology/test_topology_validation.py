@@ -49,6 +49,7 @@ CASES = {
     "negative buffer": (with_node_b(buffer_kb=-4), "node 'b': field 'buffer_kb': -4 must be positive"),
     "loss of one": (with_node_b(loss=1), "node 'b': field 'loss': 1 is outside [0, 1)"),
     "negative loss": (with_node_b(loss=-0.1), "node 'b': field 'loss': -0.1 is outside [0, 1)"),
+    "multicast not a bool": (with_node_b(multicast="no"), "node 'b': field 'multicast': 'no' is not true or false"),
     "text loss": (with_node_b(loss="5%"), "node 'b': field 'loss': '5%' is not a finite number"),
     "bad slots": (with_node_b(slots=0), "node 'b': field 'slots': 0 is not a positive integer"),
     "events not a list": (with_node_b(events={}), "node 'b': field 'events': must be a list"),
