@@ -80,7 +80,9 @@ class Options:
                                           "on the uplink; multicast sends one to the sender's IP multicast group for all "
                                           "of them (a LAN or cluster switch replicates it; a receiver the group does not "
                                           "reach gets it by unicast, a few round trips later); auto probes at start-up which "
-                                          "peers multicast reaches and uses it for those",
+                                          "peers multicast reaches, and plans, paces and sends with one group copy for "
+                                          "the peers that reach each other both ways (the view's multicast domains) and "
+                                          "unicast copies for the rest (mixed networks: several LANs, routed peers)",
                                ("unicast", "multicast", "auto"))
     mcast_groups: str = _opt("239.77.0.0/16", "--transport-mode multicast|auto: the job's group range; rank i sends to "
                                               "the range's i-th group (a /16 gives every rank of up to 65536 its own; "

@@ -81,9 +81,10 @@ class Synchronizer(ABC):
         compress: "none", or the format values travel in ("fp16", "bf16", "int8"; see
             `p2plearn.sync.compress`), with error feedback.
         policy_options: the selection policy's own options (SELMCAST: max_fanout, mixing_slack).
-        ip_multicast: the channel sends each message once to an IP multicast group for all its
-            receivers (``transport_mode="multicast"``): plans, their T and pacing count one copy per
-            sender on its uplink. Every peer must give the same value (they plan alike).
+        transport_mode: the channel's (``unicast``, ``multicast`` or ``auto``): which receivers a
+            plan counts one copy for on their sender's uplink (see ``RoundPlanner``); each send then
+            goes through the sender's group to the receivers the plan groups, by unicast to the
+            others. Every peer must give the same value (they plan alike).
         round_cap_s: the longest any round may wait for inputs; a safety net against hangs, not a
             tuning knob. Without a deadline a BSP round waits for an expected sender at most
             LATE_SENDER times the median of recent rounds (at least MIN_WAIT_S): a sender that
@@ -96,7 +97,7 @@ class Synchronizer(ABC):
                  selection: str, fanout: int, seed: int, tolerance: TolerancePolicy,
                  value_filter: UpdateFilter | None = None, outer: OuterOptimizer | None = None,
                  compress: str = "none", round_cap_s: float = 30.0, start_clock: int = 0,
-                 policy_options: dict | None = None, ip_multicast: bool = False):
+                 policy_options: dict | None = None, transport_mode: str = "unicast"):
         self.params = params
         self.layers = layers
         self.channel = channel
@@ -109,7 +110,7 @@ class Synchronizer(ABC):
             raise ValueError("compression does not apply with a value filter yet (the filter picks what travels)")
         self.round_cap_s = round_cap_s
         self.clock = start_clock
-        self.planner = RoundPlanner(selection, fanout, seed, ip_multicast, **(policy_options or {}))
+        self.planner = RoundPlanner(selection, fanout, seed, transport_mode, **(policy_options or {}))
         self.inbox = Inbox(channel, self._wanted_rounds, lambda: len(self.client.members) if self.client else 0)
         self._interrupted = False
         self.network = NetworkState()
@@ -139,7 +140,8 @@ class Synchronizer(ABC):
         members = self.client.members
         receivers = [(j, rate) for j, rate in plan.receivers if j in members and members[j].engine]
         handle = self.channel.send(rnd, arrays, [(*members[j].engine, rate) for j, rate in receivers],
-                                   loss_bounds=to_wire(bounds), deadline=deadline)
+                                   loss_bounds=to_wire(bounds), deadline=deadline,
+                                   multicast=[j in plan.grouped for j, _ in receivers])
         self._interrupted = False
         # A peer that joined holds no view older than the one it was given: for the rounds before
         # that view applies, the others plan with another, so it cannot know its senders: it waits

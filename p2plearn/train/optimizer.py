@@ -16,6 +16,7 @@ works (a step skipped for inf/NaN gradients still takes part in its round).
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -40,6 +41,7 @@ from p2plearn.keys import data_key
 from p2plearn.tolerance import Layer, TolerancePolicy, make_tolerance
 from p2plearn.transport import Channel
 
+log = logging.getLogger("p2plearn")
 ASK_AGAIN_S = 10.0  # a joiner without its state after this long asks for another donation
 NORM_TYPES = (torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm)
 
@@ -224,8 +226,7 @@ class DecentralizedOptimizer(Optimizer):
         if self.runtime.client.donor is None:  # a joiner does not wait for the original job size
             self.runtime.client.wait_members(self.runtime.world_size, 60.0, receiving=True)
         if self.options.transport_mode == "auto" and self._own_engine:  # every engine is up: registered
-            peers = [m.engine for r, m in self.runtime.client.members.items() if r != self.runtime.rank and m.engine]
-            self.channel.probe_multicast(peers)
+            self._probe_multicast()
         cls = SYNCHRONIZERS[self.options.sync]
         extra = {"staleness": self.options.staleness} if self.options.sync == "ssp" else {}
         # Overlapped rounds work on a snapshot of the model, so local steps go on meanwhile.
@@ -243,7 +244,7 @@ class DecentralizedOptimizer(Optimizer):
                                       policy_options={"max_fanout": self.options.max_fanout or None,
                                                       "mixing_slack": self.options.mixing_slack}
                                       if self.options.selection == "selmcast" else None,
-                                      ip_multicast=self.options.transport_mode == "multicast", **extra)
+                                      transport_mode=self.options.transport_mode, **extra)
         self._donations: list[int] = []
         self._needs_state = False
         self._expelled = False
@@ -266,6 +267,18 @@ class DecentralizedOptimizer(Optimizer):
     state = property(lambda self: self.optimizer.state, lambda self, state: setattr(self.optimizer, "state", state))
     defaults = property(lambda self: self.optimizer.defaults,
                         lambda self, defaults: setattr(self.optimizer, "defaults", defaults))
+
+    def _probe_multicast(self) -> None:
+        """Which peers this engine's multicast group reaches, reported to the coordinator: the
+        view's multicast domains (``GlobalView.mcast_domain``) follow from every peer's report, and
+        ``auto`` rounds plan and send by them. A report the coordinator refuses leaves this peer
+        unicast-only (said once)."""
+        members = {r: m.engine for r, m in self.runtime.client.members.items() if r != self.runtime.rank and m.engine}
+        reached = self.channel.probe_multicast(members.values())
+        try:
+            self.runtime.client.report_reach(r for r, engine in members.items() if engine in reached)
+        except ControlError as exc:
+            log.warning("p2plearn rank %d: multicast reach not reported, unicast only: %s", self.runtime.rank, exc)
 
     def _make_channel(self) -> Channel:
         host = _engine_host(self.runtime)

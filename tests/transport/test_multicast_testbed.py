@@ -107,3 +107,21 @@ def test_training_rounds_put_one_copy_on_each_uplink(mode):
     result = run_config(str(ROOT / "topology" / "homogeneous-4.json"), "all", 3, 1.0, 4, mode)
     assert result["delivered"] == 1.0
     assert result["uplink_mb"] < 1.3, result  # unicast: 3.1 MB
+
+
+def test_auto_plans_and_sends_by_unicast_where_the_probe_finds_no_multicast(tmp_path):
+    """4 peers under p2plearn-run --testbed, p3 behind a router ("multicast": false), every peer
+    sending to the 3 others: the start-up probes make ranks 0-2 one multicast domain and rank 3
+    unicast-only, and from the view that says so each of ranks 0-2 puts one copy on its uplink for
+    the other two and one for rank 3; rank 3 one for each."""
+    from p2plearn.bench.rounds import run_config
+
+    nodes = [{"id": f"p{i}", "uplink_mbit": MBIT, "downlink_mbit": MBIT} for i in range(4)]
+    nodes[3]["multicast"] = False
+    topology = tmp_path / "mixed-4.json"
+    topology.write_text(json.dumps({"nodes": nodes}))
+    result = run_config(str(topology), "all", 3, 1.0, 6, "auto")  # the domains apply from round 2 on
+    assert result["delivered"] == 1.0
+    grouped, unicast_only = result["uplink_mb_per_rank"][:3], result["uplink_mb_per_rank"][3]
+    assert all(1.9 < mb < 2.4 for mb in grouped), result  # 2 copies of 1.04 MB (unicast: 3)
+    assert unicast_only > 3.0, result
