@@ -204,16 +204,30 @@ int p2p_delivery_fractions(const p2p_delivery *d, double *out, uint32_t nseg);
 /* ---- SELMCAST receiver selection (planner.c) ----
  * Peer i has available uplink[i] and downlink[i] (bytes/s) and sends message_bytes[i] this round;
  * its uplink is free from up_start[i] seconds into the round (after its compute), its downlink
- * from down_start[i] (after what is still arriving): a link carries rate * (T - start) by T.
+ * from down_start[i] (after what is still arriving): a link carries rate * (T - start) by T. Its
+ * CPU merges the messages it receives one after another from up_start[i], merge_cost[i] seconds
+ * each (NULL: merging is free), so by T it can merge (T - up_start[i]) / merge_cost[i] of them.
+ * A sender's uplink carries one copy per receiver, except that one copy to an IP multicast group
+ * reaches every receiver in the sender's multicast domain: mcast_domain[i] >= 0 names it (peers
+ * with the same value reach each other), -1 = unicast only, NULL = unicast everywhere.
  * The plan gives each live sender at least min(p, live - 1) distinct live receivers, never itself,
- * minimising T = the latest start + load / capacity of any uplink or downlink, then adding receivers beyond p
- * while T does not grow. Application-level multicast (ip_multicast = 0) loads the sender's uplink
- * with one copy per receiver, IP multicast with one copy. max_fanout caps the receivers per sender
- * (0 = no cap, else >= p). Then every live peer still without a sender gets one by moving an edge
- * from a receiver that has two or more, where its downlink takes the message by T (1 + mixing_slack)
- * (0: T does not grow). (seed, round) break ties, so that each round leaves out other peers.
- * Rates and sizes must be finite and >= 0, and > 0 for live peers (alive[i] != 0); starts finite
- * and >= 0. On success *out owns its arrays: free them with p2p_plan_free. */
+ * minimising T = the latest start + load / capacity of any uplink, downlink or merge, then adding
+ * receivers beyond p while T does not grow. max_fanout caps the receivers per sender, max_fanin
+ * the senders per receiver (0 = no cap, else >= p). Then every live peer still without a sender
+ * gets one by moving an edge from a receiver that has two or more, where it takes the message by
+ * T (1 + mixing_slack) (0: T does not grow). (seed, round) break ties, so that each round leaves
+ * out other peers. Rates and sizes must be finite and >= 0, and > 0 for live peers
+ * (alive[i] != 0); starts and merge costs finite and >= 0. On success *out owns its arrays: free
+ * them with p2p_plan_free. */
+typedef struct {
+    int n;
+    const double *uplink, *downlink, *message_bytes;   /* per peer; borrowed for the call */
+    const double *up_start, *down_start;               /* seconds into the round */
+    const double *merge_cost;                          /* seconds per merged message, or NULL */
+    const int32_t *mcast_domain;                       /* multicast domain per peer, or NULL */
+    const uint8_t *alive;
+} p2p_view;
+
 typedef struct {
     int n;
     double time;                  /* T(plan), seconds */
@@ -221,9 +235,8 @@ typedef struct {
     uint32_t *receivers;
 } p2p_plan;
 
-int p2p_plan_make(int n, const double *uplink, const double *downlink, const double *message_bytes,
-                  const double *up_start, const double *down_start, const uint8_t *alive, int p, int max_fanout,
-                  double mixing_slack, int ip_multicast, uint64_t seed, uint64_t round, p2p_plan *out);
+int p2p_plan_make(const p2p_view *view, int p, int max_fanout, int max_fanin, double mixing_slack,
+                  uint64_t seed, uint64_t round, p2p_plan *out);
 void p2p_plan_free(p2p_plan *plan);
 
 /* ---- Mask-aware merging (merge.c) ----

@@ -15,6 +15,10 @@
  * that is what makes the extras mix), so T does not grow. Step 3 (mixing): a
  * live peer still without a sender takes an edge from a receiver that has two or more
  * (cover_starved), again at no cost in T.
+ * Merging: a receiver's fan-in is also bounded by the messages its CPU merges by T (merge_cost) and
+ * by max_fanin; both enter every step as a count of messages left, next to the bytes left.
+ * Multicast domains: a sender's uplink budget is counted in copies; the first receiver in its
+ * domain costs one (the group's), the others in the domain nothing, each receiver outside one.
  * Cost: O(bisection steps x passes x E log n) for E receivers in all.
  */
 #include <errno.h>
@@ -34,17 +38,23 @@
 #define MAX_PASSES 256
 
 struct planner {
-    int n, live, p, max_fanout, ip_multicast;
+    int n, live, p, max_fanout, max_fanin;
     double mixing_slack;        /* step 3 may let T grow by this fraction to give a peer a sender */
     int equal;                  /* all live messages equal: fan-in counts whole messages, exactly */
+    double unit;                /* cost of the largest message: 1 (equal) or its bytes */
     const double *up, *down, *msg;
     const double *up_start, *down_start; /* seconds into the round before each link is free */
+    const double *merge_cost;   /* seconds per merged message, or NULL (borrowed) */
+    const int32_t *domain;      /* multicast domain, -1 none; NULL = unicast (borrowed) */
     const uint8_t *alive;
+    int *mates;                 /* live peers in the same multicast domain, not counting itself */
     uint64_t *rank;             /* random tie-break per peer, from (seed, round) */
     uint64_t shuffle_seed;      /* for step 1's random orders, also from (seed, round) */
     int *by_size_desc, *by_size_asc;   /* live peers */
     int *order;                 /* step 1's sender order in the current pass */
-    double *cap;                /* fan-in left per receiver: messages (equal) or bytes */
+    double *room;               /* downlink left per receiver: messages (equal) or bytes */
+    double *merges;             /* messages left that a receiver can merge (INFINITY: no bound) */
+    double *cap;                /* fan-in left: min(room, merges x unit), what the heap orders by */
     uint8_t *pending;           /* the peer has not had its turn as a sender yet */
     int *heap, *pos, hn;        /* max-heap of receivers by (cap, pending, rank); pos -1 = out */
     int *aside;                 /* receivers popped during one sender's turn */
@@ -127,20 +137,70 @@ static double fanin(const struct planner *pl, int j, double T) {
     return pl->equal ? floor(bytes / pl->msg[j]) : bytes;
 }
 
+/* Messages receiver j can merge by T: its CPU merges from up_start, merge_cost each; max_fanin. */
+static double merges(const struct planner *pl, int j, double T) {
+    double m = INFINITY;
+    if (pl->merge_cost && pl->merge_cost[j] > 0)
+        m = floor(window(T, pl->up_start[j]) * (1 + REL_EPS) / pl->merge_cost[j]);
+    return pl->max_fanin > 0 ? fmin(m, pl->max_fanin) : m;
+}
+
+static void set_cap(struct planner *pl, int j) {
+    pl->cap[j] = fmin(pl->room[j], pl->merges[j] * pl->unit);
+}
+
+/* Receiver j takes a message of cost c. */
+static void took(struct planner *pl, int j, double c) {
+    pl->room[j] -= c;
+    pl->merges[j] -= 1;
+    set_cap(pl, j);
+}
+
 /* Fan-in of every live receiver at T, every peer pending, all in the heap (not yet ordered). */
 static void reset(struct planner *pl, double T) {
     pl->hn = 0;
     for (int t = 0; t < pl->live; t++) {
         int j = pl->by_size_desc[t];
-        pl->cap[j] = fanin(pl, j, T);
+        pl->room[j] = fanin(pl, j, T);
+        pl->merges[j] = merges(pl, j, T);
+        set_cap(pl, j);
         pl->pending[j] = 1;
         heap_place(pl, pl->hn++, j);
     }
 }
 
-/* Sender i's turn: it takes up to `want` receivers from the top of the heap, skipping itself
- * and those stamped for it; picks go to out[]. Returns how many it got. */
-static int take(struct planner *pl, int i, int want, uint32_t *out) {
+/* Uplink copies sender i may still send; group: one went to its domain's group already. */
+struct budget { double copies; int group; };
+
+/* What sender i's uplink carries by T, in copies of its message (at most live: never binding). */
+static double copies(const struct planner *pl, int i, double T) {
+    return fmin(floor(pl->up[i] * window(T, pl->up_start[i]) * (1 + REL_EPS) / pl->msg[i]), pl->live);
+}
+
+static int same_domain(const struct planner *pl, int i, int j) {
+    return pl->domain && pl->domain[i] >= 0 && pl->domain[i] == pl->domain[j];
+}
+
+/* Copies receiver j costs sender i: 0 in its domain once the group has one, else 1. */
+static double copy_cost(const struct planner *pl, int i, int j, const struct budget *b) {
+    return same_domain(pl, i, j) && b->group ? 0 : 1;
+}
+
+/* Whether i can send to j within its budget, keeping one copy for its group while it has none
+ * (so that a sender in a domain does not spend its last copy on one receiver outside it). */
+static int affordable(const struct planner *pl, int i, int j, const struct budget *b) {
+    int keep = !b->group && !same_domain(pl, i, j) && pl->mates[i] > 0;
+    return copy_cost(pl, i, j, b) + keep <= b->copies;
+}
+
+static void spend(const struct planner *pl, int i, int j, struct budget *b) {
+    b->copies -= copy_cost(pl, i, j, b);
+    if (same_domain(pl, i, j)) b->group = 1;
+}
+
+/* Sender i's turn: it takes up to `want` receivers from the top of the heap within its uplink
+ * budget b, skipping itself and those stamped for it; picks go to out[]. Returns how many it got. */
+static int take(struct planner *pl, int i, int want, struct budget *b, uint32_t *out) {
     int got = 0, nset = 0;
     double c = cost(pl, i);
     pl->pending[i] = 0;
@@ -148,13 +208,14 @@ static int take(struct planner *pl, int i, int want, uint32_t *out) {
     /* Step 1: the top has the most fan-in left, so once it cannot hold the message nobody can.
      * Step 2 (spread): the top has the fewest senders; one that cannot hold this message cannot
      * hold any later sender's either (they come by increasing size), so it leaves the heap. */
-    while (got < want && pl->hn > 0 && (pl->spread || pl->cap[pl->heap[0]] >= c)) {
+    while (got < want && pl->hn > 0 && (pl->spread || pl->cap[pl->heap[0]] >= c) && (b->copies >= 1 || b->group)) {
         int j = pl->heap[0];
         heap_remove(pl, j);
         if (pl->cap[j] < c) continue;
         pl->aside[nset++] = j;
-        if (pl->stamp[j] == (uint32_t)i + 1) continue;
-        pl->cap[j] -= c;
+        if (pl->stamp[j] == (uint32_t)i + 1 || !affordable(pl, i, j, b)) continue;
+        spend(pl, i, j, b);
+        took(pl, j, c);
         if (pl->spread) pl->senders[j]++;
         out[got++] = (uint32_t)j;
     }
@@ -167,12 +228,13 @@ static void heapify(struct planner *pl) {
     for (int k = pl->hn / 2 - 1; k >= 0; k--) sift_down(pl, k);
 }
 
-/* Receivers sender i may have at T: what its uplink carries by T, at most live - 1 and max_fanout. */
+/* Receivers sender i may have at T: at most live - 1 and max_fanout, and without a multicast
+ * domain what its uplink carries by T (in a domain, take() counts its copies). */
 static int fanout(const struct planner *pl, int i, double T) {
-    double c = pl->ip_multicast ? (T > pl->up_start[i] ? INFINITY : 0)
-                                : floor(pl->up[i] * window(T, pl->up_start[i]) * (1 + REL_EPS) / pl->msg[i]);
     int lim = pl->live - 1;
     if (pl->max_fanout > 0 && pl->max_fanout < lim) lim = pl->max_fanout;
+    if (pl->domain && pl->domain[i] >= 0) return lim;
+    double c = copies(pl, i, T);
     return c < lim ? (int)c : lim;
 }
 
@@ -196,8 +258,11 @@ static int assign_p(struct planner *pl, double T) {
         }
         reset(pl, T);
         heapify(pl);
-        while (t < pl->live && take(pl, pl->order[t], pl->p, pl->base + (size_t)pl->order[t] * pl->p) == pl->p)
-            t++;
+        for (; t < pl->live; t++) {
+            int i = pl->order[t];
+            struct budget b = {copies(pl, i, T), 0};
+            if (take(pl, i, pl->p, &b, pl->base + (size_t)i * pl->p) < pl->p) break;
+        }
         if (t == pl->live) return 1;
         int failed = pl->order[t];
         memmove(pl->order + 1, pl->order, sizeof(int) * (size_t)t);
@@ -214,7 +279,7 @@ static int add_extras(struct planner *pl, double T) {
         int i = pl->by_size_desc[t];
         for (int k = 0; k < pl->p; k++) {
             uint32_t j = pl->base[(size_t)i * pl->p + k];
-            pl->cap[j] -= cost(pl, i);
+            took(pl, (int)j, cost(pl, i));
             pl->senders[j]++;
         }
     }
@@ -222,6 +287,8 @@ static int add_extras(struct planner *pl, double T) {
     heapify(pl);
     for (int t = 0; t < pl->live; t++) {
         int i = pl->by_size_asc[t], want = fanout(pl, i, T) - pl->p;
+        struct budget b = {copies(pl, i, T), 0};
+        for (int k = 0; k < pl->p; k++) spend(pl, i, (int)pl->base[(size_t)i * pl->p + k], &b);
         if (pl->nextra + want > pl->extra_cap) {
             int64_t c = 2 * (pl->nextra + want);
             uint32_t *e = realloc(pl->extra, sizeof(uint32_t) * (size_t)c);
@@ -231,27 +298,50 @@ static int add_extras(struct planner *pl, double T) {
         }
         for (int k = 0; k < pl->p; k++) pl->stamp[pl->base[(size_t)i * pl->p + k]] = (uint32_t)i + 1;
         pl->extra_at[i] = pl->nextra;
-        pl->nextra_of[i] = take(pl, i, want, pl->extra + pl->nextra);
+        pl->nextra_of[i] = take(pl, i, want, &b, pl->extra + pl->nextra);
         pl->nextra += pl->nextra_of[i];
     }
     pl->spread = 0;
     return 0;
 }
 
-/* T of the current plan (base + extras): the largest load / capacity. Uses cap[] as scratch. */
+/* Sender i's copy for receiver j: counted once per group, once per receiver outside it. */
+static double add_copy(const struct planner *pl, int i, uint32_t j, int *group) {
+    if (!same_domain(pl, i, (int)j)) return 1;
+    double first = !*group;
+    *group = 1;
+    return first;
+}
+
+/* T of the current plan (base + extras): the largest start + load / capacity of any uplink,
+ * downlink or merge. Uses cap[] and room[] as scratch. */
 static double current_time(struct planner *pl) {
-    double T = 0, *down_load = pl->cap;
-    for (int j = 0; j < pl->n; j++) down_load[j] = 0;
+    double T = 0, *down_load = pl->cap, *received = pl->room;
+    for (int j = 0; j < pl->n; j++) down_load[j] = received[j] = 0;
     for (int t = 0; t < pl->live; t++) {
-        int i = pl->by_size_desc[t], k = pl->p + pl->nextra_of[i];
+        int i = pl->by_size_desc[t], k = pl->p + pl->nextra_of[i], group = 0;
+        double sent = 0;
         if (k == 0) continue;
-        T = fmax(T, pl->up_start[i] + (pl->ip_multicast ? 1 : k) * pl->msg[i] / pl->up[i]);
-        for (int r = 0; r < pl->p; r++) down_load[pl->base[(size_t)i * pl->p + r]] += pl->msg[i];
-        for (int r = 0; r < pl->nextra_of[i]; r++) down_load[pl->extra[pl->extra_at[i] + r]] += pl->msg[i];
+        for (int r = 0; r < k; r++) {
+            uint32_t j = r < pl->p ? pl->base[(size_t)i * pl->p + r] : pl->extra[pl->extra_at[i] + r - pl->p];
+            sent += add_copy(pl, i, j, &group);
+            down_load[j] += pl->msg[i];
+            received[j] += 1;
+        }
+        T = fmax(T, pl->up_start[i] + sent * pl->msg[i] / pl->up[i]);
     }
-    for (int j = 0; j < pl->n; j++)
+    for (int j = 0; j < pl->n; j++) {
         if (down_load[j] > 0) T = fmax(T, pl->down_start[j] + down_load[j] / pl->down[j]);
+        if (received[j] > 0 && pl->merge_cost) T = fmax(T, pl->up_start[j] + received[j] * pl->merge_cost[j]);
+    }
     return T;
+}
+
+/* Fewest copies sender i's uplink carries for p receivers: one for its group if the domain has
+ * p others, else the group's and one per receiver outside it. */
+static double min_copies(const struct planner *pl, int i) {
+    if (!pl->domain || pl->domain[i] < 0 || pl->mates[i] == 0) return pl->p;
+    return pl->mates[i] >= pl->p ? 1 : 1 + pl->p - pl->mates[i];
 }
 
 /* No T below this can work: a sender's own uplink after its start, and all bytes over all
@@ -261,7 +351,7 @@ static double lower_bound(const struct planner *pl) {
     if (pl->p == 0) return 0;
     for (int t = 0; t < pl->live; t++) {
         int i = pl->by_size_desc[t];
-        T = fmax(T, pl->up_start[i] + (pl->ip_multicast ? 1 : pl->p) * pl->msg[i] / pl->up[i]);
+        T = fmax(T, pl->up_start[i] + min_copies(pl, i) * pl->msg[i] / pl->up[i]);
         bytes += pl->p * pl->msg[i];
         down += pl->down[i];
         first = fmin(first, pl->down_start[i]);
@@ -269,13 +359,16 @@ static double lower_bound(const struct planner *pl) {
     return fmax(T, first + bytes / down);
 }
 
-/* Here every receiver can take every sender, so step 1's greedy cannot fail. */
+/* Here every receiver can take and merge every sender (up to max_fanin >= p) and every sender
+ * send p copies, so step 1's greedy does not fail. */
 static double upper_bound(const struct planner *pl) {
     double T = lower_bound(pl), bytes = 0;
     for (int t = 0; t < pl->live; t++) bytes += pl->msg[pl->by_size_desc[t]];
     for (int t = 0; t < pl->live; t++) {
         int j = pl->by_size_desc[t];
         T = fmax(T, pl->down_start[j] + (bytes - pl->msg[j]) / pl->down[j]);
+        T = fmax(T, pl->up_start[j] + pl->p * pl->msg[j] / pl->up[j]);
+        if (pl->merge_cost) T = fmax(T, pl->up_start[j] + (pl->live - 1) * pl->merge_cost[j]);
     }
     return T;
 }
@@ -318,13 +411,16 @@ static int cover_starved(struct planner *pl, double T) {
     for (int t = 0; t < pl->live; t++) {
         int j = pl->by_size_desc[t];
         if (indeg[j] > 0) continue;
-        double room = fanin(pl, j, T * (1 + pl->mixing_slack)); /* j has nothing yet */
+        double Tj = T * (1 + pl->mixing_slack);
+        double room = fanin(pl, j, Tj); /* j has nothing yet */
+        if (merges(pl, j, Tj) < 1) continue;
         while (front < E && indeg[*slot[front]] < 2) front++;
         for (int64_t x = front, tried = 0; x < E && tried < MAX_SWAP_TRIES; x++) {
             int i = from[x], k = (int)*slot[x];
             if (indeg[k] < 2) continue;
             tried++;
-            if (i == j || room < cost(pl, i)) continue;
+            /* a multicast sender may not trade a receiver in its group for a copy outside it */
+            if (i == j || room < cost(pl, i) || (same_domain(pl, i, k) && !same_domain(pl, i, j))) continue;
             *slot[x] = (uint32_t)j;
             indeg[k]--;
             indeg[j]++;
@@ -377,37 +473,64 @@ static int check_array(const double *v, int n, const uint8_t *alive, const char 
     return 0;
 }
 
-/* Start times: finite, >= 0 (0 for a live peer is fine: its link is free from the start). */
+/* Start times and merge costs: finite, >= 0 (0 for a live peer is fine: its link is free from the
+ * start, its merges free). */
 static int check_starts(const double *v, int n, const char *name) {
     for (int i = 0; i < n; i++)
         if (!isfinite(v[i]) || v[i] < 0) return set_error(EINVAL, "%s[%d] = %g: must be finite and >= 0", name, i, v[i]);
     return 0;
 }
 
-static int validate(int n, const double *up, const double *down, const double *msg, const double *up_start,
-                    const double *down_start, const uint8_t *alive, int p, int max_fanout, double mixing_slack,
+static int validate(const p2p_view *v, int p, int max_fanout, int max_fanin, double mixing_slack,
                     const p2p_plan *out) {
-    if (!up || !down || !msg || !up_start || !down_start || !alive || !out)
+    if (!v || !out || !v->uplink || !v->downlink || !v->message_bytes || !v->up_start || !v->down_start || !v->alive)
         return set_error(EINVAL, "plan: NULL argument");
+    int n = v->n;
     if (n <= 0) return set_error(EINVAL, "plan: n must be > 0, got %d", n);
     if (p < 0) return set_error(EINVAL, "plan: p must be >= 0, got %d", p);
     if (max_fanout < 0 || (max_fanout > 0 && max_fanout < p))
         return set_error(EINVAL, "plan: max_fanout must be 0 (no cap) or >= p = %d, got %d", p, max_fanout);
+    if (max_fanin < 0 || (max_fanin > 0 && max_fanin < p))
+        return set_error(EINVAL, "plan: max_fanin must be 0 (no cap) or >= p = %d, got %d", p, max_fanin);
     if (!(mixing_slack >= 0 && mixing_slack <= 1e6))
         return set_error(EINVAL, "plan: mixing_slack must be in [0, 1e6], got %g", mixing_slack);
     int rc;
-    if ((rc = check_array(up, n, alive, "uplink")) || (rc = check_array(down, n, alive, "downlink")) ||
-        (rc = check_array(msg, n, alive, "message_bytes")) || (rc = check_starts(up_start, n, "up_start")) ||
-        (rc = check_starts(down_start, n, "down_start")))
+    if ((rc = check_array(v->uplink, n, v->alive, "uplink")) || (rc = check_array(v->downlink, n, v->alive, "downlink")) ||
+        (rc = check_array(v->message_bytes, n, v->alive, "message_bytes")) ||
+        (rc = check_starts(v->up_start, n, "up_start")) || (rc = check_starts(v->down_start, n, "down_start")) ||
+        (v->merge_cost && (rc = check_starts(v->merge_cost, n, "merge_cost"))))
         return rc;
+    for (int i = 0; v->mcast_domain && i < n; i++)
+        if (v->mcast_domain[i] < -1)
+            return set_error(EINVAL, "mcast_domain[%d] = %d: must be >= 0, or -1 for none", i, (int)v->mcast_domain[i]);
     return 0;
 }
 
 static void planner_free(struct planner *pl) {
     free(pl->rank); free(pl->by_size_desc); free(pl->by_size_asc); free(pl->order);
-    free(pl->cap); free(pl->pending);
+    free(pl->cap); free(pl->room); free(pl->merges); free(pl->mates); free(pl->pending);
     free(pl->heap); free(pl->pos); free(pl->aside); free(pl->base); free(pl->stamp); free(pl->extra);
     free(pl->extra_at); free(pl->nextra_of); free(pl->senders);
+}
+
+/* mates[i]: live peers sharing i's multicast domain (peers sorted by domain, counted per run). */
+static int count_mates(struct planner *pl) {
+    struct sort_item *by_domain = malloc(sizeof *by_domain * (size_t)(pl->live + 1));
+    if (!by_domain) return set_error(ENOMEM, "out of memory");
+    int m = 0;
+    for (int t = 0; t < pl->live; t++) {
+        int i = pl->by_size_desc[t];
+        if (pl->domain[i] >= 0) by_domain[m++] = (struct sort_item){pl->domain[i], 0, i};
+    }
+    qsort(by_domain, (size_t)m, sizeof *by_domain, by_size_then_rank);
+    for (int a = 0; a < m;) {
+        int b = a;
+        while (b < m && by_domain[b].m == by_domain[a].m) b++;
+        for (int k = a; k < b; k++) pl->mates[by_domain[k].i] = b - a - 1;
+        a = b;
+    }
+    free(by_domain);
+    return 0;
 }
 
 /* Live peers sorted by message size (ties by the round's random rank), sizes compared. */
@@ -420,6 +543,9 @@ static int planner_init(struct planner *pl, uint64_t seed, uint64_t round) {
     pl->by_size_asc = malloc(sizeof(int) * (size_t)n);
     pl->order = malloc(sizeof(int) * (size_t)n);
     pl->cap = malloc(sizeof(double) * (size_t)n);
+    pl->room = malloc(sizeof(double) * (size_t)n);
+    pl->merges = malloc(sizeof(double) * (size_t)n);
+    pl->mates = calloc((size_t)n, sizeof(int));
     pl->pending = malloc((size_t)n);
     pl->heap = malloc(sizeof(int) * (size_t)n);
     pl->pos = malloc(sizeof(int) * (size_t)n);
@@ -429,7 +555,8 @@ static int planner_init(struct planner *pl, uint64_t seed, uint64_t round) {
     pl->nextra_of = calloc((size_t)n, sizeof(int));
     pl->senders = calloc((size_t)n, sizeof(int));
     struct sort_item *items = malloc(sizeof *items * (size_t)n);
-    if (!pl->rank || !pl->by_size_desc || !pl->by_size_asc || !pl->order || !pl->cap || !pl->pending ||
+    if (!pl->rank || !pl->by_size_desc || !pl->by_size_asc || !pl->order || !pl->cap || !pl->room || !pl->merges ||
+        !pl->mates || !pl->pending ||
         !pl->heap || !pl->pos || !pl->aside || !pl->stamp || !pl->extra_at || !pl->nextra_of || !pl->senders || !items) {
         free(items);
         return set_error(ENOMEM, "out of memory");
@@ -448,23 +575,26 @@ static int planner_init(struct planner *pl, uint64_t seed, uint64_t round) {
         pl->by_size_asc[pl->live - 1 - t] = items[t].i;
         pl->equal &= items[t].m == items[0].m;
     }
+    pl->unit = pl->equal || pl->live == 0 ? 1.0 : items[0].m;
     free(items);
+    int rc;
+    if (pl->domain && (rc = count_mates(pl))) return rc;
     if (pl->p > pl->live - 1) pl->p = pl->live > 0 ? pl->live - 1 : 0;
     pl->base = malloc(sizeof(uint32_t) * ((size_t)n * (size_t)pl->p + 1));
     return pl->base ? 0 : set_error(ENOMEM, "out of memory");
 }
 
-int p2p_plan_make(int n, const double *uplink, const double *downlink, const double *message_bytes,
-                  const double *up_start, const double *down_start, const uint8_t *alive, int p, int max_fanout,
-                  double mixing_slack, int ip_multicast, uint64_t seed, uint64_t round, p2p_plan *out) {
-    int rc = validate(n, uplink, downlink, message_bytes, up_start, down_start, alive, p, max_fanout, mixing_slack,
-                      out);
+int p2p_plan_make(const p2p_view *view, int p, int max_fanout, int max_fanin, double mixing_slack,
+                  uint64_t seed, uint64_t round, p2p_plan *out) {
+    int rc = validate(view, p, max_fanout, max_fanin, mixing_slack, out);
     if (rc) return rc;
     memset(out, 0, sizeof *out);
-    struct planner pl = {.n = n, .p = p, .max_fanout = max_fanout, .mixing_slack = mixing_slack,
-                         .ip_multicast = ip_multicast != 0,
-                         .up = uplink, .down = downlink, .msg = message_bytes, .up_start = up_start,
-                         .down_start = down_start, .alive = alive};
+    int n = view->n;
+    const uint8_t *alive = view->alive;
+    struct planner pl = {.n = n, .p = p, .max_fanout = max_fanout, .max_fanin = max_fanin,
+                         .mixing_slack = mixing_slack, .up = view->uplink, .down = view->downlink,
+                         .msg = view->message_bytes, .up_start = view->up_start, .down_start = view->down_start,
+                         .merge_cost = view->merge_cost, .domain = view->mcast_domain, .alive = alive};
     if ((rc = planner_init(&pl, seed, round)) || (rc = solve(&pl, &out->time))) goto done;
     out->n = n;
     out->offsets = malloc(sizeof(int64_t) * ((size_t)n + 1));

@@ -45,6 +45,8 @@ class Options:
     fanout: int = _opt(1, "receivers per round (p): more spreads updates faster and costs more bandwidth")
     max_fanout: int = _opt(64, "--selection selmcast: receivers per sender at most (never below --fanout; 0 = no cap); "
                                "SELMCAST adds receivers while the round gets no longer, and this bounds the work")
+    max_fanin: int = _opt(64, "--selection selmcast: senders per receiver at most (never below --fanout; 0 = no cap); "
+                              "bounds the messages a peer buffers and merges in a round")
     mixing_slack: float = _opt(0.0, "--selection selmcast: how much longer (0.1: a tenth) a round may take so that a peer "
                                     "whose downlink cannot take a whole message in time still gets a sender")
     loss_bound: float = _opt(0.0, "fraction of a message a receiver may miss, in [0, 1): higher closes "
@@ -108,6 +110,7 @@ class Options:
             ("staleness", self.staleness >= 0, "must be >= 0"),
             ("fanout", self.fanout >= 1, "must be >= 1"),
             ("max_fanout", self.max_fanout >= 0, "must be >= 0"),
+            ("max_fanin", self.max_fanin >= 0, "must be >= 0"),
             ("mixing_slack", 0.0 <= self.mixing_slack <= 10.0, "must be in [0, 10]"),
             ("period", self.period >= 1, "must be >= 1"),
             ("outer_lr", self.outer_lr > 0, "must be > 0"),

@@ -42,6 +42,10 @@ class NetworkView:
     uplink_target, downlink_target: the rate each end's next probe offers (see `probed`); None =
         no probes.
     probing_up, probing_down: the ends this view probes (set by `probed`); None = none.
+    merge_cost: seconds a peer's CPU takes to merge one received message (it merges them one after
+        another from its up_start); None = merging is free.
+    mcast_domain: IP multicast domain per peer: peers with the same value >= 0 reach each other
+        with one copy on the sender's uplink (a group), -1 = unicast only; None = unicast everywhere.
     """
 
     uplink: np.ndarray
@@ -54,6 +58,8 @@ class NetworkView:
     downlink_target: np.ndarray | None = None
     probing_up: np.ndarray | None = None
     probing_down: np.ndarray | None = None
+    merge_cost: np.ndarray | None = None
+    mcast_domain: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         for name in ("up_start", "down_start"):
@@ -91,7 +97,10 @@ class NetworkView:
           its step and merged the messages waiting for it (its CPU comes first);
         - down_start[j] = max(in_flight_bytes[j] / downlink[j], min over live i of up_start[i]):
           a downlink first drains what is still arriving, and takes nothing of this round before
-          the first sender starts.
+          the first sender starts;
+        - merge_cost[j] = merge_s[j]: each message a peer receives costs its CPU that long, after
+          its up_start (a slow computer can merge fewer messages by T, so it gets fewer senders).
+        The view's multicast domains (`mcast_domain`, if it has them) are copied as they are.
 
         Units: rates are wire bytes/s, so message sizes (bytes of data) become wire bytes (x FRAMING)
         and loads seconds; a plan's T is then in seconds on the wire.
@@ -104,28 +113,64 @@ class NetworkView:
         with np.errstate(divide="ignore", invalid="ignore"):
             drain = np.where(down > 0, np.asarray(view.in_flight_bytes, float) / down, 0.0)
         sizes = np.broadcast_to(np.asarray(message_bytes, dtype=float), up.shape) * FRAMING
+        domain = getattr(view, "mcast_domain", None)
         return cls(up, down, sizes, alive, up_start, np.maximum(drain, first),
-                   np.asarray(view.uplink_target, float), np.asarray(view.downlink_target, float))
+                   np.asarray(view.uplink_target, float), np.asarray(view.downlink_target, float),
+                   merge_cost=np.asarray(view.merge_s, float),
+                   mcast_domain=None if domain is None else np.asarray(domain, dtype=np.int32))
+
+
+def multicast_domains(view: NetworkView, ip_multicast: bool = False) -> np.ndarray | None:
+    """Each peer's multicast domain (see NetworkView.mcast_domain): all one domain when
+    `ip_multicast` (the network replicates for everyone), else the view's own, or None."""
+    if ip_multicast:
+        return np.zeros(view.n, dtype=np.int32)
+    return None if view.mcast_domain is None else np.asarray(view.mcast_domain, dtype=np.int32)
+
+
+def _in_group(view: NetworkView, src: np.ndarray, dst: np.ndarray, ip_multicast: bool) -> np.ndarray:
+    """Per flow: whether its receiver is in its sender's multicast domain (reached by the group)."""
+    domain = multicast_domains(view, ip_multicast)
+    if domain is None:
+        return np.zeros(len(src), dtype=bool)
+    return (domain[src] >= 0) & (domain[src] == domain[dst])
+
+
+def _flows(plan: dict[int, list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(src, dst) per flow of `plan`, senders as listed, receivers as listed."""
+    fanout = np.array([len(rs) for rs in plan.values()], dtype=np.int64)
+    src = np.repeat(np.fromiter(plan.keys(), dtype=np.int64, count=len(plan)), fanout)
+    dst = np.fromiter((j for rs in plan.values() for j in rs), dtype=np.int64, count=int(fanout.sum()))
+    return src, dst
+
+
+def uplink_copies(n: int, src: np.ndarray, in_group: np.ndarray) -> np.ndarray:
+    """Copies of its message each sender's uplink carries: one per receiver outside its group, and
+    one for the group if any receiver is in it."""
+    outside = np.bincount(src[~in_group], minlength=n)
+    return outside + (np.bincount(src[in_group], minlength=n) > 0)
 
 
 def plan_time(view: NetworkView, plan: dict[int, list[int]], ip_multicast: bool = False) -> float:
-    """T(plan), seconds: the latest end of any uplink's or downlink's work, start + load / capacity.
+    """T(plan), seconds: the latest end of any uplink's, downlink's or merge's work, start + load /
+    capacity.
 
-    Application-level multicast: sender i's uplink carries |R_i| M_i; with IP multicast one M_i.
-    Receiver j's downlink carries the sum of M_i over the senders that chose j.
+    Sender i's uplink carries M_i per copy (`uplink_copies`: one per receiver, except one for all
+    receivers in its multicast domain; `ip_multicast`: everyone is in one domain). Receiver j's
+    downlink carries the sum of M_i over the senders that chose j, and its CPU merges them in
+    up_start[j] + senders x merge_cost[j].
     """
-    up_load = np.zeros(view.n)
-    down_load = np.zeros(view.n)
-    for i, rs in plan.items():
-        if not rs:
-            continue
-        up_load[i] += view.message_bytes[i] * (1 if ip_multicast else len(rs))
-        for j in rs:
-            down_load[j] += view.message_bytes[i]
+    src, dst = _flows(plan)
+    size = np.asarray(view.message_bytes, float)
+    up_load = uplink_copies(view.n, src, _in_group(view, src, dst, ip_multicast)) * size
+    down_load = np.bincount(dst, weights=size[src], minlength=view.n)
+    senders = np.bincount(dst, minlength=view.n)
+    merge = np.zeros(view.n) if view.merge_cost is None else np.asarray(view.merge_cost, float)
     with np.errstate(divide="ignore", invalid="ignore"):
         t_up = np.where(up_load > 0, view.up_start + up_load / view.uplink, 0.0)
         t_down = np.where(down_load > 0, view.down_start + down_load / view.downlink, 0.0)
-    return float(max(t_up.max(initial=0.0), t_down.max(initial=0.0)))
+    t_merge = np.where(senders > 0, view.up_start + senders * merge, 0.0)
+    return float(max(t_up.max(initial=0.0), t_down.max(initial=0.0), t_merge.max(initial=0.0)))
 
 
 def average_fanout(plan: dict[int, list[int]]) -> float:
@@ -163,8 +208,9 @@ def plan_flows(view: NetworkView, plan: dict[int, list[int]],
     (equal shares when sizes are equal), capped by the sender's uplink share. Then every flow takes
     max(L_j / D_j, |R_i| M_i / U_i) <= T(plan), the planner's model, also with unequal sizes (an
     equal split made the larger messages finish up to 3.6x later). The coordinator paces each send
-    this way and the simulator models it. With IP multicast the sender's uplink carries one copy for
-    all its receivers: its share is U_i, and the group goes at its slowest receiver's rate.
+    this way and the simulator models it. With IP multicast (`ip_multicast`, or receivers in the
+    sender's `mcast_domain`) the sender's uplink carries one copy for its group: |R_i| above counts
+    copies (`uplink_copies`), and the group's flows go at its slowest receiver's rate.
 
     A probed end (`view.probed(round)`) offers what it is probed at whatever the other end's share:
     its flows run at their share of it, capped by the other end's whole rate only (a downlink's few
@@ -173,17 +219,19 @@ def plan_flows(view: NetworkView, plan: dict[int, list[int]],
     room would stretch them for the whole send: pacing rates are fixed per send) and end later by
     at most the probe's extra bytes over its rate.
     """
-    fanout = np.array([len(rs) for rs in plan.values()], dtype=np.int64)
-    src = np.repeat(np.fromiter(plan.keys(), dtype=np.int64, count=len(plan)), fanout)
-    dst = np.fromiter((j for rs in plan.values() for j in rs), dtype=np.int64, count=int(fanout.sum()))
+    src, dst = _flows(plan)
     size = np.asarray(view.message_bytes, float)[src]
     received = np.bincount(dst, weights=size, minlength=view.n)
-    outdegree = np.bincount(src, minlength=view.n)
+    in_group = _in_group(view, src, dst, ip_multicast)
     down_share = np.asarray(view.downlink, float)[dst] * size / received[dst]
-    up_share = np.asarray(view.uplink, float)[src] / (1 if ip_multicast else outdegree[src])
+    up_share = np.asarray(view.uplink, float)[src] / uplink_copies(view.n, src, in_group)[src]
     rate = np.minimum(down_share, up_share)
     if view.probing_up is not None and view.probing_down is not None:
         rate = _with_probes(view, src, dst, rate, down_share, up_share)
+    if in_group.any():  # one copy per group: it goes at its slowest receiver's rate
+        slowest = np.full(view.n, np.inf)
+        np.minimum.at(slowest, src[in_group], rate[in_group])
+        rate = np.where(in_group, slowest[src], rate)
     return src, dst, rate * PACING_HEADROOM
 
 

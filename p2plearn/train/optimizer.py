@@ -242,6 +242,7 @@ class DecentralizedOptimizer(Optimizer):
                                       compress=self.options.compress,
                                       start_clock=self.runtime.client.start_clock,
                                       policy_options={"max_fanout": self.options.max_fanout or None,
+                                                      "max_fanin": self.options.max_fanin or None,
                                                       "mixing_slack": self.options.mixing_slack}
                                       if self.options.selection == "selmcast" else None,
                                       transport_mode=self.options.transport_mode, **extra)

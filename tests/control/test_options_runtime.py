@@ -24,6 +24,7 @@ def test_options_round_trip_through_the_environment():
     ({"P2PLEARN_LOSS_BOUND": "1.5"}, "--loss-bound: must be in [0, 1)"),
     ({"P2PLEARN_EMULATE": "1"}, "--emulate: needs --topology"),
     ({"P2PLEARN_MAX_FANOUT": "-1"}, "--max-fanout: must be >= 0"),
+    ({"P2PLEARN_MAX_FANIN": "-1"}, "--max-fanin: must be >= 0"),
     ({"P2PLEARN_MIXING_SLACK": "-0.5"}, "--mixing-slack: must be in [0, 10]"),
     ({"P2PLEARN_TRANSPORT_MODE": "broadcast"}, "--transport-mode: 'broadcast' is not one of unicast, multicast, auto"),
     ({"P2PLEARN_MCAST_GROUPS": "10.0.0.0/16"}, "--mcast-groups: must be a multicast range"),

@@ -99,6 +99,7 @@ def _view(**change) -> NetworkView:
     (_view(uplink=np.array([0.0, 1e6, 1e6, 1e6])), 2, {}, r"uplink\[0\] = 0 for a live peer"),
     (_view(), -1, {}, "p must be >= 0"),
     (_view(), 3, {"max_fanout": 0}, "max_fanout"),
+    (_view(), 3, {"max_fanin": 0}, "max_fanin"),
     (NetworkView(*(np.zeros(0),) * 3, np.zeros(0, dtype=bool)), 1, {}, "n must be > 0"),
     (_view(alive=np.ones(3, dtype=bool)), 1, {}, "one entry per peer"),
 ])
@@ -117,6 +118,21 @@ def test_one_slow_peer_among_fast_ones_does_not_make_the_plan_all_to_all():
     assert max(map(len, uncapped.values())) == n - 1
     asked_more, _ = Selmcast(max_fanout=4).solve(view, 8, 0)  # p above the cap: p it is
     assert min(map(len, asked_more.values())) == 8 == max(map(len, asked_more.values()))
+
+
+def test_fan_in_is_capped():
+    n = 200
+    view = NetworkView(np.full(n, 1e9), np.full(n, 1e6), np.full(n, 1e6), np.ones(n, dtype=bool))
+    view.downlink[0] = 1e9  # one fast downlink among slow ones: everybody would send to it
+    def most_senders(plan):
+        return np.bincount([j for rs in plan.values() for j in rs], minlength=n).max()
+    uncapped, t_uncapped = Selmcast(max_fanin=None).solve(view, 1, 0)
+    assert most_senders(uncapped) == n - 1
+    capped, t = Selmcast().solve(view, 1, 0)
+    assert most_senders(capped) == 64 and t == pytest.approx(t_uncapped)
+    assert min(map(len, capped.values())) >= 1
+    asked_more, _ = Selmcast(max_fanin=2).solve(view, 8, 0)  # p above the cap: p it is
+    assert most_senders(asked_more) <= 8
 
 
 def test_dead_peers_rates_are_ignored_unless_invalid():

@@ -8,7 +8,7 @@ import pytest
 
 from p2plearn.control import GlobalView
 from p2plearn.selection import PACING_HEADROOM, NetworkView, Selmcast, flow_probes, plan_flows, plan_time
-from p2plearn.selection.view import FRAMING, MAX_PROBE_GAIN, PROBE_EVERY, probe_gains
+from p2plearn.selection.view import FRAMING, MAX_PROBE_GAIN, PROBE_EVERY, probe_gains, uplink_copies
 
 MB = 1e6
 
@@ -77,14 +77,30 @@ def test_a_slow_computer_is_planned_as_a_straggler_with_fewer_receivers():
     assert t_no_load == pytest.approx(send)  # bandwidth-only, it would be planned as if it were not there
 
 
+def senders_of(plan, j):
+    return sum(j in rs for rs in plan.values())
+
+
+def test_a_slow_computer_gets_fewer_senders_when_merging_costs_time():
+    n, policy = 8, Selmcast(seed=0)
+    send = MB * FRAMING / (100 * MB)
+    compute = [0.01] * 7 + [0.04]
+    # 8 ms per merge: by T the fast peers can merge 5 messages, the slow one (30 ms later) 1
+    slow = NetworkView.from_global(global_view(n, compute_s=compute, merge_s=[0.008] * n), MB)
+    plan, t = policy.solve(slow, 1, 0)
+    assert slow.merge_cost.tolist() == [0.008] * n  # merge_s, seconds per message
+    assert t == pytest.approx(plan_time(slow, plan)) and t >= 0.04 + send
+    assert senders_of(plan, 7) <= int((t - 0.04) / 0.008) == 1
+    assert min(senders_of(plan, j) for j in range(7)) >= 2
+    free = NetworkView.from_global(global_view(n, compute_s=compute), MB)  # merging free: as many as the others
+    free_plan = policy.plan(free, 1, 0)
+    assert senders_of(free_plan, 7) >= min(senders_of(free_plan, j) for j in range(7))
+
+
 def test_a_receiver_still_receiving_gets_fewer_senders():
     n, policy = 8, Selmcast(seed=0)
     idle = NetworkView.from_global(global_view(n), MB)
     busy = NetworkView.from_global(global_view(n, in_flight_bytes=[0] * 7 + [3 * MB]), MB)
-
-    def senders_of(plan, j):
-        return sum(j in rs for rs in plan.values())
-
     assert senders_of(policy.plan(busy, 2, 0), 7) < senders_of(policy.plan(idle, 2, 0), 7)
 
 
@@ -94,3 +110,41 @@ def test_selmcast_rejects_bad_start_times(bad):
     with pytest.raises(ValueError, match="up_start"):
         Selmcast().plan(NetworkView(view.uplink, view.downlink, view.message_bytes, view.alive,
                                     up_start=np.array([0.0, bad, 0.0])), 1, 0)
+
+
+def test_multicast_domains_count_one_copy_per_group_and_one_per_receiver_outside():
+    """Mixed mode: peers 0-3 share a LAN (domain 0), 4-7 are unicast only; uplinks are the bottleneck."""
+    n, p = 8, 3
+    view = NetworkView(np.full(n, 10.0), np.full(n, 1000.0), np.ones(n), np.ones(n, dtype=bool),
+                       mcast_domain=np.array([0, 0, 0, 0, -1, -1, -1, -1], dtype=np.int32))
+    plan, t = Selmcast(seed=1).solve(view, p, 0)
+    assert t == pytest.approx(plan_time(view, plan))
+    # a unicast sender sends p copies (0.3 s); in that time a LAN sender sends its group one copy and
+    # two more outside: it reaches its 3 mates and 2 others
+    assert t == pytest.approx(0.3)
+    for i in range(4):
+        assert {1, 2, 3, 0} - {i} <= set(plan[i]) and len(plan[i]) == 5
+    assert all(len(plan[i]) == 3 for i in range(4, 8))
+    unicast = Selmcast(seed=1).solve(replace(view, mcast_domain=None), p, 0)[0]
+    assert all(len(rs) == 3 for rs in unicast.values())
+    # everyone in one domain is IP multicast
+    one = replace(view, mcast_domain=np.zeros(n, dtype=np.int32))
+    assert Selmcast(seed=1).solve(one, p, 0)[1] == pytest.approx(Selmcast(seed=1, ip_multicast=True).solve(view, p, 0)[1])
+
+
+def test_a_group_is_paced_at_its_slowest_receiver():
+    view = NetworkView(np.full(4, 100.0), np.array([100.0, 100, 20, 100]), np.ones(4), np.ones(4, dtype=bool),
+                       mcast_domain=np.array([0, 0, 0, -1], dtype=np.int32))
+    src, dst, rate = plan_flows(view, {0: [1, 2, 3]})
+    # one group copy (to 1 and 2) at the slower member's 20, one unicast copy (to 3) at half the uplink
+    assert dict(zip(dst.tolist(), (rate / PACING_HEADROOM).tolist())) == pytest.approx({1: 20.0, 2: 20.0, 3: 50.0})
+    assert uplink_copies(4, src, dst < 3).tolist() == [2, 0, 0, 0]
+    assert plan_time(view, {0: [1, 2, 3]}) == pytest.approx(1 / 20)  # receiver 2's downlink
+    assert plan_time(view, {0: [1, 3]}) == pytest.approx(2 / 100)    # the uplink's two copies
+
+
+@pytest.mark.parametrize("domain, match", [([0, -2, 0], "mcast_domain"), ([0, 0], "one entry per peer")])
+def test_selmcast_rejects_bad_multicast_domains(domain, match):
+    view = replace(NetworkView.uniform(3, 1.0, 1.0), mcast_domain=np.array(domain, dtype=np.int32))
+    with pytest.raises(ValueError, match=match):
+        Selmcast().plan(view, 1, 0)

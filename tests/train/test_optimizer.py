@@ -83,10 +83,11 @@ def test_selmcast_options_reach_the_planner(job, max_fanout, cap):
     from tests.train.conftest import on_peers
 
     def body(rank, opt):
-        return opt.sync.planner.policy.max_fanout, opt.sync.planner.policy.mixing_slack
+        policy = opt.sync.planner.policy
+        return policy.max_fanout, policy.max_fanin, policy.mixing_slack
 
     assert on_peers(job, [model(0), model(0)], body, selection="selmcast", max_fanout=max_fanout,
-                    mixing_slack=0.2) == [(cap, 0.2)] * 2
+                    max_fanin=max_fanout, mixing_slack=0.2) == [(cap, cap, 0.2)] * 2
 
 
 def test_printed_stats_are_one_line():
