@@ -103,7 +103,8 @@ def transport_main(args: argparse.Namespace) -> None:
     print("| p | transport | " + " | ".join(f"rank {r}" for r in ranks) + " |")
     print("|---|---|" + "---|" * len(ranks))
     for r in results:
-        print(f"| {r['fanout']} | {r['transport']} | " + " | ".join(f"{mb:.2f}" for mb in r["uplink_mb_per_rank"]) + " |")
+        cells = " | ".join(f"{mb:.2f}" for mb in r["uplink_mb_per_rank"])
+        print(f"| {r['fanout']} | {r['transport']} | {cells} |")
 
 
 def main(argv: list[str]) -> None:

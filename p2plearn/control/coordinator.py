@@ -34,7 +34,7 @@ from . import protocol as p
 from .detector import PhiAccrualDetector
 from .estimator import BandwidthEstimator
 from .membership import Member
-from .view import PLANNING_INPUTS, GlobalView, multicast_domains, reach_of
+from .view import PLANNING_INPUTS, GlobalView, domains_from_reach, reach_of
 
 log = logging.getLogger("p2plearn.control")
 
@@ -462,7 +462,7 @@ class Coordinator:
 
     def _on_reach(self, body: dict, blobs: list[bytes]) -> dict:
         """Which ranks a member's multicast probe reached; the view's ``mcast_domain`` follows
-        (``multicast_domains``). Ranks that are no longer members are left out (they died since)."""
+        (``domains_from_reach``). Ranks that are no longer members are left out (they died since)."""
         rank = _rank(body["rank"])
         if rank not in self._members or self._sessions.get(rank) != body.get("session"):
             return {"type": p.ERROR, "reason": "expelled", "expelled": True}
@@ -528,9 +528,9 @@ class Coordinator:
             alive[r], clock[r] = m.engine is not None, m.clock
         sizes = np.array([self._message_bytes.get(r, 0.0) for r in range(self._size)])
         load = {name: np.array([self._load.get(r, {}).get(name, 0.0) for r in range(self._size)]) for name in LOAD}
+        reach = {r: self._reach[r] for r in self._members if r in self._reach}
         return GlobalView(round=self._min_clock, alive=alive, clock=clock, message_bytes=sizes,
-                          mcast_domain=multicast_domains({r: self._reach[r] for r in self._members if r in self._reach},
-                                                         self._size), term=self.term,
+                          mcast_domain=domains_from_reach(reach, self._size), term=self.term,
                           version=self._view_version, from_round=self._view_from,
                           **self._estimator.arrays(self._size), **load)
 

@@ -25,7 +25,7 @@ FLOOR = {"compute_s": 0.005, "merge_s": 0.005, "backlog": 1.0, "in_flight_bytes"
 EXACT = ("alive", "message_bytes", "mcast_domain")
 
 
-def multicast_domains(reach: Mapping[int, Collection[int]], size: int) -> np.ndarray:
+def domains_from_reach(reach: Mapping[int, Collection[int]], size: int) -> np.ndarray:
     """Multicast domain labels from the peers' probe reports: ``reach[i]``, the ranks that peer i's
     multicast probe reached (``Channel.probe_multicast``), for every peer that reported.
 
@@ -53,7 +53,7 @@ def multicast_domains(reach: Mapping[int, Collection[int]], size: int) -> np.nda
 
 
 def reach_of(domain: np.ndarray) -> dict[int, set[int]]:
-    """The reach that ``multicast_domains`` makes ``domain`` from (a successor coordinator takes
+    """The reach that ``domains_from_reach`` makes ``domain`` from (a successor coordinator takes
     over a view's domains this way, before the peers' own reports)."""
     return {i: {j for j in np.flatnonzero(domain == d).tolist() if j != i}
             for i, d in enumerate(domain.tolist()) if d != UNICAST_ONLY}
@@ -73,7 +73,7 @@ class GlobalView:
     - ``alive``: bool mask of live members;
     - ``clock``: each peer's last reported clock (rounds completed);
     - ``message_bytes``: the size of each peer's last message (0: not known yet);
-    - ``mcast_domain``: each peer's IP multicast domain (``multicast_domains``): peers sharing a
+    - ``mcast_domain``: each peer's IP multicast domain (``domains_from_reach``): peers sharing a
       label >= 0 reach each other through one copy on the sender's uplink; ``UNICAST_ONLY`` (-1)
       shares one with nobody, or did not report (only ``--transport-mode auto`` probes and reports;
       see ``sync.planner`` for what each mode plans with). None: -1 everywhere;

@@ -14,6 +14,7 @@ import numpy as np
 
 from p2plearn.control import GlobalView
 from p2plearn.selection import NetworkView, average_fanout, flow_probes, make_policy, plan_flows, plan_time
+from p2plearn.selection.view import multicast_domains
 from p2plearn.transport.channel import TRANSPORT_MODES
 
 
@@ -31,13 +32,11 @@ class LocalPlan:
 
 def multicast_groups(domain: np.ndarray | None, plan: dict[int, list[int]]) -> dict[int, list[int]]:
     """Per sender, the receivers its IP multicast group serves: those in its multicast domain
-    (``GlobalView.mcast_domain``; -1: none), when there are two or more (a group saves nothing for
-    one, and costs a join). The sender's uplink carries one copy for them and one per other receiver."""
-    if domain is None:
-        return {i: [] for i in plan}
+    (``selection.view.multicast_domains``; None: no domains), when there are two or more (for one,
+    a unicast copy costs the uplink the same and saves the group's join)."""
     groups = {}
     for i, rs in plan.items():
-        same = [j for j in rs if domain[i] >= 0 and domain[j] == domain[i]]
+        same = [] if domain is None or domain[i] < 0 else [j for j in rs if domain[j] == domain[i]]
         groups[i] = same if len(same) > 1 else []
     return groups
 
@@ -52,14 +51,15 @@ class RoundPlanner:
     - ``multicast``: every peer in one multicast domain: one copy per sender for all its receivers;
     - ``auto``: the view's multicast domains (``GlobalView.mcast_domain``, from the peers' start-up
       probes): one copy for the receivers in the sender's domain, one per receiver outside it.
-    A sender's group is paced at its slowest member's rate (the engine's rule), each flow at most
-    the uplink divided by the sender's copies. The last few whole plans are cached: SSP peers plan
+    Pacing (``plan_flows``): each flow at most the sender's uplink over its copies, a group at its
+    slowest member's rate (the engine's rule). The last few whole plans are cached: SSP peers plan
     rounds a little apart from the same view.
     """
 
     CACHED = 8
 
-    def __init__(self, selection: str, fanout: int, seed: int, transport_mode: str = "unicast", **policy_options) -> None:
+    def __init__(self, selection: str, fanout: int, seed: int, transport_mode: str = "unicast",
+                 **policy_options) -> None:
         if transport_mode not in TRANSPORT_MODES:
             raise ValueError(f"transport_mode must be one of {', '.join(TRANSPORT_MODES)}, got {transport_mode!r}")
         if selection == "selmcast":
@@ -67,7 +67,9 @@ class RoundPlanner:
         self.policy = make_policy(selection, seed=seed, **policy_options)
         self.transport_mode = transport_mode
         self.fanout = fanout
-        self._cache: dict[tuple, tuple[dict[int, list[tuple[int, float, str]]], dict[int, list[int]], float, float]] = {}
+        # (view order, round) -> (flows per sender, group per sender, T, average p)
+        self._cache: dict[tuple, tuple[dict[int, list[tuple[int, float, str]]], dict[int, list[int]], float, float]] \
+            = {}
 
     def plan(self, view: GlobalView, rnd: int, rank: int, own_bytes: float) -> LocalPlan:
         """``own_bytes``: this peer's message size, standing in for sizes the view does not know yet."""
@@ -82,31 +84,16 @@ class RoundPlanner:
         return LocalPlan([(j, rate) for j, rate, _ in mine], senders, planned_time, fanout,
                          {j: probe for j, _, probe in mine if probe}, frozenset(groups.get(rank, [])))
 
-    def domains(self, view: GlobalView) -> np.ndarray | None:
-        """The multicast domains this planner plans with (None: unicast everywhere)."""
-        if self.transport_mode == "unicast":
-            return None
-        if self.transport_mode == "multicast":
-            return np.zeros(view.size, dtype=np.int64)
-        return np.asarray(view.mcast_domain)
-
     def _whole_plan(self, view: GlobalView, rnd: int, own_bytes: float):
         sizes = np.where(view.message_bytes > 0, view.message_bytes, float(own_bytes))
         net = NetworkView.from_global(view, sizes).probed(rnd)  # probes: see selection.view
-        domain = self.domains(view)
+        if self.transport_mode == "unicast":
+            net = replace(net, mcast_domain=None)  # whatever the view says: this job sends by unicast
+        ip_multicast = self.transport_mode == "multicast"
         plan = self.policy.plan(net, self.fanout, rnd)
-        groups = multicast_groups(domain, plan)
-        if any(groups.values()):
-            # Each of a sender's flows gets at most its uplink / its copies: the group's members,
-            # paced at the slowest one's rate, share one copy; every other receiver takes one. (A
-            # flow probing a downlink is then capped by that share, not by the whole uplink.)
-            copies = np.ones(net.n)
-            for i, rs in plan.items():
-                copies[i] = max(1, len(rs) - len(groups[i]) + bool(groups[i]))
-            src, dst, rates = plan_flows(replace(net, uplink=net.uplink / copies), plan, ip_multicast=True)
-        else:
-            src, dst, rates = plan_flows(net, plan)
         flows: dict[int, list[tuple[int, float, str]]] = {i: [] for i in plan}
+        src, dst, rates = plan_flows(net, plan, ip_multicast)
         for i, j, rate, up, down in zip(src, dst, rates, *flow_probes(net, src, dst)):
             flows[int(i)].append((int(j), float(rate), "+".join(e for e, on in (("uplink", up), ("downlink", down)) if on)))
-        return flows, groups, plan_time(net, plan, self.transport_mode == "multicast"), average_fanout(plan)
+        groups = multicast_groups(multicast_domains(net, ip_multicast), plan)
+        return flows, groups, plan_time(net, plan, ip_multicast), average_fanout(plan)

@@ -8,7 +8,7 @@ import pytest
 from control_helpers import JOB
 from p2plearn.control import Client, ControlError, Coordinator
 from p2plearn.control import protocol as p
-from p2plearn.control.view import UNICAST_ONLY, multicast_domains, reach_of
+from p2plearn.control.view import UNICAST_ONLY, domains_from_reach, reach_of
 
 ALL_OF_4 = {i: {j for j in range(4) if j != i} for i in range(4)}
 
@@ -22,9 +22,9 @@ ALL_OF_4 = {i: {j for j in range(4) if j != i} for i in range(4)}
     ({0: set(), 1: set()}, 2, [-1, -1]),                                       # probes that reached nobody
 ])
 def test_a_domain_is_a_set_of_peers_that_reach_each_other_both_ways(reach, size, expected):
-    domain = multicast_domains(reach, size)
+    domain = domains_from_reach(reach, size)
     assert domain.tolist() == expected
-    assert multicast_domains(reach_of(domain), size).tolist() == expected  # what a successor takes over
+    assert domains_from_reach(reach_of(domain), size).tolist() == expected  # what a successor takes over
 
 
 def _domains(client, expected, timeout=5.0):
