@@ -3,7 +3,8 @@ IP multicast vs unicast.
 
     python -m p2plearn.bench rounds [--json] [--topology topology/heterogeneous-8.json]
                                     [--megabytes 1] [--rounds 30] [--fanout 2]
-    python -m p2plearn.bench rounds --transport [--fanouts 1,3,7] [--topology topology/homogeneous-8.json]
+    python -m p2plearn.bench rounds --transport [--fanouts 1,3,7] [--modes unicast,multicast]
+                                    [--topology topology/homogeneous-8.json]
 
 Each configuration launches one peer per topology slot with `p2plearn-run --emulate` (engines
 pace to the topology's rates on loopback, no root needed). Every peer runs BSP rounds of a
@@ -13,8 +14,8 @@ median over rounds and the ratio to random's, and measured / planned.
 Targets (issue 5): selmcast round time <= 0.6x random's; measured / planned <= 1.15.
 
 --transport: for each p in --fanouts, ring selection (every peer sends to the next p and receives
-from p: each uplink and each downlink carries the same load) with --transport-mode unicast, then
-multicast, on the root testbed (real links, shaped; IP multicast across its bridge). It reports the
+from p: each uplink and each downlink carries the same load) with each --transport-mode of --modes
+in turn (unicast first: the ratios are to it), on the root testbed (real links, shaped; IP multicast across its bridge). It reports the
 round time, the message bytes each peer's engine put on its uplink per round (engine counters; the mean
 and per rank), and the fraction delivered. Note that when every peer sends, each downlink takes p messages either way,
 so multicast cannot make a round shorter than p M / D: it frees the uplinks, which is what rounds
@@ -87,7 +88,7 @@ def run_config(topology: str, selection: str, fanout: int, megabytes: float, rou
 def transport_main(args: argparse.Namespace) -> None:
     fanouts = [int(f) for f in args.fanouts.split(",")]
     results = [run_config(args.topology, "ring", p, args.megabytes, args.rounds, mode)
-               for p in fanouts for mode in ("unicast", "multicast")]
+               for p in fanouts for mode in args.modes.split(",")]
     if args.json:
         print(json.dumps(results, indent=1))
         return
@@ -118,6 +119,9 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--transport", action="store_true", help="unicast vs multicast on the root testbed")
     ap.add_argument("--fanouts", default="1,3,7", help="--transport: the values of p")
+    ap.add_argument("--modes", default="unicast,multicast",
+                    help="--transport: the --transport-mode values, unicast first (auto: mixed networks, see "
+                         "topology/mixed-8.json)")
     args = ap.parse_args(argv)
     if args.transport:
         args.topology = args.topology or "topology/homogeneous-8.json"
