@@ -117,7 +117,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--fanout", type=int, default=2)
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--transport", action="store_true", help="unicast vs multicast on the root testbed")
+    ap.add_argument("--transport", action="store_true", help="transport modes (--modes) compared on the root testbed")
     ap.add_argument("--fanouts", default="1,3,7", help="--transport: the values of p")
     ap.add_argument("--modes", default="unicast,multicast",
                     help="--transport: the --transport-mode values, unicast first (auto: mixed networks, see "

@@ -263,8 +263,8 @@ class Client:
         ``clock``: rounds this peer has completed; ``loss``: training loss (for the progress
         line); ``step_time``: seconds of the round; ``links[receiver]``: what the engine measured
         towards it: ``paced`` (the pacing rate, bytes/s; 0 = unpaced), ``rate`` (the ACK-based
-        delivery rate, bytes/s; 0 = too short to time), ``probe`` (the end(s) the flow probed)
-        (see ``estimator``);
+        delivery rate, bytes/s; 0 = too short to time), ``probe`` (the end(s) the flow probed),
+        ``multicast`` (it went through this peer's group: one copy for all such) (see ``estimator``);
         ``load``: this peer's ``compute_s``, ``merge_s``, ``backlog``, ``in_flight_bytes`` and
         ``in_flight_msgs`` (see ``GlobalView``); ``message_bytes``: the size of this peer's
         message (the plans weigh it).

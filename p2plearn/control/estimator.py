@@ -14,7 +14,10 @@ The estimator (documented here because selection relies on its behaviour):
   A flow is *limited* when ``rate < LIMITED * paced``: the network, not our pacing, set its pace.
 - Once every live peer has reported a round (``close_round``), every end gets one sample from
   that round's measured flows: the uplink of ``i`` the sum of ``rate[i, j]`` over its flows, the
-  downlink of ``j`` the sum of ``rate[i, j]`` over its incoming flows (the flows of a round run
+  flows through its IP multicast group (``multicast`` in the report) counted once, at the highest
+  rate a member saw (the group is one copy on the uplink: summed, a group of k would say the
+  uplink carried k times what it did); the downlink of ``j`` the sum of ``rate[i, j]`` over its
+  incoming flows (the flows of a round run
   at about the same time; senders far apart in time overstate a downlink's sum until its flows
   are limited again, which then corrects it).
 - Which end a limited flow is put on: a probe (see below) on the end it probed, unless the other
@@ -132,6 +135,18 @@ class LinkEstimate:
         self.target = min(self.line, max(PROBE_FLOOR * self.rate, (self.target + self.rate) / 2))
 
 
+def _uplink_copies(src: np.ndarray, rate: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """Per flow: whether it stands for a copy on its sender's uplink: every unicast flow, and of
+    each sender's group flows the one whose receiver saw the highest rate."""
+    copy = ~group
+    best: dict[int, int] = {}
+    for k in np.flatnonzero(group).tolist():
+        if int(src[k]) not in best or rate[k] > rate[best[int(src[k])]]:
+            best[int(src[k])] = k
+    copy[list(best.values())] = True
+    return copy
+
+
 class BandwidthEstimator:
     """Bandwidth estimates per rank (see the module docstring for the rules).
 
@@ -145,18 +160,20 @@ class BandwidthEstimator:
         self.alpha = alpha
         self.uplink: dict[int, LinkEstimate] = {r: LinkEstimate(up, up) for r, (up, _) in (rates or {}).items()}
         self.downlink: dict[int, LinkEstimate] = {r: LinkEstimate(d, d) for r, (_, d) in (rates or {}).items()}
-        # round -> flows: (sender, receiver, paced, rate, probes the uplink, probes the downlink)
-        self._flows: dict[int, list[tuple[int, int, float, float, bool, bool]]] = defaultdict(list)
+        # round -> flows: (sender, receiver, paced, rate, probes the uplink, probes the downlink, via the group)
+        self._flows: dict[int, list[tuple[int, int, float, float, bool, bool, bool]]] = defaultdict(list)
         self._closed = 0  # rounds closed so far (ages count from it)
 
     def observe(self, sender: int, round: int, links: Mapping[int, Mapping[str, float]]) -> None:
         """One sender's flows of one round: ``links[receiver]`` has ``paced`` and ``rate`` (bytes/s),
-        and ``probe``: the end(s) the flow probed ("uplink", "downlink", both or "")."""
+        ``probe``: the end(s) the flow probed ("uplink", "downlink", both or ""), and ``multicast``:
+        whether it went through the sender's group (one copy on the uplink for all such flows)."""
         flows = self._flows[round]
         for j, s in links.items():
             rate, paced, probe = float(s.get("rate", 0.0)), float(s.get("paced", 0.0)), str(s.get("probe", ""))
             if 0 < rate < np.inf and 0 <= paced < np.inf:  # rate 0: too short to time
-                flows.append((sender, int(j), paced, rate, "uplink" in probe, "downlink" in probe))
+                flows.append((sender, int(j), paced, rate, "uplink" in probe, "downlink" in probe,
+                              s.get("multicast") is True))
 
     def close_round(self, round: int) -> None:
         """Every live peer has reported ``round``: apply the samples of every round up to it."""
@@ -164,8 +181,9 @@ class BandwidthEstimator:
             flows = self._flows.pop(r)
             if not flows:
                 continue
-            src, dst, paced, rate, probe_up, probe_down = (np.array(c) for c in zip(*flows))
+            src, dst, paced, rate, probe_up, probe_down, group = (np.array(c) for c in zip(*flows))
             size = int(max(src.max(), dst.max())) + 1
+            copy = _uplink_copies(src, rate, group)
             limited = rate < LIMITED * np.where(paced > 0, paced, np.inf)
             offered = np.where(paced > 0, paced, rate)  # unpaced: what it took
             # A probe's limit is put on the end it probed, unless the other end was full (the probe
@@ -173,18 +191,20 @@ class BandwidthEstimator:
             # limited with more partners (on both if as many).
             probe = probe_up | probe_down
             plain = limited & ~probe
-            up_count = np.bincount(src, weights=plain, minlength=size)
+            up_count = np.bincount(src, weights=plain & copy, minlength=size)
             down_count = np.bincount(dst, weights=plain, minlength=size)
-            up_full = np.bincount(src, weights=rate, minlength=size) >= LIMITED * self._rates(self.uplink, size)
+            up_full = np.bincount(src, weights=rate * copy, minlength=size) >= LIMITED * self._rates(self.uplink, size)
             down_full = np.bincount(dst, weights=rate, minlength=size) >= LIMITED * self._rates(self.downlink, size)
             up_blamed = (plain & (up_count[src] >= down_count[dst])) | (limited & probe_up & ~down_full[dst])
             down_blamed = (plain & (down_count[dst] >= up_count[src])) | (limited & probe_down & ~up_full[src])
             tie = (up_count[src] == down_count[dst]) & ~probe
-            for table, ends, blamed in ((self.uplink, src, up_blamed), (self.downlink, dst, down_blamed)):
-                total = np.bincount(ends, weights=rate, minlength=size)
-                half = np.bincount(ends, weights=offered, minlength=size) / 2
-                bottleneck = np.bincount(ends, weights=offered * blamed, minlength=size) > half
-                clear = np.bincount(ends, weights=offered * (blamed & ~tie), minlength=size) > half
+            every = np.ones(len(src), dtype=bool)
+            for table, ends, blamed, counted in ((self.uplink, src, up_blamed, copy),
+                                                 (self.downlink, dst, down_blamed, every)):
+                total = np.bincount(ends, weights=rate * counted, minlength=size)
+                half = np.bincount(ends, weights=offered * counted, minlength=size) / 2
+                bottleneck = np.bincount(ends, weights=offered * (blamed & counted), minlength=size) > half
+                clear = np.bincount(ends, weights=offered * (blamed & ~tie & counted), minlength=size) > half
                 for end in np.unique(ends).tolist():
                     self._estimate(table, end).sample(float(total[end]), bool(bottleneck[end]), r, self.alpha,
                                                       ambiguous=not clear[end])

@@ -311,7 +311,7 @@ class Synchronizer(ABC):
                 loss: float | None, deadline: float | None) -> None:
         # Per receiver: the pace and what arrived, as the receiver's ACKs timed it (the estimator
         # tells a bottleneck from our own pacing by comparing the two).
-        links = {j: {"paced": rate, "rate": st.ack_rate, "probe": self._probes.get(j, "")}
+        links = {j: {"paced": rate, "rate": st.ack_rate, "probe": self._probes.get(j, ""), "multicast": st.multicast}
                  for (j, rate), st in zip(receivers, sent)}
         engine = self.channel.stats()
         load = {"compute_s": self._compute_s, "merge_s": self._merge_s, "backlog": self._backlog,

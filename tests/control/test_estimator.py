@@ -133,3 +133,15 @@ def test_a_successor_takes_over_estimates_and_targets_and_keeps_its_own_line_rat
     assert est.uplink[0].rate == 30.0 and est.uplink[0].target == 40.0 and est.uplink[0].line == 100.0
     assert est.downlink[1].line == 60.0  # no line rate of its own: the target stands in
 
+
+
+def test_a_multicast_group_counts_once_on_its_senders_uplink():
+    est = BandwidthEstimator({r: (100.0, 100.0) for r in range(5)}, alpha=1.0)
+    group = {j: {"paced": 30.0, "rate": rate, "multicast": True} for j, rate in ((1, 40.0), (2, 45.0), (3, 42.0))}
+    est.observe(0, 1, {**group, 4: {"paced": 30.0, "rate": 40.0}})  # and one unicast copy
+    est.close_round(1)
+    assert est.uplink[0].rate == 100.0  # one copy at 45 and one at 40: the estimate stands (summed: 167)
+    est.observe(0, 2, {**group, 4: {"paced": 30.0, "rate": 70.0}})
+    est.close_round(2)
+    assert est.uplink[0].rate == 115.0  # at the pace, above the estimate: it rises to 45 + 70
+    assert [est.downlink[j].rate for j in (1, 2, 3)] == [100.0] * 3  # each member's downlink: its own flow
