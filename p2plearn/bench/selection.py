@@ -8,7 +8,8 @@ downlink x 1, 1/2 or 1/4: slow uplinks bound T); and "loaded-N": symmetric links
 tiers whose downlinks carry background load (10-100% of each left available): downlinks bound T.
 Every peer sends `megabytes`. For each policy: T(plan) over a lower bound on the optimal
 T (the slowest sender's p M_i / U_i, or all bytes over all downlinks: sum(p M) / sum(D)), the
-average p (receivers per sender), and the planning time; medians over `seeds` seeds.
+average p (receivers per sender), the most senders any receiver has (SELMCAST caps it at 64 by
+default), and the planning time; medians over `seeds` seeds.
 Mixing, over rounds 0-19 of the first seed: the share of (peer, round) pairs in which a live peer
 receives from nobody ("starved"), and |lambda_2| of the mixing matrix averaged over the 20 rounds
 (each receiver averages its model with its senders' in equal parts; the smaller, the faster the
@@ -46,6 +47,7 @@ class Row:
     policy: str
     t_over_bound: float
     average_p: float
+    max_fanin: float
     plan_ms: float
     starved: float
     lambda2: float | None
@@ -96,9 +98,10 @@ POLICIES: dict[str, Callable[[int], SelectionPolicy]] = {
 }
 
 
-def measure(name: str, views: list[NetworkView], p: int) -> tuple[float, float, float]:
-    """Medians over the views (one per seed) of T / bound, average p and planning ms."""
-    ratios, fanouts, ms = [], [], []
+def measure(name: str, views: list[NetworkView], p: int) -> tuple[float, float, float, float]:
+    """Medians over the views (one per seed) of T / bound, average p, the most senders any receiver
+    has, and planning ms."""
+    ratios, fanouts, fanins, ms = [], [], [], []
     for seed, view in enumerate(views):
         policy = POLICIES[name](seed)
         start = time.perf_counter()
@@ -106,7 +109,8 @@ def measure(name: str, views: list[NetworkView], p: int) -> tuple[float, float, 
         ms.append((time.perf_counter() - start) * 1e3)
         ratios.append(plan_time(view, plan) / lower_bound(view, p))
         fanouts.append(average_fanout(plan))
-    return statistics.median(ratios), statistics.median(fanouts), statistics.median(ms)
+        fanins.append(np.bincount([j for rs in plan.values() for j in rs], minlength=view.n).max())
+    return statistics.median(ratios), statistics.median(fanouts), statistics.median(fanins), statistics.median(ms)
 
 
 MIXING_ROUNDS = 20
@@ -161,9 +165,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         print(json.dumps([asdict(r) for r in rows], indent=1))
         return
-    print(f"| view | peers | p | policy | T / bound | average p | plan ms | starved | |lambda_2| ({MIXING_ROUNDS} rounds) |")
-    print("|---|---:|---:|---|---:|---:|---:|---:|---:|")
+    print(f"| view | peers | p | policy | T / bound | average p | max fan-in | plan ms | starved "
+          f"| |lambda_2| ({MIXING_ROUNDS} rounds) |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         lambda2 = "-" if r.lambda2 is None else f"{r.lambda2:.3f}"
         print(f"| {r.view} | {r.peers} | {r.p} | {r.policy} | {r.t_over_bound:.3f} | {r.average_p:.2f} "
-              f"| {r.plan_ms:.1f} | {r.starved:.1%} | {lambda2} |")
+              f"| {r.max_fanin:.0f} | {r.plan_ms:.1f} | {r.starved:.1%} | {lambda2} |")

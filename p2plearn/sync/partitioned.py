@@ -154,9 +154,12 @@ class Partitioned(Synchronizer):
         fractions: list[float] = []
         if mine:
             self._wait_round(rnd, set(others), t0 + self._wait_limit(deadline))
+            merge_t0 = time.monotonic()
             usable = [(d.sender, c) for d in self._inputs(rnd) if (c := self._fits(d, mine)) is not None]
             for i, own in enumerate(pieces(mine)):
                 fractions.append(merge_parameter(own, [c[i] for _, c in usable]))
+            if usable:  # per message received, as the load model counts it (here: parts of models)
+                self._merge_s = (time.monotonic() - merge_t0) / len(usable)
             merged_from.update(sender for sender, _ in usable)
         # 2. gather: the averaged part to everyone else; theirs into place where it arrived
         gather = send(2 * rnd + 1, mine, [(*engines[j].engine, layout.gather_rate[me][j]) for j in others]) \

@@ -77,6 +77,7 @@ def test_a_partitioned_round_is_the_full_average_at_a_ring_all_reduces_bytes(job
         for got, first in zip(p.params, peers[0].params):
             assert np.array_equal(got, first), "the peers' models differ after a full average"
         assert p.sync.clock == 1
+        assert p.sync._merge_s > 0  # the load model hears what merging its part cost per message
 
 
 def test_each_uplink_carries_about_two_n_minus_one_over_n_models(job):  # noqa: F811
