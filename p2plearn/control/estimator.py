@@ -17,7 +17,8 @@ The estimator (documented here because selection relies on its behaviour):
   flows through its IP multicast group (``multicast`` in the report) counted once, at the highest
   rate a member saw (the group is one copy on the uplink: summed, a group of k would say the
   uplink carried k times what it did); the downlink of ``j`` the sum of ``rate[i, j]`` over its
-  incoming flows (the flows of a round run
+  incoming flows (a group goes at its slowest member's pace, so of a group's flows only the
+  slowest member's may put a limit on its downlink) (the flows of a round run
   at about the same time; senders far apart in time overstate a downlink's sum until its flows
   are limited again, which then corrects it).
 - Which end a limited flow is put on: a probe (see below) on the end it probed, unless the other
@@ -135,16 +136,16 @@ class LinkEstimate:
         self.target = min(self.line, max(PROBE_FLOOR * self.rate, (self.target + self.rate) / 2))
 
 
-def _uplink_copies(src: np.ndarray, rate: np.ndarray, group: np.ndarray) -> np.ndarray:
-    """Per flow: whether it stands for a copy on its sender's uplink: every unicast flow, and of
-    each sender's group flows the one whose receiver saw the highest rate."""
-    copy = ~group
+def _one_per_group(src: np.ndarray, rate: np.ndarray, group: np.ndarray, better) -> np.ndarray:
+    """Per flow: every unicast flow, and of each sender's group flows the one whose rate is
+    `better` (np.greater: the highest, np.less: the lowest) than the others'."""
+    keep = ~group
     best: dict[int, int] = {}
     for k in np.flatnonzero(group).tolist():
-        if int(src[k]) not in best or rate[k] > rate[best[int(src[k])]]:
+        if int(src[k]) not in best or better(rate[k], rate[best[int(src[k])]]):
             best[int(src[k])] = k
-    copy[list(best.values())] = True
-    return copy
+    keep[list(best.values())] = True
+    return keep
 
 
 class BandwidthEstimator:
@@ -183,7 +184,10 @@ class BandwidthEstimator:
                 continue
             src, dst, paced, rate, probe_up, probe_down, group = (np.array(c) for c in zip(*flows))
             size = int(max(src.max(), dst.max())) + 1
-            copy = _uplink_copies(src, rate, group)
+            copy = _one_per_group(src, rate, group, np.greater)  # the uplink carried one copy per group
+            # Every member of a group gets the pace of its slowest one: only that one's limit may be
+            # its own downlink's (the others took what the group sent).
+            blamable = _one_per_group(src, rate, group, np.less)
             limited = rate < LIMITED * np.where(paced > 0, paced, np.inf)
             offered = np.where(paced > 0, paced, rate)  # unpaced: what it took
             # A probe's limit is put on the end it probed, unless the other end was full (the probe
@@ -192,11 +196,11 @@ class BandwidthEstimator:
             probe = probe_up | probe_down
             plain = limited & ~probe
             up_count = np.bincount(src, weights=plain & copy, minlength=size)
-            down_count = np.bincount(dst, weights=plain, minlength=size)
+            down_count = np.bincount(dst, weights=plain & blamable, minlength=size)
             up_full = np.bincount(src, weights=rate * copy, minlength=size) >= LIMITED * self._rates(self.uplink, size)
             down_full = np.bincount(dst, weights=rate, minlength=size) >= LIMITED * self._rates(self.downlink, size)
             up_blamed = (plain & (up_count[src] >= down_count[dst])) | (limited & probe_up & ~down_full[dst])
-            down_blamed = (plain & (down_count[dst] >= up_count[src])) | (limited & probe_down & ~up_full[src])
+            down_blamed = blamable & ((plain & (down_count[dst] >= up_count[src])) | (limited & probe_down & ~up_full[src]))
             tie = (up_count[src] == down_count[dst]) & ~probe
             every = np.ones(len(src), dtype=bool)
             for table, ends, blamed, counted in ((self.uplink, src, up_blamed, copy),

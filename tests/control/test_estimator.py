@@ -145,3 +145,16 @@ def test_a_multicast_group_counts_once_on_its_senders_uplink():
     est.close_round(2)
     assert est.uplink[0].rate == 115.0  # at the pace, above the estimate: it rises to 45 + 70
     assert [est.downlink[j].rate for j in (1, 2, 3)] == [100.0] * 3  # each member's downlink: its own flow
+
+
+def test_a_group_slowed_by_one_member_lowers_only_that_members_downlink():
+    est = BandwidthEstimator({r: (100.0, 100.0) for r in range(4)}, alpha=1.0)
+    group = {j: {"paced": 30.0, "rate": rate, "multicast": True} for j, rate in ((1, 12.5), (2, 12.2), (3, 12.0))}
+    for rnd in (1, 2):  # twice: an ambiguous limit counts once a second one confirms it
+        # the group, paced at 30, went at 12: member 3 took no more (its downlink) and held the others back
+        est.observe(0, rnd, group)
+        for sender in (1, 2):  # 3 is limited with its other senders too
+            est.observe(sender, rnd, {3: {"paced": 30.0, "rate": 10.0}})
+        est.close_round(rnd)
+    assert est.downlink[3].rate == 32.0
+    assert est.downlink[1].rate == est.downlink[2].rate == 100.0
