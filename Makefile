@@ -65,7 +65,8 @@ clean:
 
 # Experiments (experiments/*.py, one claim each; results in experiments/results/). Full mode takes
 # hours on 2 cores; testbed ones need root (they say so and skip, or fall back, otherwise).
-EXPERIMENTS := selmcast_vs_random loss_tolerance_vs_tcp layerwise_bounds phase_aware value_filter time_to_accuracy scale faults
+EXPERIMENTS := selmcast_vs_random loss_tolerance_vs_tcp layerwise_bounds phase_aware value_filter time_to_accuracy scale faults \
+               rate_classes
 
 .PHONY: experiments experiments-quick
 experiments: $(STAMP)
