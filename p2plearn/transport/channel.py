@@ -151,7 +151,8 @@ class Channel:
             the uplink. "multicast": one copy to this sender's IP multicast group for all of them
             (a LAN or cluster switch replicates it), falling back to unicast per receiver that the
             group does not reach (costs a few round trips of that message). "auto": multicast to
-            the receivers `probe_multicast` found reachable, unicast to the rest.
+            the receivers `probe_multicast` found reachable, unicast to the rest (training rounds
+            say per receiver instead, from the view's multicast domains: see `send`).
         mcast_port: the port every peer of the job receives multicast data on (the same on all;
             several engines of one host share it); needed by "multicast" and "auto", and by a
             receiver to take multicast at all (0 = off: it answers every sender "unicast").
