@@ -200,7 +200,8 @@ class BandwidthEstimator:
             up_full = np.bincount(src, weights=rate * copy, minlength=size) >= LIMITED * self._rates(self.uplink, size)
             down_full = np.bincount(dst, weights=rate, minlength=size) >= LIMITED * self._rates(self.downlink, size)
             up_blamed = (plain & (up_count[src] >= down_count[dst])) | (limited & probe_up & ~down_full[dst])
-            down_blamed = blamable & ((plain & (down_count[dst] >= up_count[src])) | (limited & probe_down & ~up_full[src]))
+            down_blamed = blamable & ((plain & (down_count[dst] >= up_count[src]))
+                                      | (limited & probe_down & ~up_full[src]))
             tie = (up_count[src] == down_count[dst]) & ~probe
             every = np.ones(len(src), dtype=bool)
             for table, ends, blamed, counted in ((self.uplink, src, up_blamed, copy),

@@ -45,7 +45,7 @@ def domains_from_reach(reach: Mapping[int, Collection[int]], size: int) -> np.nd
             continue
         members = [i]
         for j in sorted(mutual[i]):
-            if j < size and domain[j] == UNICAST_ONLY and all(j in mutual[k] for k in members):
+            if 0 <= j < size and domain[j] == UNICAST_ONLY and all(j in mutual[k] for k in members):
                 members.append(j)
         if len(members) > 1:
             domain[members] = i

@@ -18,7 +18,7 @@ ALL_OF_4 = {i: {j for j in range(4) if j != i} for i in range(4)}
     ({0: {1, 2}, 1: {0, 2}, 2: {0, 1}, 3: {4}, 4: {3}}, 5, [0, 0, 0, 3, 3]),  # two LANs
     ({0: {1, 2}, 1: {2}, 2: {0, 1}}, 4, [0, -1, 0, -1]),                       # 1 -> 0 one way only; 3 never reported
     ({0: {1}, 1: {0, 2}, 2: {1}}, 3, [0, 0, -1]),                              # 0-1, 1-2 but not 0-2: 2 by unicast
-    ({0: {1, 7}, 1: {0}, 7: {0}}, 2, [0, 0]),                                  # ranks beyond the view are left out
+    ({0: {1, 7, -1}, 1: {0}, 7: {0}, -1: {0}}, 2, [0, 0]),                     # ranks beyond the view are left out
     ({0: set(), 1: set()}, 2, [-1, -1]),                                       # probes that reached nobody
 ])
 def test_a_domain_is_a_set_of_peers_that_reach_each_other_both_ways(reach, size, expected):
