@@ -39,6 +39,7 @@ TOPOLOGY_16 = "topology/heterogeneous-16.json"
 PERIOD_16 = 4
 EVAL_EVERY_16 = 2 * PERIOD_16  # steps: rank 0's accuracy every 2 rounds, just after a merge
 DIRICHLET = 0.1
+WIDTH_16 = 64
 KEYS = ["sync", "staleness", "selection", "fanout"]
 
 
@@ -113,7 +114,7 @@ def part_8(args) -> None:
 
 def part_16(args) -> None:
     testbed = c.is_root()
-    script = {"epochs": 1 if args.quick else 10, "samples": 12000, "width": 64, "dirichlet": DIRICHLET,
+    script = {"epochs": 1 if args.quick else 10, "samples": 12000, "width": WIDTH_16, "dirichlet": DIRICHLET,
               "eval_every": EVAL_EVERY_16}
     rows = []
     for cfg in configs_16(args.quick):
