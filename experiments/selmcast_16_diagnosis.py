@@ -28,6 +28,7 @@ from p2plearn.bench.selection import MIXING_ROUNDS
 from p2plearn.examples.mnist1d import CNN
 from p2plearn.selection import NetworkView, average_fanout, make_policy, plan_time
 from p2plearn.selection.view import FRAMING
+from p2plearn.sim.tracking import Burst, FlowNetwork, track, true_rates
 from p2plearn.topology import load
 
 
@@ -105,12 +106,50 @@ def planned() -> str:
     return "\n".join(lines)
 
 
+def closed_loop(round_s: float, rounds: int = 70, lag: int = 2) -> str:
+    """The bursts in rounds of `round_s` seconds, SELMCAST planning from the estimator's view of
+    `lag` rounds before (`p2plearn.sim.tracking.track`, flows at their max-min fair rates): T of
+    each round's plan on the true rates, against random p's and the exponential graph's plans."""
+    topo = load(c.ROOT / exp.TOPOLOGY_16)
+    up = np.array([topo.uplink_mbit(p) for p in topo.peers]) * 1e6 / 8
+    down = np.array([topo.downlink_mbit(p) for p in topo.peers]) * 1e6 / 8
+    n, message = len(up), sum(p.numel() for p in CNN(exp.WIDTH_16).parameters()) * 4 * FRAMING
+    bursts = [Burst(i, int(start // round_s), int(end // round_s) + 1, e.changes["downlink_mbit"] * 1e6 / 8 / down[i])
+              for i, peer in enumerate(topo.peers) for e in topo.events(peer)
+              for start, end in e.occurrences(rounds * round_s)]
+    trace = track(FlowNetwork(up, down, bursts), up, down, bursts, rounds, message_bytes=message / FRAMING, p=1,
+                  lag=lag)
+    burst_rounds = {r for b in bursts for r in range(b.start, b.end)}
+    lines = [f"Closed loop (simulated, {rounds} rounds of {round_s:.2f} s, the measured BSP SELMCAST round; the view "
+             f"of {lag} rounds before; {len(burst_rounds)} rounds touch a burst):", "",
+             "| selection | p | T ms, median | T ms, mean | T ms, mean in burst rounds | rounds with T > 2x the base T |",
+             "|---|---|---|---|---|---|"]
+    for name, p in [("selmcast", 1), ("random", 1), ("random", 3), ("exponential", 1)]:
+        policy = make_policy(name, seed=0)
+        ts = []
+        for rnd in range(rounds):
+            k = rnd - 1 - lag
+            est_up, est_down = (trace.est_up[k], trace.est_down[k]) if k >= 0 else (up, down)
+            planned_view = NetworkView(est_up, est_down, np.full(n, message), np.ones(n, dtype=bool))
+            true_up, true_down = true_rates(up, down, bursts, rnd)
+            ts.append(plan_time(NetworkView(true_up, true_down, np.full(n, message), np.ones(n, dtype=bool)),
+                                policy.plan(planned_view, p, rnd)))
+        base = min(ts)
+        lines.append(f"| {name} | {p} | {1e3 * statistics.median(ts):.0f} | {1e3 * statistics.mean(ts):.0f} | "
+                     f"{1e3 * statistics.mean(ts[r] for r in burst_rounds if r < rounds):.0f} | "
+                     f"{sum(t > 2 * base for t in ts)} of {rounds} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", type=Path, default=c.RESULTS / f"{exp.NAME_16}.csv")
     args = ap.parse_args(argv)
-    print("Measured (median [min-max] over seeds):\n\n" + measured(read(args.csv)) +
-          "\n\nPlanned (20 rounds, medians):\n\n" + planned())
+    rows = read(args.csv)
+    round_s = statistics.median(r["wall_s"] / r["rounds"] for r in rows
+                                if (r["sync"], r["selection"]) == ("bsp", "selmcast"))
+    print("Measured (median [min-max] over seeds):\n\n" + measured(rows) +
+          "\n\nPlanned (20 rounds, medians):\n\n" + planned() + "\n\n" + closed_loop(round_s))
 
 
 if __name__ == "__main__":
