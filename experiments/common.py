@@ -105,8 +105,9 @@ def load_note(rows: list[Row]) -> str:
     if not loads:
         return ""
     return (f"Ran until {rows[-1]['finished_utc']} UTC; load average (1 min) after each run: median "
-            f"{statistics.median(loads):.1f}, max {max(loads):.1f} on {os.cpu_count()} cores (this run's own processes count in it; so does "
-            f"other people's work on the shared machine: timings are slower and noisier when it is high).")
+            f"{statistics.median(loads):.1f}, max {max(loads):.1f} on {os.cpu_count()} cores (this run's own "
+            f"processes count in it; so does other people's work on the shared machine: timings are slower and "
+            f"noisier when it is high).")
 
 
 def time_to_accuracy(history: Iterable[tuple[float, float]], target: float) -> float:

@@ -79,8 +79,9 @@ def planned() -> str:
         return NetworkView(up, d, np.full(n, message), np.ones(n, dtype=bool))
 
     base, burst = view(down), view(burst_down)
-    lines = [f"Message {message / 1e3:.0f} KB on the wire (CNN width {exp.WIDTH_16}); {int((burst_down < down).sum())} downlinks at their burst rate in the "
-             f"burst columns (all at once: the worst case).", "",
+    lines = [f"Message {message / 1e3:.0f} KB on the wire (CNN width {exp.WIDTH_16}); "
+             f"{int((burst_down < down).sum())} downlinks at their burst rate in the burst columns (all at once: "
+             f"the worst case).", "",
              "| selection | p | T ms | T ms in a burst, plan from base rates | T ms in a burst, plan from burst rates "
              "| average p | starved | abs(lambda_2) |", "|---|---|---|---|---|---|---|---|"]
     for name, p in [("selmcast", 1), ("random", 1), ("random", 2), ("random", 3), ("all", 1), ("exponential", 1)]:
@@ -122,7 +123,8 @@ def closed_loop(round_s: float, rounds: int = 70, lag: int = 2) -> str:
     burst_rounds = {r for b in bursts for r in range(b.start, b.end)}
     lines = [f"Closed loop (simulated, {rounds} rounds of {round_s:.2f} s, the measured BSP SELMCAST round; the view "
              f"of {lag} rounds before; {len(burst_rounds)} rounds touch a burst):", "",
-             "| selection | p | T ms, median | T ms, mean | T ms, mean in burst rounds | rounds with T > 2x the base T |",
+             "| selection | p | T ms, median | T ms, mean | T ms, mean in burst rounds "
+             "| rounds with T > 2x the base T |",
              "|---|---|---|---|---|---|"]
     for name, p in [("selmcast", 1), ("random", 1), ("random", 3), ("exponential", 1)]:
         policy = make_policy(name, seed=0)

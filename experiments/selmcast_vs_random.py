@@ -112,14 +112,22 @@ def part_8(args) -> None:
                                            "step time (s per round)", f"{topo}: median step time, min-max over seeds"))
 
 
+def script_16(quick: bool) -> dict:
+    return {"epochs": 1 if quick else 10, "samples": 12000, "width": WIDTH_16, "dirichlet": DIRICHLET,
+            "eval_every": EVAL_EVERY_16}
+
+
 def part_16(args) -> None:
-    testbed = c.is_root()
-    script = {"epochs": 1 if args.quick else 10, "samples": 12000, "width": WIDTH_16, "dirichlet": DIRICHLET,
-              "eval_every": EVAL_EVERY_16}
-    rows = []
+    rows, script = [], script_16(args.quick)
     for cfg in configs_16(args.quick):
         rows += c.repeat(cfg, args.seeds, lambda seed, cfg=cfg: c.train(16, cfg, {**script, "seed": seed},
-                                                                        topology=TOPOLOGY_16, testbed=testbed))
+                                                                        topology=TOPOLOGY_16, testbed=c.is_root()))
+    report_16(args, rows, c.is_root())
+
+
+def report_16(args, rows: list[c.Row], testbed: bool) -> None:
+    """Time to target, ratios, verdicts and the figure of the 16-peer part, from its rows."""
+    script = script_16(args.quick)
     target = target_of(rows)
     for r in rows:
         if r["ok"]:
@@ -157,9 +165,20 @@ def part_16(args) -> None:
              f"16 models at the end. The ratio column is time to target / the best random-p's (lowest median) in the "
              f"same sync mode. {c.load_note(rows)}")
 
-    def draw(ax) -> None:
-        c.accuracy_curves(ax, rows, KEYS, f"heterogeneous-16, Dirichlet {DIRICHLET}: rank 0's accuracy, seed 0")
-        ax.axhline(target, color="gray", linestyle="--", linewidth=1)
+    def draw(ax) -> None:  # seed 0's curves: a colour per selection, solid BSP, dashed SSP
+        colours = {}
+        for (sync, _, sel, p), rs in c.groups(rows, KEYS).items():
+            hist = next((r["history"] for r in rs if r["ok"] and r["history"]), None)
+            if hist:
+                colour = colours.setdefault((sel, p), f"C{len(colours)}")
+                label = f"{sync} {sel}" + (f" p={p}" if sel == "random" else "")
+                ax.plot([h[0] for h in hist], [h[1] for h in hist], color=colour, marker=".",
+                        linestyle="-" if sync == "bsp" else "--", label=label)
+        ax.axhline(target, color="gray", linewidth=1)
+        ax.set_xlabel("wall time since training start (s)")
+        ax.set_ylabel("test accuracy (rank 0's own model)")
+        ax.set_title(f"heterogeneous-16 (testbed), Dirichlet {DIRICHLET}, seed 0; grey: the target", fontsize=10)
+        ax.legend(fontsize=7, ncol=2)
 
     c.write_results(args.out, NAME_16, rows, "SELMCAST vs random-p, all, exponential: 16 peers, non-i.i.d., bursts",
                     setup, "\n\n".join(tables), draw, notes="\n".join(verdicts))
