@@ -8,14 +8,14 @@ Two parts, each with its own files in the results directory (the 16-peer one run
 - selmcast_vs_random.*: heterogeneous-8 emulated (`--emulate`: each engine paced to its topology
   uplink; no namespaces), i.i.d. shards, a round every step (period 1, p=2 for selmcast: the
   per-step claim), BSP and SSP s=2 x selmcast, random p = 1, 2, 3 and all, 6 epochs, 3 seeds:
-  30 runs of 30-110 s (~35 min on 2 cores).
+  30 runs (42 min on the shared 2-core machine).
 - selmcast_vs_random_16.*: where SELMCAST must pay off (issue 16): heterogeneous-16 on the testbed
   (root; 16 namespaces, downlinks 25-100 Mbit/s, 4 of them collapsing to 0.1x for 2 s every 10 s;
   not root: emulated, where the downlinks and bursts do not exist, said in the .md), non-i.i.d.
   shards (Dirichlet alpha 0.1 over the classes, seeded), BSP and SSP s=2 x selmcast (p=1, the
   default), random p = 1, 2, 3, all and the exponential graph (p=1), a round every PERIOD_16 steps
-  for every configuration, 10 epochs, 3 seeds: 36 runs of 60-200 s, about 50 s of each the
-  namespaces and 16 peers' start-up (~75 min). Time to target: first evaluation of rank 0's own
+  for every configuration, 10 epochs, 3 seeds: 36 runs of 30-120 s of training plus ~50 s each
+  for the namespaces and 16 peers' start-up (55 min on the shared 2-core machine). Time to target: first evaluation of rank 0's own
   model (every 2 rounds, just after a merge) at or above the target, which `target_of` fixes from
   seed 0's curves alone; the ratio is SELMCAST's median / the best random-p's (lowest median) in
   the same sync mode. Issue 16's goal: at most 0.7 at no lower final accuracy.
