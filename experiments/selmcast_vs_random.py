@@ -15,10 +15,11 @@ Two parts, each with its own files in the results directory (the 16-peer one run
   shards (Dirichlet alpha 0.1 over the classes, seeded), BSP and SSP s=2 x selmcast (p=1, the
   default), random p = 1, 2, 3, all and the exponential graph (p=1), a round every PERIOD_16 steps
   for every configuration, 10 epochs, 3 seeds: 36 runs of 30-120 s of training plus ~50 s each
-  for the namespaces and 16 peers' start-up (55 min on the shared 2-core machine). Time to target: first evaluation of rank 0's own
-  model (every 2 rounds, just after a merge) at or above the target, which `target_of` fixes from
-  seed 0's curves alone; the ratio is SELMCAST's median / the best random-p's (lowest median) in
-  the same sync mode. Issue 16's goal: at most 0.7 at no lower final accuracy.
+  for the namespaces and 16 peers' start-up (55 min on the shared 2-core machine). Time to
+  target: first evaluation of rank 0's own model (every 2 rounds, just after a merge) at or above
+  the target, which `target_of` fixes from seed 0's curves alone; the ratio is SELMCAST's median /
+  the best random-p's (lowest median) in the same sync mode. Issue 16's goal: at most 0.7 at no
+  lower final accuracy. `selmcast_16_diagnosis.py` splits the result into rounds and their cost.
 
 Quick: heterogeneous-16 BSP x selmcast / random p=1, 1 epoch; heterogeneous-4 BSP x selmcast /
 random p=2 / all and SSP s=2 x selmcast, 2 epochs; 1 seed (~4 min).
