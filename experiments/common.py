@@ -16,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -93,8 +94,20 @@ def repeat(config: Row, seeds: int, run: Callable[[int], Row | None]) -> list[Ro
         label = ", ".join(f"{k}={v}" for k, v in config.items())
         print(f"  {label}, seed {seed} ...", file=sys.stderr, flush=True)
         result = run(seed)
-        rows.append({**config, "seed": seed, "ok": result is not None, **(result or {})})
+        rows.append({**config, "seed": seed, "ok": result is not None, **(result or {}),
+                     "finished_utc": time.strftime("%H:%M:%S", time.gmtime()), "load_1min": os.getloadavg()[0]})
     return rows
+
+
+def load_note(rows: list[Row]) -> str:
+    """A sentence on when the rows ran and how loaded the (shared) machine was, for a setup text."""
+    loads = [r["load_1min"] for r in rows if "load_1min" in r]
+    if not loads:
+        return ""
+    return (f"Ran until {rows[-1]['finished_utc']} UTC; load average (1 min) after each run: median "
+            f"{statistics.median(loads):.1f}, max {max(loads):.1f} on {os.cpu_count()} cores (this run's own "
+            f"processes count in it; so does other people's work on the shared machine: timings are slower and "
+            f"noisier when it is high).")
 
 
 def time_to_accuracy(history: Iterable[tuple[float, float]], target: float) -> float:

@@ -66,7 +66,8 @@ def main() -> None:
 
     stopped = False
     for epoch in range(args.epochs):
-        for x, y in shard(data, args.batch_size, rank=rank, world_size=world, epoch=epoch, seed=args.seed):
+        for x, y in shard(data, args.batch_size, rank=rank, world_size=world, epoch=epoch, seed=args.seed,
+                          dirichlet=args.dirichlet):
             loss = F.cross_entropy(trained(x), y)
             loss.backward()
             opt.step()

@@ -69,6 +69,9 @@ def add_model_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--lr", type=float, default=0.1)
     ap.add_argument("--samples", type=int, default=12000, help="MNIST-1D samples generated (80%% train)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dirichlet", type=float, default=None, metavar="ALPHA",
+                    help="non-i.i.d. shards: each rank's class mix drawn from Dirichlet(ALPHA), seeded by --seed "
+                         "(0.1: strongly skewed, 100: near i.i.d.; default: i.i.d. shards)")
     ap.add_argument("--eval-every", type=int, default=0, metavar="STEPS",
                     help="test accuracy every STEPS local steps (default: after each epoch)")
     ap.add_argument("--json", metavar="FILE", help="rank 0 writes the results here")
@@ -105,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     for epoch in range(args.epochs):
         losses = []
         for x, y in shard(data, args.batch_size, rank=rt.rank, world_size=rt.world_size, epoch=epoch,
-                          seed=args.seed):
+                          seed=args.seed, dirichlet=args.dirichlet):
             loss = F.cross_entropy(model(x), y)
             loss.backward()
             opt.step(loss=loss)

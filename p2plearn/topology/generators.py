@@ -30,12 +30,21 @@ def heterogeneous(
     tiers: Sequence[float] = (50.0, 100.0, 200.0, 500.0),
     seed: int = 0,
     up_ratios: Sequence[float] = (1.0, 0.5, 0.25),
+    bursty: int = 0,
+    every_s: float = 10.0,
+    duration_s: float = 2.0,
+    burst_rate_factor: float = 0.1,
 ) -> Topology:
     """``n`` peers whose downlinks cycle through ``tiers`` (Mbit/s) in a shuffled order.
 
     seed: picks the shuffle and each peer's ratio; change it for another mix of the same tiers.
     up_ratios: uplink = downlink x a ratio drawn from these (1.0 symmetric, lower values
         model asymmetric access links such as DSL or cable).
+    bursty: how many peers (drawn with ``seed``) have recurring congestion bursts on their
+        downlink: every ``every_s`` seconds it drops to ``burst_rate_factor`` x its rate for
+        ``duration_s`` seconds, the peers' first bursts staggered within the period. Bursts of
+        seconds outlast several rounds (a congestion episode a view can follow); shorter ones
+        (see ``microburst``) only disturb a round.
     """
     rng = random.Random(seed)
     downlinks = [tiers[i % len(tiers)] for i in range(n)]
@@ -45,6 +54,16 @@ def heterogeneous(
         for i, down in enumerate(downlinks)
     ]
     description = f"{n} peers, downlinks from tiers {list(tiers)} Mbit/s, seed {seed}"
+    for i in sorted(rng.sample(range(n), bursty)):
+        nodes[i]["events"] = [{
+            "at_s": round(rng.uniform(0, every_s - duration_s), 3),
+            "duration_s": duration_s,
+            "every_s": every_s,
+            "downlink_mbit": nodes[i]["downlink_mbit"] * burst_rate_factor,
+        }]
+    if bursty:
+        description += (f"; {bursty} of them drop to {burst_rate_factor:g}x downlink for {duration_s:g} s "
+                        f"every {every_s:g} s")
     return _topology(f"heterogeneous-{n}", description, nodes)
 
 
@@ -104,6 +123,7 @@ STANDARD: dict[str, Callable[[], Topology]] = {
     "homogeneous-8": lambda: homogeneous(8),
     "heterogeneous-4": lambda: heterogeneous(4),
     "heterogeneous-8": lambda: heterogeneous(8),
+    "heterogeneous-16": lambda: heterogeneous(16, tiers=(25.0, 50.0, 100.0), up_ratios=(1.0, 0.5), bursty=4),
     "incast-8": lambda: incast(8),
     "microburst-8": lambda: microburst(8),
 }

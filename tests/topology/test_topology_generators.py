@@ -37,3 +37,20 @@ def test_microburst_gives_each_peer_a_periodic_burst_within_the_period():
         assert event.changes == {"downlink_mbit": pytest.approx(10.0), "loss": 0.3}
         assert 0 <= event.at_s <= 5 - 0.25
     assert len({topology.events(p)[0].at_s for p in topology.peers}) > 1  # staggered
+
+
+def test_heterogeneous_bursts_hit_the_chosen_peers_downlinks_staggered_and_keep_the_base_mix():
+    plain = heterogeneous(16, tiers=(25, 50, 100), up_ratios=(1.0, 0.5), seed=0)
+    bursty = heterogeneous(16, tiers=(25, 50, 100), up_ratios=(1.0, 0.5), seed=0, bursty=4, every_s=10,
+                           duration_s=2, burst_rate_factor=0.1)
+    hit = [p for p in bursty.peers if bursty.events(p)]
+    assert len(hit) == 4
+    for peer in bursty.peers:  # the same rates as without bursts
+        assert bursty.downlink_mbit(peer) == plain.downlink_mbit(peer)
+        assert bursty.uplink_mbit(peer) == plain.uplink_mbit(peer)
+    for peer in hit:
+        (event,) = bursty.events(peer)
+        assert event.every_s == 10 and event.duration_s == 2 and 0 <= event.at_s <= 8
+        assert event.changes == {"downlink_mbit": pytest.approx(0.1 * bursty.downlink_mbit(peer))}
+    assert len({bursty.events(p)[0].at_s for p in hit}) > 1  # staggered
+    assert not any(plain.events(p) for p in plain.peers)

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from p2plearn.train.data import Dataset, shard
+from p2plearn.train.data import Dataset, dirichlet_shards, shard
 
 ROWS = 96
 
@@ -58,3 +58,56 @@ def test_under_real_open_mpi_each_rank_gets_its_own_shard(tmp_path):
     shards = [[int(v) for v in (tmp_path / f"rank-{r}").read_text().split()] for r in range(2)]
     assert all(len(s) == ROWS // 2 for s in shards), shards
     assert sorted(shards[0] + shards[1]) == list(range(ROWS))
+
+
+def labelled(per_class: int = 200, classes: int = 10) -> Dataset:
+    """Row i holds the number i; labels cycle through the classes."""
+    n = per_class * classes
+    x = torch.arange(n, dtype=torch.float32).unsqueeze(1)
+    return Dataset(x, torch.arange(n) % classes, x[:1], torch.zeros(1, dtype=torch.long), classes=classes)
+
+
+def dirichlet_rows(data: Dataset, alpha: float, seed: int = 0, world: int = 8, epoch: int = 0) -> list[list[int]]:
+    return [rows_of(shard(data, 10, rank=r, world_size=world, epoch=epoch, seed=seed, dirichlet=alpha))
+            for r in range(world)]
+
+
+def class_shares(data: Dataset, shards: list[torch.Tensor]) -> torch.Tensor:
+    """Per shard, the fraction of its samples in each class (rows: shards)."""
+    counts = torch.stack([torch.bincount(data.y[s], minlength=data.classes) for s in shards]).float()
+    return counts / counts.sum(1, keepdim=True)
+
+
+def test_dirichlet_shards_are_deterministic_for_a_seed_and_differ_across_seeds():
+    data = labelled()
+    assert dirichlet_rows(data, 0.1, seed=3) == dirichlet_rows(data, 0.1, seed=3)
+    assert dirichlet_rows(data, 0.1, seed=3) != dirichlet_rows(data, 0.1, seed=4)
+    # Another epoch reorders each shard, it does not change it.
+    assert [sorted(s) for s in dirichlet_rows(data, 0.1, seed=3, epoch=1)] == \
+        [sorted(s) for s in dirichlet_rows(data, 0.1, seed=3, epoch=0)]
+
+
+def test_dirichlet_shards_are_equal_and_use_every_sample_at_most_once():
+    data = labelled()
+    shards = dirichlet_shards(data.y, 7, 0.1, seed=1)
+    assert {len(s) for s in shards} == {len(data) // 7}
+    used = torch.cat(shards).tolist()
+    assert len(used) == len(set(used))
+
+
+def test_dirichlet_alpha_tunes_the_class_skew():
+    data = labelled()
+    skewed = class_shares(data, dirichlet_shards(data.y, 8, 0.1, seed=0))
+    uniform = class_shares(data, dirichlet_shards(data.y, 8, 1000.0, seed=0))
+    # At 0.1 each shard is dominated by a few classes; at 1000 each is close to the global 10% per class.
+    assert skewed.max(1).values.median() > 0.3
+    assert (skewed.topk(4, dim=1).values.sum(1) > 0.8).all()
+    assert (uniform - 0.1).abs().max() < 0.05
+
+
+@pytest.mark.parametrize("alpha", [0.0, -1.0, float("nan"), float("inf")])
+def test_a_bad_dirichlet_alpha_is_refused_with_a_clear_error(alpha):
+    with pytest.raises(ValueError, match="Dirichlet alpha must be a finite number > 0"):
+        dirichlet_shards(labelled().y, 4, alpha)
+    with pytest.raises(ValueError, match="Dirichlet alpha"):
+        next(shard(labelled(), 4, rank=0, world_size=4, dirichlet=alpha))
