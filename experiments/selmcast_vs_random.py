@@ -22,7 +22,7 @@ Two parts, each with its own files in the results directory (the 16-peer one run
   lower final accuracy. `selmcast_16_diagnosis.py` splits the result into rounds and their cost.
 
 Quick: heterogeneous-16 BSP x selmcast / random p=1, 1 epoch; heterogeneous-4 BSP x selmcast /
-random p=2 / all and SSP s=2 x selmcast, 2 epochs; 1 seed (~4 min).
+random p=2 / all and SSP s=2 x selmcast, 2 epochs; 1 seed (~5 min).
 """
 from __future__ import annotations
 

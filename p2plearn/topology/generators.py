@@ -42,9 +42,9 @@ def heterogeneous(
         model asymmetric access links such as DSL or cable).
     bursty: how many peers (drawn with ``seed``) have recurring congestion bursts on their
         downlink: every ``every_s`` seconds it drops to ``burst_rate_factor`` x its rate for
-        ``duration_s`` seconds, the peers' first bursts staggered within the period. Bursts of
-        seconds outlast several rounds (a congestion episode a view can follow); shorter ones
-        (see ``microburst``) only disturb a round.
+        ``duration_s`` seconds, the peers' first bursts staggered within the period. A burst the
+        view should follow must outlast about 3 of the job's rounds (the view falls within 3);
+        shorter ones act like ``microburst``'s, disturbing the rounds they hit.
     """
     rng = random.Random(seed)
     downlinks = [tiers[i % len(tiers)] for i in range(n)]

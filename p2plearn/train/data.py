@@ -73,8 +73,8 @@ def dirichlet_shards(labels: torch.Tensor, world_size: int, alpha: float, seed: 
     not yet used up (a rank whose classes ran out draws from the rest), so the shards follow the
     drawn mixes except where a class is exhausted. alpha tunes the skew: 0.1 is the usual
     federated-learning benchmark (MNIST-1D on 16 ranks: 3-5 classes make 90% of a shard), 1 a
-    moderate skew, 100 and above nearly the global class mix. The same labels, world_size, alpha and seed give the same
-    shards on every rank."""
+    moderate skew, 100 and above nearly the global class mix. The same labels, world_size, alpha
+    and seed give the same shards on every rank."""
     if not (isinstance(alpha, (int, float)) and math.isfinite(alpha) and alpha > 0):
         raise ValueError(f"Dirichlet alpha must be a finite number > 0 (got {alpha!r}); smaller is more skewed")
     return [torch.tensor(s, dtype=torch.long)
