@@ -66,7 +66,7 @@ clean:
 # Experiments (experiments/*.py, one claim each; results in experiments/results/). Full mode takes
 # hours on 2 cores; testbed ones need root (they say so and skip, or fall back, otherwise).
 EXPERIMENTS := selmcast_vs_random loss_tolerance_vs_tcp layerwise_bounds phase_aware value_filter time_to_accuracy scale faults \
-               rate_classes
+               rate_classes multicast_16
 
 .PHONY: experiments experiments-quick
 experiments: $(STAMP)
