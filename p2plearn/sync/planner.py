@@ -62,8 +62,6 @@ class RoundPlanner:
                  **policy_options) -> None:
         if transport_mode not in TRANSPORT_MODES:
             raise ValueError(f"transport_mode must be one of {', '.join(TRANSPORT_MODES)}, got {transport_mode!r}")
-        if selection == "selmcast":
-            policy_options["ip_multicast"] = transport_mode == "multicast"
         self.policy = make_policy(selection, seed=seed, **policy_options)
         self.transport_mode = transport_mode
         self.fanout = fanout
@@ -87,13 +85,14 @@ class RoundPlanner:
     def _whole_plan(self, view: GlobalView, rnd: int, own_bytes: float):
         sizes = np.where(view.message_bytes > 0, view.message_bytes, float(own_bytes))
         net = NetworkView.from_global(view, sizes).probed(rnd)  # probes: see selection.view
-        if self.transport_mode == "unicast":
-            net = replace(net, mcast_domain=None)  # whatever the view says: this job sends by unicast
-        ip_multicast = self.transport_mode == "multicast"
+        # the domains this job sends by, whatever the view says: the policy, pacing and T read them
+        domains = {"unicast": None, "multicast": multicast_domains(net, ip_multicast=True),
+                   "auto": net.mcast_domain}[self.transport_mode]
+        net = replace(net, mcast_domain=domains)
         plan = self.policy.plan(net, self.fanout, rnd)
         flows: dict[int, list[tuple[int, float, str]]] = {i: [] for i in plan}
-        src, dst, rates = plan_flows(net, plan, ip_multicast)
+        src, dst, rates = plan_flows(net, plan)
         for i, j, rate, up, down in zip(src, dst, rates, *flow_probes(net, src, dst)):
             flows[int(i)].append((int(j), float(rate), "+".join(e for e, on in (("uplink", up), ("downlink", down)) if on)))
-        groups = multicast_groups(multicast_domains(net, ip_multicast), plan)
-        return flows, groups, plan_time(net, plan, ip_multicast), average_fanout(plan)
+        groups = multicast_groups(net.mcast_domain, plan)
+        return flows, groups, plan_time(net, plan), average_fanout(plan)
