@@ -98,6 +98,11 @@ class Client:
         self._rejoined_from_beat = 0  # expelled answers to heartbeats sent before a rejoin are stale
         self._callbacks: list[Callable[[Event], None]] = []
         self._members: dict[int, Member] = {}
+        # The most members, and receivers a view planned, seen at once since this client followed its
+        # coordinator: a start-up wait is over once they reached the job size, even if fast peers
+        # finished and left before this peer's thread looked (on a busy host it may sleep for seconds).
+        self._most_members = 0
+        self._most_planned = 0
         self._epoch = -1
         self._gap = False
         self._min_clock = 0
@@ -347,13 +352,13 @@ class Client:
             return self._min_clock >= target
 
     def wait_members(self, count: int, timeout: float, *, receiving: bool = False) -> dict[int, Member]:
-        """Wait until ``count`` peers are live members; with ``receiving``, also until the view
-        held plans them all as receivers (their engines are known), so that every peer plans its
-        first round from the same view. ControlError on timeout."""
+        """Wait until ``count`` peers are, or once were, live members at the same time; with
+        ``receiving``, also until a view planned them all as receivers (their engines are known),
+        so that every peer plans its first round from the same view. "Once were" counts since this
+        client followed its coordinator: peers that finished and left meanwhile do not undo the
+        start. Returns the members now. ControlError on timeout."""
         def ready() -> bool:
-            view = self._views[-1] if self._views else None
-            planned = not receiving or (view is not None and int(view.alive.sum()) >= count)
-            return self._dead or (len(self._members) >= count and planned)
+            return self._dead or (self._most_members >= count and (not receiving or self._most_planned >= count))
 
         def awaited() -> str:
             missing = sorted(set(range(count)) - set(self._members))
@@ -523,6 +528,7 @@ class Client:
                 self._members[member.rank] = member
             else:
                 self._members.pop(member.rank, None)
+            self._most_members = max(self._most_members, len(self._members))
             self._cond.notify_all()
         self._emit(Event(body["event"], rank=member.rank, engine=member.engine, clock=member.clock))
 
@@ -533,6 +539,7 @@ class Client:
             self._epoch = body["epoch"]
             self._gap = False
             self._members = {m.rank: m for m in map(Member.from_dict, body["members"])}
+            self._most_members = max(self._most_members, len(self._members))
             self._set_clock(body["min_clock"])
             self._cond.notify_all()
 
@@ -541,6 +548,7 @@ class Client:
             views = [v for v in self._views if v.order != view.order] + [view]
             views.sort(key=lambda v: v.order)
             self._views = views[-VIEWS_KEPT:]
+            self._most_planned = max(self._most_planned, int(view.alive.sum()))
             self._cond.notify_all()
 
     def _set_clock(self, clock: int) -> None:
@@ -635,6 +643,7 @@ class Client:
             self.coordinator_changes += 1
             with self._cond:
                 self._epoch = -1  # the successor numbers its own membership events
+                self._most_members = self._most_planned = 0  # and rebuilds the membership
             if self._registered:
                 self._resume()
             self._emit(Event("coordinator_moved", endpoint=endpoint))

@@ -22,6 +22,22 @@ def test_rendezvous_gives_everyone_the_membership(connect):
         assert members[2].engine == ("127.0.0.1", 9002)
 
 
+def test_a_start_is_not_undone_by_peers_that_finished_before_this_one_looked(connect):
+    """On a busy host the slowest peer may first look at the membership after the fast ones took
+    their steps and left: the job had started, so its wait is over (it once failed a loaded start)."""
+    clients = [connect(r, ("127.0.0.1", 9000 + r)) for r in range(3)]
+    clients[1].wait_members(3, timeout=5, receiving=True)
+    for c in clients[1:]:
+        c.leave()
+    deadline = time.monotonic() + 5
+    while len(clients[0].members) > 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(clients[0].members) == [0]
+    assert sorted(clients[0].wait_members(3, timeout=5, receiving=True)) == [0]
+    with pytest.raises(ControlError, match="still waiting"):
+        clients[0].wait_members(4, timeout=0.2)  # never that many: still a timeout
+
+
 def test_wrong_key_is_refused(coordinator):
     with pytest.raises(Refused, match="authentication"):
         Client(coordinator.address, JOB, "00" * 32, rank=0, connect_timeout=5)
