@@ -8,7 +8,7 @@ from typing import Callable
 from p2plearn.transport import Delivery
 
 STATE_FLAG = 1 << 31  # message ids with this bit carry a whole model state (join, final average), not a round
-# (0xFFFFFFFD and 0xFFFFFFFE, state ids of clocks no job reaches, are the Channel's multicast probe's)
+# (0xFFFFFF00-0xFFFFFFFE, state ids of clocks no job reaches, are the Channel's multicast probes')
 MAX_STATES = 4        # model states kept unasked for, at least: one per sender (a donor's newest, a final model)
 
 

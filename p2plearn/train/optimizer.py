@@ -16,7 +16,6 @@ works (a step skipped for inf/NaN gradients still takes part in its round).
 """
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import threading
@@ -39,9 +38,9 @@ from p2plearn.sync.outer import OuterOptimizer
 from p2plearn.filter import make_filter
 from p2plearn.keys import data_key
 from p2plearn.tolerance import Layer, TolerancePolicy, make_tolerance
+from p2plearn.train.reach import MulticastReach
 from p2plearn.transport import Channel
 
-log = logging.getLogger("p2plearn")
 ASK_AGAIN_S = 10.0  # a joiner without its state after this long asks for another donation
 NORM_TYPES = (torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm)
 
@@ -225,8 +224,11 @@ class DecentralizedOptimizer(Optimizer):
         self.runtime.register(self.channel.address)
         if self.runtime.client.donor is None:  # a joiner does not wait for the original job size
             self.runtime.client.wait_members(self.runtime.world_size, 60.0, receiving=True)
+        self.reach: MulticastReach | None = None  # owned; auto mode with its own engine only
         if self.options.transport_mode == "auto" and self._own_engine:  # every engine is up: registered
-            self._probe_multicast()
+            self.reach = MulticastReach(self.channel, self.runtime.client, self.runtime.rank)
+            self.runtime.client.on_event(self.reach.on_event)
+            self.reach.probe({r: m.engine for r, m in self.runtime.client.members.items()})
         cls = SYNCHRONIZERS[self.options.sync]
         extra = {"staleness": self.options.staleness} if self.options.sync == "ssp" else {}
         # Overlapped rounds work on a snapshot of the model, so local steps go on meanwhile.
@@ -268,18 +270,6 @@ class DecentralizedOptimizer(Optimizer):
     state = property(lambda self: self.optimizer.state, lambda self, state: setattr(self.optimizer, "state", state))
     defaults = property(lambda self: self.optimizer.defaults,
                         lambda self, defaults: setattr(self.optimizer, "defaults", defaults))
-
-    def _probe_multicast(self) -> None:
-        """Which peers this engine's multicast group reaches, reported to the coordinator: the
-        view's multicast domains (``GlobalView.mcast_domain``) follow from every peer's report, and
-        ``auto`` rounds plan and send by them. A report the coordinator refuses leaves this peer
-        unicast-only (said once)."""
-        members = {r: m.engine for r, m in self.runtime.client.members.items() if r != self.runtime.rank and m.engine}
-        reached = self.channel.probe_multicast(members.values())
-        try:
-            self.runtime.client.report_reach(r for r, engine in members.items() if engine in reached)
-        except ControlError as exc:
-            log.warning("p2plearn rank %d: multicast reach not reported, unicast only: %s", self.runtime.rank, exc)
 
     def _make_channel(self) -> Channel:
         host = _engine_host(self.runtime)
@@ -535,6 +525,8 @@ class DecentralizedOptimizer(Optimizer):
             self.flush()
         finally:
             print(f"p2plearn rank {self.runtime.rank}: {self.stats().summary()}", flush=True)
+            if self.reach is not None:
+                self.reach.close()
             self.runtime.close()
             if self._own_engine:
                 self.channel.close()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import itertools
 import os
 import socket
 import threading
@@ -30,9 +31,10 @@ from p2plearn.transport.delivery import Delivery, Reason
 KEY_BYTES = 32  # the data key: AES-256 (native/auth.h)
 TRANSPORT_MODES = ("unicast", "multicast", "auto")
 # probe_multicast's messages carry this in place of an array descriptor (recv never returns them),
-# under ids of their own: a receiver keeps a sender's message ids for 30 s after delivery.
+# under ids of their own, two fresh ones per probe (a receiver refuses an id it delivered from this
+# sender in the last 30 s, and a peer may probe an engine again: it restarted, or joined late).
 PROBE_DESCRIPTOR = b"p2plearn:multicast-probe"
-PROBE_MSG_IDS = (0xFFFFFFFD, 0xFFFFFFFE)
+PROBE_MSG_IDS = range(0xFFFFFF00, 0xFFFFFFFF)
 
 SEND_RESULTS = {
     lib.P2P_SEND_EXACT: "exact",
@@ -221,6 +223,7 @@ class Channel:
         self.sender_id = sender_id
         self.transport_mode = transport_mode
         self.multicast_reach: set[tuple[str, int]] = set()  # receivers probe_multicast found reachable
+        self._probe_ids = itertools.cycle(PROBE_MSG_IDS)
         h, p = ffi.new("char[16]"), ffi.new("uint16_t *")
         lib.p2p_engine_address(self._eng, h, p)
         self.address: tuple[str, int] = (ffi.string(h).decode(), p[0])
@@ -265,7 +268,7 @@ class Channel:
         if not 0 <= msg_id < 2**32:
             raise ValueError(f"msg_id must fit in 32 bits, got {msg_id}")
         if (msg_id in PROBE_MSG_IDS) != _probe:
-            raise ValueError(f"msg_ids {PROBE_MSG_IDS[0]:#x} and {PROBE_MSG_IDS[1]:#x} are probe_multicast's")
+            raise ValueError(f"msg_ids {PROBE_MSG_IDS[0]:#x}..{PROBE_MSG_IDS[-1]:#x} are probe_multicast's")
         views = [as_numpy(a) for a in arrays]
         bounds = [float(loss_bounds)] * len(views) if np.isscalar(loss_bounds) else [float(b) for b in loss_bounds]
         if len(bounds) != len(views):
@@ -315,8 +318,8 @@ class Channel:
         peers = [_receiver_tuple(p)[:2] for p in peers]
         probe = np.zeros(1024, dtype=np.uint8)
         reached = set()
-        for msg_id in PROBE_MSG_IDS:  # the second once every peer's membership is known to the switch
-            handle = self.send(msg_id, [probe], peers, deadline=timeout / 2, chunk_size=128, multicast=True,
+        for _ in range(2):  # the second once every peer's membership is known to the switch
+            handle = self.send(next(self._probe_ids), [probe], peers, deadline=timeout / 2, chunk_size=128, multicast=True,
                                _probe=True)
             reached |= {st.receiver for st in handle.wait() if st.multicast and st.result in ("exact", "early_closed")}
         self.multicast_reach = (self.multicast_reach - set(peers)) | reached

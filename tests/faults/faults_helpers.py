@@ -31,8 +31,10 @@ def free_port_pair() -> int:
 class Job:
     """``n`` trainer peers; ``lines[rank]`` collects each peer's output as it comes."""
 
-    def __init__(self, n: int, out: str, *, seconds: float, step_time: float = 0.05, env: dict | None = None):
+    def __init__(self, n: int, out: str, *, seconds: float, step_time: float = 0.05, env: dict | None = None,
+                 netns: str | None = None):
         self.n, self.out = n, out
+        self.prefix = ["ip", "netns", "exec", netns] if netns else []  # exec: the peer keeps the pid
         port = free_port_pair()
         self.job_id = "faults-" + secrets.token_hex(4)
         base = {**os.environ, "WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
@@ -50,7 +52,7 @@ class Job:
     def start(self, rank: int, seconds: float) -> None:
         """Start rank's peer, with the variables its first start had (a restart, when it ran before)."""
         self.ready.pop(rank, None)
-        proc = subprocess.Popen([sys.executable, TRAINER, "--seconds", str(seconds), "--step-time", str(self.step_time),
+        proc = subprocess.Popen([*self.prefix, sys.executable, TRAINER, "--seconds", str(seconds), "--step-time", str(self.step_time),
                                  "--out", self.out], env={**self.env, "RANK": str(rank)}, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         self.procs.append(proc)

@@ -5,7 +5,8 @@ MASTER_ADDR, MASTER_PORT), so that rank 0 starts the coordinator's process.
 
 Prints ``ready <rank> <pid> <coordinator pid or 0>`` once training starts and writes DIR/rank-R.json
 at the end: its engine's address, steps taken, rounds, merges, rejoins, coordinator changes, peers mixed with, and the
-wall time (time.time()) and clock of every step, and the control-plane events it saw.
+wall time (time.time()) and clock of every step, the control-plane events it saw, and the multicast
+domains of its views as they changed.
 """
 
 import argparse
@@ -37,6 +38,7 @@ def main() -> int:
     print(f"ready {rt.rank} {os.getpid()} {coordinator_pid}", flush=True)
     x, y = torch.randn(256, 32), torch.randint(0, 4, (256,))
     times, clocks = [], []
+    domains_seen = []  # each new multicast domains vector of the views this peer held, in order
     until, step = time.monotonic() + args.seconds, 0
     while time.monotonic() < until:
         i = (step * 32) % 256
@@ -48,15 +50,23 @@ def main() -> int:
         opt.zero_grad()
         times.append(time.time())
         clocks.append(opt.sync.clock)
+        if _domains(rt.client.view) != (domains_seen or [None])[-1]:
+            domains_seen.append(_domains(rt.client.view))
     st = opt.stats()
     result = {"rank": rt.rank, "engine": list(opt.channel.address), "steps": step, "rounds": st.rounds, "merges": st.merges,
               "rejoins": st.rejoins, "coordinator_changes": st.coordinator_changes,
               "mixed_with": sorted(st.mixed_with), "times": times, "clocks": clocks, "events": events,
-              "finite": all(bool(torch.isfinite(p).all()) for p in model.parameters())}
+              "finite": all(bool(torch.isfinite(p).all()) for p in model.parameters()),
+              "domains_seen": domains_seen}
     with open(os.path.join(args.out, f"rank-{rt.rank}.json"), "w") as f:
         json.dump(result, f)
     opt.close()
     return 0
+
+
+def _domains(view) -> list[int] | None:
+    """The multicast domain of every rank in the last view (None: unicast only)."""
+    return None if view is None or view.mcast_domain is None else [int(d) for d in view.mcast_domain]
 
 
 if __name__ == "__main__":
