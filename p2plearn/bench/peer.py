@@ -11,6 +11,7 @@ import os
 import socket
 import sys
 import time
+from typing import Any
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -21,7 +22,7 @@ from p2plearn.transport import Channel, TcpChannel  # noqa: E402
 BENCH_KEY = bytes(range(32))  # the data-plane key both sides of a tagged run share
 
 
-def _channel(kind: str, **kwargs):
+def _channel(kind: str, **kwargs: Any) -> Channel | TcpChannel:
     """The transport a KIND names; engines get the benchmark's key unless untagged."""
     if kind == "tcp":
         return TcpChannel(**kwargs)

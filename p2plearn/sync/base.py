@@ -23,6 +23,7 @@ import numpy as np
 
 from p2plearn.filter import UpdateFilter
 from p2plearn.filter.wire import DENSE, SPARSE, layout
+from p2plearn.protocols import ControlClient, DataChannel
 from p2plearn.sync.bfloat16 import values
 from p2plearn.sync.compress import Compressor
 from p2plearn.sync.inbox import Inbox
@@ -70,8 +71,9 @@ class Synchronizer(ABC):
     Args:
         params: numpy views of the model's parameters; merged in place.
         layers: one `Layer` per parameter (for the tolerance policy).
-        channel: the peer's `Channel` (or `TcpChannel`).
-        client: the peer's control-plane `Client` (registered, with the engine address).
+        channel: the peer's `Channel` (or `TcpChannel`, or any `DataChannel`).
+        client: the peer's control-plane `Client` (or any `ControlClient`), registered, with the
+            engine address.
         selection, fanout, seed: the selection policy's name, p, and tie-break seed.
         tolerance: decides per-layer bounds and the round deadline.
         value_filter: when given, only what it lets through is sent: the elements (or layers)
@@ -93,7 +95,7 @@ class Synchronizer(ABC):
 
     staleness = 0  # rounds a peer may run ahead of the slowest (SSP sets its own)
 
-    def __init__(self, params: list[np.ndarray], layers: list[Layer], channel: Any, client: Any, *,
+    def __init__(self, params: list[np.ndarray], layers: list[Layer], channel: DataChannel, client: ControlClient, *,
                  selection: str, fanout: int, seed: int, tolerance: TolerancePolicy,
                  value_filter: UpdateFilter | None = None, outer: OuterOptimizer | None = None,
                  compress: str = "none", round_cap_s: float = 30.0, start_clock: int = 0,

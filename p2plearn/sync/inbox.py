@@ -5,6 +5,7 @@ import time
 from collections import defaultdict
 from typing import Callable
 
+from p2plearn.protocols import DeliverySource
 from p2plearn.transport import Delivery
 
 STATE_FLAG = 1 << 31  # message ids with this bit carry a whole model state (join, final average), not a round
@@ -22,7 +23,8 @@ class Inbox:
     peer can make this one hold is bounded by the window and the membership, not by what it sends.
     """
 
-    def __init__(self, channel, wanted: Callable[[], tuple[int, int]], members: Callable[[], int] = lambda: 0) -> None:
+    def __init__(self, channel: DeliverySource, wanted: Callable[[], tuple[int, int]],
+                 members: Callable[[], int] = lambda: 0) -> None:
         self._channel = channel
         self._wanted = wanted
         self._members = members

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from p2plearn.protocols import PendingSend
 from p2plearn.selection import PACING_HEADROOM
 from p2plearn.sync.base import AHEAD_ROUNDS, RoundStats, Synchronizer
 from p2plearn.sync.merge import Contribution, merge_parameter
@@ -138,7 +139,7 @@ class Partitioned(Synchronizer):
 
         sent_bytes = 0
 
-        def send(msg_id: int, slices: Slices, receivers: list[tuple[str, int, float]]) -> Any:
+        def send(msg_id: int, slices: Slices, receivers: list[tuple[str, int, float]]) -> PendingSend:
             nonlocal sent_bytes
             arrays, loss_bounds = pieces(slices), [bounds[t] for t, _, _ in slices]
             if self.compressor is not None:
