@@ -39,6 +39,7 @@ from .control import Client, ControlError, Member
 from .control.server import ServerProcess, spawn
 from .launch.secret import JobSecret, job_secret
 from .options import Options
+from .protocols import ControlClient
 
 DEFAULT_PORT = 29450
 
@@ -67,7 +68,7 @@ class Runtime:
     local_world_size: int
     options: Options
     job_id: str
-    client: Client
+    client: ControlClient
     coordinator: ServerProcess | None = None
     secret: JobSecret | None = None  # None: data-plane tags off (in-process tests)
 

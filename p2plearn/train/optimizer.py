@@ -29,6 +29,7 @@ from torch.optim import Optimizer
 
 from p2plearn.control import ControlError
 from p2plearn.options import Options
+from p2plearn.protocols import DataChannel
 from p2plearn.runtime import Runtime, init
 from p2plearn.selection import NetworkView, plan_flows
 from p2plearn.sync import SYNCHRONIZERS, RoundStats, Synchronizer
@@ -185,7 +186,8 @@ class DecentralizedOptimizer(Optimizer):
             merged in float64).
         model: the model whose parameters (and floating buffers) are exchanged.
         runtime: from `p2plearn.init()`; made here when not given.
-        engine: an existing Channel to use instead of creating one.
+        engine: a channel to use instead of creating one (a `Channel`, or the TCP baseline's
+            `TcpChannel`); the caller closes it.
         buffers: also average floating buffers (BatchNorm's running statistics) with the
             parameters; False keeps them local to each peer.
         seed: tie-break seed of the selection policy; the same on every peer.
@@ -200,7 +202,7 @@ class DecentralizedOptimizer(Optimizer):
     _step_supports_amp_scaling = True
 
     def __init__(self, optimizer: Optimizer, model: torch.nn.Module, runtime: Runtime | None = None,
-                 *, engine: Channel | None = None, buffers: bool = True, seed: int = 0, **overrides: Any):
+                 *, engine: DataChannel | None = None, buffers: bool = True, seed: int = 0, **overrides: Any):
         self.optimizer = optimizer
         # torch's Optimizer machinery (step hooks, profiling) without Optimizer.__init__, which
         # would make param groups of its own: param_groups and state are the wrapped optimizer's.
@@ -219,14 +221,15 @@ class DecentralizedOptimizer(Optimizer):
             if not t.is_floating_point():
                 raise ValueError(f"{name} is {t.dtype}: p2plearn exchanges floating-point tensors")
         self._arrays = [numpy_view(p) for p in self.params]  # the model's own memory, as numpy
-        self._own_engine = engine is None
-        self.channel = engine or self._make_channel()
+        own = self._make_channel() if engine is None else None  # owned: closed by close()
+        self._own_engine = own is not None
+        self.channel: DataChannel = own or engine
         self.runtime.register(self.channel.address)
         if self.runtime.client.donor is None:  # a joiner does not wait for the original job size
             self.runtime.client.wait_members(self.runtime.world_size, 60.0, receiving=True)
         self.reach: MulticastReach | None = None  # owned; auto mode with its own engine only
-        if self.options.transport_mode == "auto" and self._own_engine:  # every engine is up: registered
-            self.reach = MulticastReach(self.channel, self.runtime.client, self.runtime.rank)
+        if self.options.transport_mode == "auto" and own is not None:  # every engine is up: registered
+            self.reach = MulticastReach(own, self.runtime.client, self.runtime.rank)
             self.runtime.client.on_event(self.reach.on_event)
             self.reach.probe({r: m.engine for r, m in self.runtime.client.members.items()})
         cls = SYNCHRONIZERS[self.options.sync]

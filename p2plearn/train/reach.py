@@ -17,8 +17,9 @@ import logging
 import threading
 from collections.abc import Iterable, Mapping
 
-from p2plearn.control import Client, ControlError
+from p2plearn.control import ControlError
 from p2plearn.control.membership import Event
+from p2plearn.protocols import ControlClient
 from p2plearn.transport import Channel
 
 log = logging.getLogger("p2plearn")
@@ -32,7 +33,7 @@ class MulticastReach:
     for the background thread. ``close()`` stops that thread.
     """
 
-    def __init__(self, channel: Channel, client: Client, rank: int, timeout: float = 2.0) -> None:
+    def __init__(self, channel: Channel, client: ControlClient, rank: int, timeout: float = 2.0) -> None:
         self.channel = channel
         self.client = client
         self.rank = rank
