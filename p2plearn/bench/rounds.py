@@ -49,7 +49,7 @@ def peer_main(out_dir: str, megabytes: float, rounds: int) -> None:
         opt.step()
         rs = opt.last_round
         times.append({"comm_s": rs.comm_s, "planned_s": rs.planned_s, "fanout": rs.fanout, "delivered": rs.delivered,
-                      "uplink_bytes": opt.channel.stats()["bytes_sent"] - before})
+                      "uplink_bytes": opt.channel.stats()["bytes_sent"] - before, "retransmitted": rs.retransmitted})
     with open(os.path.join(out_dir, f"rank{rt.rank}.json"), "w") as f:
         json.dump(times, f)
     opt.close()
@@ -82,7 +82,8 @@ def run_config(topology: str, selection: str, fanout: int, megabytes: float, rou
             "uplink_mb": statistics.mean(p[i]["uplink_bytes"] for p in peers for i in range(warm, rounds)) / 2**20,
             "uplink_mb_per_rank": [statistics.mean(p[i]["uplink_bytes"] for i in range(warm, rounds)) / 2**20
                                    for p in peers],
-            "delivered": statistics.mean(p[i]["delivered"] for p in peers for i in range(warm, rounds))}
+            "delivered": statistics.mean(p[i]["delivered"] for p in peers for i in range(warm, rounds)),
+            "retransmitted": statistics.mean(p[i]["retransmitted"] for p in peers for i in range(warm, rounds))}
 
 
 def transport_main(args: argparse.Namespace) -> None:
@@ -93,12 +94,14 @@ def transport_main(args: argparse.Namespace) -> None:
         print(json.dumps(results, indent=1))
         return
     print(f"{args.topology} testbed, {args.megabytes:g} MB messages, ring selection, BSP, {args.rounds} rounds\n")
-    print("| p | transport | round time s (median) | x unicast | uplink MB per peer per round | delivered |")
-    print("|---|---|---|---|---|---|")
+    print("| p | transport | round time s (median) | x unicast | planned T s | measured / planned | "
+          "uplink MB per peer per round | datagrams resent per peer per round | delivered |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         base = next(u["round_s"] for u in results if u["fanout"] == r["fanout"] and u["transport"] == "unicast")
         print(f"| {r['fanout']} | {r['transport']} | {r['round_s']:.3f} | {r['round_s'] / base:.2f} | "
-              f"{r['uplink_mb']:.2f} | {r['delivered']:.3f} |")
+              f"{r['planned_s']:.3f} | {r['measured_over_planned']:.2f} | {r['uplink_mb']:.2f} | "
+              f"{r['retransmitted']:.0f} | {r['delivered']:.3f} |")
     ranks = range(results[0]["peers"])
     print("\nUplink MB per round, per rank (mean over rounds)\n")
     print("| p | transport | " + " | ".join(f"rank {r}" for r in ranks) + " |")
