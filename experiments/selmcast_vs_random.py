@@ -181,8 +181,11 @@ def report_16(args, rows: list[c.Row], testbed: bool) -> None:
         ax.set_title(f"heterogeneous-16 (testbed), Dirichlet {DIRICHLET}, seed 0; grey: the target", fontsize=10)
         ax.legend(fontsize=7, ncol=2)
 
+    why = (f"\nWhy: `python experiments/selmcast_16_diagnosis.py --csv {args.out / NAME_16}.csv` splits time to target "
+           f"into rounds and wall per round and replays the plans; [selmcast_16_diagnosis.md](selmcast_16_diagnosis.md) "
+           f"is our reading of the 2026-11-25 run.")
     c.write_results(args.out, NAME_16, rows, "SELMCAST vs random-p, all, exponential: 16 peers, non-i.i.d., bursts",
-                    setup, "\n\n".join(tables), draw, notes="\n".join(verdicts))
+                    setup, "\n\n".join(tables), draw, notes="\n".join(verdicts) + "\n" + why)
 
 
 def main(argv: list[str] | None = None) -> None:
