@@ -38,6 +38,7 @@ GRACE_S = 0.25        # after a sender's deadline, time for its CLOSE to reach u
 LATE_SENDER = 3.0     # deadlines (or typical rounds) a receiver waits for a sender that started late
 AHEAD_ROUNDS = 16     # beyond the staleness window, how far ahead a sender's round may be and still be kept
 MIN_WAIT_S = 1.0      # without a deadline, never give up on an expected sender sooner than this
+JOINER_WAIT_S = 2.0   # a peer that joined a running job, before it has rounds of its own: at least this
 
 
 @dataclass
@@ -112,6 +113,7 @@ class Synchronizer(ABC):
             raise ValueError("compression does not apply with a value filter yet (the filter picks what travels)")
         self.round_cap_s = round_cap_s
         self.clock = start_clock
+        self._joined = start_clock > 0  # took part from a running job's clock (a joiner, a restarted peer)
         self.planner = RoundPlanner(selection, fanout, seed, transport_mode, **(policy_options or {}))
         self.inbox = Inbox(channel, self._wanted_rounds, lambda: len(self.client.members) if self.client else 0)
         self._interrupted = False
@@ -207,12 +209,21 @@ class Synchronizer(ABC):
     def _wait_limit(self, deadline: float | None) -> float:
         """How long this round may wait for its senders. Each sender closes its message by its own
         deadline, but may start later than this peer (it was still computing): wait a few
-        deadlines for it; without one, a few typical rounds; never past the cap."""
+        deadlines for it; without one, a few typical rounds; never past the cap.
+
+        Before a peer has typical rounds of its own: at the job's start every peer waits up to the
+        cap (all start together, and a straggler's first steps may take long); a peer that joined a
+        running job waits a few of the plan's T. A sender that planned its round with the view
+        before the joiner's (the job runs ahead while a new view travels, on a busy host by more
+        than the view's lead) does not send to it, and waiting the cap for one cost a restarted
+        peer 30 s of a 12 s run on a loaded machine."""
         if deadline:
             return min(self.round_cap_s, LATE_SENDER * deadline + GRACE_S)
         recent = [r.elapsed_s for r in self.network.history[-10:]]
         if len(recent) < 3:
-            return self.round_cap_s
+            if not self._joined:
+                return self.round_cap_s
+            return min(self.round_cap_s, max(JOINER_WAIT_S, LATE_SENDER * self.network.planned_time_s + GRACE_S))
         return min(self.round_cap_s, max(MIN_WAIT_S, LATE_SENDER * float(np.median(recent)) + GRACE_S))
 
     @abstractmethod

@@ -39,7 +39,6 @@ class MulticastReach:
         self.rank = rank
         self.timeout = timeout
         self.reached: set[int] = set()                       # guarded by _cond
-        self.probes = 0                                      # probes made (start-up and later), for tests and logs
         self._probed: dict[int, tuple[str, int]] = {}        # rank -> the engine last probed; guarded by _cond
         self._pending: dict[int, tuple[str, int]] = {}       # engines heard of, not probed yet; guarded by _cond
         self._cond = threading.Condition()
@@ -85,9 +84,10 @@ class MulticastReach:
     def _probe(self, engines: dict[int, tuple[str, int]]) -> None:
         reached_engines = self.channel.probe_multicast(engines.values(), timeout=self.timeout) if engines else set()
         with self._cond:
-            self.probes += 1
             for rank, engine in engines.items():
                 self._probed[rank] = engine
+                if self._pending.get(rank) == engine:  # announced while this probe ran: done
+                    del self._pending[rank]
                 if engine in reached_engines:
                     self.reached.add(rank)
                 else:

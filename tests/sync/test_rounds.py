@@ -117,6 +117,19 @@ def test_bsp_does_not_block_on_a_dead_peer(job):
     assert 2 not in plan.senders and all(j != 2 for j, _ in plan.receivers)
 
 
+def test_a_joiner_without_rounds_of_its_own_waits_a_few_T_for_a_silent_sender_not_the_cap(job):
+    """A peer that joined a running job (its clock starts at the job's) and expects a sender that
+    planned with an older view, so never sends to it: it goes on after JOINER_WAIT_S or a few T, not
+    after the round cap (a restarted peer once waited 30 s of its 12)."""
+    joiner, silent = job(2, BSP, selection="ring", fanout=1, round_cap_s=20.0, start_clock=5)[::-1]
+    assert joiner.sync.clock == 5
+    t0 = time.monotonic()
+    stats = joiner.sync.step()  # ring p=1: rank 1 expects rank 0, which takes no step here
+    waited = time.monotonic() - t0
+    assert stats.senders == [0] and stats.merged == 0
+    assert 1.5 < waited < 6.0, waited
+
+
 def test_ssp_runs_at_most_s_rounds_ahead_of_the_slowest(job):
     s = 2
     peers = job(3, SSP, staleness=s, selection="ring", fanout=1)
