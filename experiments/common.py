@@ -31,9 +31,12 @@ PY = sys.executable
 Row = dict[str, Any]
 
 
-def parse_args(doc: str, argv: list[str] | None = None) -> argparse.Namespace:
-    """--quick, --out, --seeds: the flags every experiment takes."""
+def parse_args(doc: str, argv: list[str] | None = None,
+               extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
+    """--quick, --out, --seeds: the flags every experiment takes (``extra`` adds an experiment's own)."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    if extra:
+        extra(ap)
     ap.add_argument("--quick", action="store_true", help="smallest setup (a minute or two): a smoke test")
     ap.add_argument("--out", type=Path, default=RESULTS, help="directory for <name>.csv/.md/.png")
     ap.add_argument("--seeds", type=int, default=None, help="repetitions per configuration (default 1 quick, 3 full)")

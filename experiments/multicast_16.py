@@ -1,14 +1,16 @@
 """Claim (issue 19): where the network replicates multicast, SELMCAST with IP multicast reaches the
 16-peer experiment's target accuracy sooner than with unicast.
 
-    sudo python experiments/multicast_16.py [--quick] [--seeds N] [--out DIR]
+    sudo python experiments/multicast_16.py [--quick] [--seeds N] [--out DIR] [--steady]
 
 The 16-peer setting of selmcast_vs_random.py (heterogeneous-16 on the testbed, whose bridge forwards
 IP multicast, with its bursts; Dirichlet 0.1 shards; a round every PERIOD_16 steps; 10 epochs), BSP,
 SELMCAST p=1, `--transport-mode unicast` against `multicast`, in the same run, 3 seeds: 6 runs of
 60-120 s (~12 min). The target is fixed by selmcast_vs_random's rule (the highest accuracy every
 configuration's seed-0 curve reached, rounded down to 5 points) before comparing. Root only (the
-testbed); quick: 1 epoch, 1 seed.
+testbed); quick: 1 epoch, 1 seed. --steady: the same on heterogeneous-16 without its bursts
+(`topology/heterogeneous-16-steady.json`, written to multicast_16_steady.*), which tells what the bursts
+cost each transport.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import common as c
 import selmcast_vs_random as svr
 
 NAME = "multicast_16"
+STEADY_TOPOLOGY = "topology/heterogeneous-16-steady.json"
 KEYS = ["sync", "selection", "fanout", "transport_mode"]
 
 
@@ -27,7 +30,9 @@ def configs() -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = c.parse_args(__doc__, argv)
+    args = c.parse_args(__doc__, argv, extra=lambda ap: ap.add_argument(
+        "--steady", action="store_true", help="heterogeneous-16 without its bursts (multicast_16_steady.*)"))
+    topology, name = (STEADY_TOPOLOGY, NAME + "_steady") if args.steady else (svr.TOPOLOGY_16, NAME)
     if not c.is_root():
         print("multicast_16: needs root (the testbed's bridge is what replicates multicast); skipped", file=sys.stderr)
         return
@@ -35,7 +40,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for cfg in configs():
         rows += c.repeat(cfg, args.seeds, lambda seed, cfg=cfg: c.train(16, cfg, {**script, "seed": seed},
-                                                                        topology=svr.TOPOLOGY_16, testbed=True))
+                                                                        topology=topology, testbed=True))
     target = svr.target_of(rows)
     for r in rows:
         if r["ok"]:
@@ -50,7 +55,8 @@ def main(argv: list[str] | None = None) -> None:
               for mode in ("unicast", "multicast")}
     verdict = (f"- SELMCAST, multicast / unicast time to {target:.0%}: {median['multicast']:.3g} / "
                f"{median['unicast']:.3g} s = **{median['multicast'] / median['unicast']:.2f}** (goal: below 1).")
-    setup = (f"Testbed (root; 16 namespaces on one bridge, shaped from `{svr.TOPOLOGY_16}`, its bursts applied). "
+    bursts = "no bursts" if args.steady else "its bursts applied"
+    setup = (f"Testbed (root; 16 namespaces on one bridge, shaped from `{topology}`, {bursts}). "
              f"The 16-peer setting of selmcast_vs_random: Dirichlet alpha {svr.DIRICHLET} shards, MNIST-1D CNN width "
              f"{script['width']}, {script['epochs']} epoch(s), a round every {svr.PERIOD_16} steps, BSP, SELMCAST p=1; "
              f"unicast vs IP multicast (`--transport-mode`), {args.seeds} seed(s); cells are median [min-max] over "
@@ -64,10 +70,10 @@ def main(argv: list[str] | None = None) -> None:
         ax.axhline(target, color="gray", linewidth=1)
         ax.set_xlabel("wall time since training start (s)")
         ax.set_ylabel("test accuracy (rank 0's own model)")
-        ax.set_title("heterogeneous-16 (testbed), SELMCAST p=1, seed 0; grey: the target", fontsize=10)
+        ax.set_title(f"{topology} (testbed), SELMCAST p=1, seed 0; grey: the target", fontsize=9)
         ax.legend(fontsize=8)
 
-    c.write_results(args.out, NAME, rows, "SELMCAST with IP multicast vs unicast: 16 peers", setup, table, draw,
+    c.write_results(args.out, name, rows, "SELMCAST with IP multicast vs unicast: 16 peers", setup, table, draw,
                     notes=verdict)
 
 
