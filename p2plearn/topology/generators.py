@@ -124,6 +124,8 @@ STANDARD: dict[str, Callable[[], Topology]] = {
     "heterogeneous-4": lambda: heterogeneous(4),
     "heterogeneous-8": lambda: heterogeneous(8),
     "heterogeneous-16": lambda: heterogeneous(16, tiers=(25.0, 50.0, 100.0), up_ratios=(1.0, 0.5), bursty=4),
+    # The same links without the bursts: what the bursts cost, measured beside them.
+    "heterogeneous-16-steady": lambda: heterogeneous(16, tiers=(25.0, 50.0, 100.0), up_ratios=(1.0, 0.5)),
     "incast-8": lambda: incast(8),
     "microburst-8": lambda: microburst(8),
 }
