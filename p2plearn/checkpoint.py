@@ -52,7 +52,10 @@ def steps(directory: str | os.PathLike) -> dict[int, set[int]]:
         return found
     for entry in root.iterdir():
         if (m := _STEP.match(entry.name)) and entry.is_dir():
-            found[int(m.group(1))] = {int(r.group(1)) for f in entry.iterdir() if (r := _RANK.match(f.name))}
+            try:
+                found[int(m.group(1))] = {int(r.group(1)) for f in entry.iterdir() if (r := _RANK.match(f.name))}
+            except FileNotFoundError:
+                pass  # another rank's pruning removed the emptied folder since the listing above
     return found
 
 

@@ -33,6 +33,24 @@ def test_the_newest_complete_step_is_the_newest_every_rank_saved(tmp_path):
     assert "holds no checkpoint" in checkpoint.describe(tmp_path / "absent", 1)
 
 
+def test_a_step_folder_another_rank_prunes_while_this_one_lists_is_skipped(tmp_path, monkeypatch):
+    """Ranks prune on their own: the last one removes an emptied folder, maybe between another
+    rank's listing of the checkpoint directory and of that folder (it crashed a rank's save)."""
+    touch(tmp_path, 10, 0, 1)
+    touch(tmp_path, 20, 0, 1)
+    listed = checkpoint.Path.iterdir
+
+    def iterdir(path):
+        if path.name == "step-10":  # pruned by the other rank just now
+            for f in path.glob("rank-*.pt"):
+                f.unlink()
+            path.rmdir()
+        return listed(path)
+
+    monkeypatch.setattr(checkpoint.Path, "iterdir", iterdir)
+    assert checkpoint.steps(tmp_path) == {20: {0, 1}}
+
+
 def mlp():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
