@@ -29,6 +29,8 @@ class Peer:
     def close(self) -> None:
         self.client.close()
         self.channel.close()
+        if self.client._spawned is not None:  # a successor it started (the coordinator looked dead under load)
+            self.client._spawned.stop()
 
 
 @pytest.fixture
