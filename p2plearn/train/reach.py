@@ -38,7 +38,7 @@ class MulticastReach:
         self.client = client
         self.rank = rank
         self.timeout = timeout
-        self.reached: set[int] = set()                       # guarded by _cond
+        self._reached: set[int] = set()                      # ranks reported reached; guarded by _cond
         self._probed: dict[int, tuple[str, int]] = {}        # rank -> the engine last probed; guarded by _cond
         self._pending: dict[int, tuple[str, int]] = {}       # engines heard of, not probed yet; guarded by _cond
         self._cond = threading.Condition()
@@ -63,7 +63,7 @@ class MulticastReach:
             elif event.kind in ("leave", "dead"):
                 self._pending.pop(event.rank, None)
                 self._probed.pop(event.rank, None)
-                self.reached.discard(event.rank)
+                self._reached.discard(event.rank)
 
     def close(self) -> None:
         with self._cond:
@@ -83,16 +83,19 @@ class MulticastReach:
 
     def _probe(self, engines: dict[int, tuple[str, int]]) -> None:
         reached_engines = self.channel.probe_multicast(engines.values(), timeout=self.timeout) if engines else set()
+        members = self.client.members
         with self._cond:
             for rank, engine in engines.items():
+                if rank not in members:  # left or died while probed: its next engine is probed afresh
+                    continue
                 self._probed[rank] = engine
                 if self._pending.get(rank) == engine:  # announced while this probe ran: done
                     del self._pending[rank]
                 if engine in reached_engines:
-                    self.reached.add(rank)
+                    self._reached.add(rank)
                 else:
-                    self.reached.discard(rank)
-            reached = sorted(self.reached)
+                    self._reached.discard(rank)
+            reached = sorted(self._reached)
         self._report(reached)
 
     def _report(self, reached: Iterable[int]) -> None:
