@@ -161,6 +161,11 @@ class ControlClient(Protocol):
         """Tell the coordinator which ranks this peer's multicast probe reached."""
         ...
 
+    @property
+    def clock_current(self) -> bool:
+        """Whether the slowest live clock is the coordinator's current one (it was heard lately)."""
+        ...
+
     def wait_min_clock(self, target: int, timeout: float) -> bool:
         """Wait until the slowest live clock reaches `target`; False on timeout."""
         ...

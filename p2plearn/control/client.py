@@ -343,6 +343,13 @@ class Client:
         """False while the client is looking for a (new) coordinator."""
         return not self._failing_over and not self._dead
 
+    @property
+    def clock_current(self) -> bool:
+        """Whether ``min_clock`` is the coordinator's current one: it ticks every heartbeat, and one
+        came within two. A dead coordinator is known (``following``) only seconds later; a wait on
+        the clock should not outlast its silence."""
+        return self.following and time.monotonic() - self._detector.last < 2 * self.heartbeat
+
     def wait_min_clock(self, target: int, timeout: float) -> bool:
         """Wait until the slowest live clock reaches ``target``; False on timeout (SSP decides
         what to do then), CoordinatorDead once the client gave up on every coordinator."""

@@ -30,6 +30,7 @@ class Inbox:
         self._members = members
         self._rounds: dict[int, dict[int, Delivery]] = defaultdict(dict)
         self._states: dict[int, Delivery] = {}  # by sender, in arrival order
+        self.newest: dict[int, int] = {}  # sender -> its newest round message id, least recently heard first
         self.dropped = 0
 
     def pump(self, timeout: float) -> bool:
@@ -45,6 +46,7 @@ class Inbox:
                 del self._states[next(iter(self._states))]
                 self.dropped += 1
             return True
+        self._heard(d.sender, d.msg_id)
         first, last = self._wanted()
         if first <= d.msg_id <= last:
             self._rounds[d.msg_id][d.sender] = d
@@ -52,15 +54,24 @@ class Inbox:
             self.dropped += 1
         return True
 
+    def _heard(self, sender: int, msg_id: int) -> None:
+        newest = max(msg_id, self.newest.pop(sender, msg_id))
+        self.newest[sender] = newest
+        while len(self.newest) > max(MAX_STATES, self._members()):
+            del self.newest[next(iter(self.newest))]
+
     def drain(self) -> None:
         while self.pump(0.0):
             pass
 
-    def wait_round(self, rnd: int, senders: set[int], until: float, alive: Callable[[int], bool]) -> None:
-        """Wait until every live sender of round `rnd` delivered, or until the monotonic `until`."""
+    def wait_round(self, rnd: int, senders: set[int], until: float, alive: Callable[[int], bool],
+                   moved_on: int | None = None) -> None:
+        """Wait until every live sender of message `rnd` delivered it or one of id `moved_on`
+        (default rnd + 1: its next round) or later, or until the monotonic `until`."""
+        moved_on = rnd + 1 if moved_on is None else moved_on
         while True:
             got = self._rounds.get(rnd, {})
-            if all(s in got or not alive(s) for s in senders):
+            if all(s in got or not alive(s) or self.newest.get(s, -1) >= moved_on for s in senders):
                 return
             left = until - time.monotonic()
             if left <= 0:

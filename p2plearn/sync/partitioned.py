@@ -109,7 +109,8 @@ class Partitioned(Synchronizer):
 
     def _wait_round(self, rnd: int, senders: set[int], until: float) -> None:
         """Wait for round `rnd`'s scatter messages (this peer's part) from `senders`."""
-        self.inbox.wait_round(2 * rnd, senders, until, self._alive)
+        # a sender's gather (2r + 1) overlaps its scatter and may come first: its next round says it moved on
+        self.inbox.wait_round(2 * rnd, senders, until, self._alive, moved_on=2 * rnd + 2)
 
     def _inputs(self, rnd: int) -> list[Delivery]:
         """Round `rnd`'s scatter messages that came (this peer's part, from each sender)."""

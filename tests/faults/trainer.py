@@ -5,8 +5,9 @@ MASTER_ADDR, MASTER_PORT), so that rank 0 starts the coordinator's process.
 
 Prints ``ready <rank> <pid> <coordinator pid or 0>`` once training starts and writes DIR/rank-R.json
 at the end: its engine's address, steps taken, rounds, merges, rejoins, coordinator changes, peers mixed with, and the
-wall time (time.time()) and clock of every step, the control-plane events it saw, and the multicast
-domains of its views as they changed.
+wall time (time.time()) and clock of every step, the control-plane events it saw, the multicast
+domains of its views as they changed, and every round's receivers, senders, merged senders, comm
+seconds and the order of the view that planned it (``rounds_log``: what a failed test is read from).
 """
 
 import argparse
@@ -37,7 +38,7 @@ def main() -> int:
     coordinator_pid = rt.coordinator.proc.pid if rt.coordinator is not None else 0
     print(f"ready {rt.rank} {os.getpid()} {coordinator_pid}", flush=True)
     x, y = torch.randn(256, 32), torch.randint(0, 4, (256,))
-    times, clocks = [], []
+    times, clocks, rounds = [], [], []
     domains_seen = []  # each new multicast domains vector of the views this peer held, in order
     until, step = time.monotonic() + args.seconds, 0
     while time.monotonic() < until:
@@ -50,6 +51,10 @@ def main() -> int:
         opt.zero_grad()
         times.append(time.time())
         clocks.append(opt.sync.clock)
+        rs = opt.last_round
+        view = rt.client.view_for(rs.round)
+        rounds.append([rs.round, rs.receivers, rs.senders, rs.merged_from, round(rs.comm_s, 3),
+                       list(view.order) if view is not None else None])
         if _domains(rt.client.view) != (domains_seen or [None])[-1]:
             domains_seen.append(_domains(rt.client.view))
     st = opt.stats()
@@ -57,7 +62,7 @@ def main() -> int:
               "rejoins": st.rejoins, "coordinator_changes": st.coordinator_changes,
               "mixed_with": sorted(st.mixed_with), "times": times, "clocks": clocks, "events": events,
               "finite": all(bool(torch.isfinite(p).all()) for p in model.parameters()),
-              "domains_seen": domains_seen}
+              "domains_seen": domains_seen, "rounds_log": rounds}
     with open(os.path.join(args.out, f"rank-{rt.rank}.json"), "w") as f:
         json.dump(result, f)
     opt.close()

@@ -1,5 +1,7 @@
 """The inbox keeps only the rounds a peer may legitimately send, and one model state per sender."""
 
+import time
+
 import numpy as np
 
 from p2plearn.sync.inbox import MAX_STATES, STATE_FLAG, Inbox
@@ -42,3 +44,18 @@ def test_states_are_kept_one_per_sender_and_for_at_most_as_many_senders_as_membe
     small = Inbox(Feed([(s, STATE_FLAG) for s in range(10)]), lambda: (0, 0))  # no members known
     small.drain()
     assert small.dropped == 10 - MAX_STATES
+
+
+def test_a_sender_heard_at_a_later_round_is_not_waited_for_and_senders_heard_are_bounded():
+    # sender 2 delivered round 40, beyond the window (dropped, yet heard); sender 3 only round 4
+    inbox = Inbox(Feed([(2, 40), (3, 4)]), lambda: (4, 20), lambda: 2)
+    inbox.drain()
+    assert inbox.newest == {2: 40, 3: 4} and inbox.dropped == 1
+    t0 = time.monotonic()
+    inbox.wait_round(5, {2}, t0 + 30.0, lambda s: True)  # 2 has moved past round 5: no wait
+    assert time.monotonic() - t0 < 5.0
+    inbox.wait_round(5, {2, 3}, time.monotonic() + 0.2, lambda s: True)  # 3 may still send round 5
+    assert time.monotonic() - t0 >= 0.2
+    many = Inbox(Feed([(s, 7) for s in range(100)]), lambda: (0, 10), lambda: 0)  # no members known
+    many.drain()
+    assert list(many.newest) == list(range(100 - MAX_STATES, 100))  # the least recently heard forgotten

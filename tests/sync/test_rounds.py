@@ -4,12 +4,14 @@ from __future__ import annotations
 import secrets
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from p2plearn.control import Client, Coordinator
 from p2plearn.sync import BSP, SSP
+from p2plearn.sync.base import AHEAD_ROUNDS
 from p2plearn.tolerance import Layer, make_tolerance
 from p2plearn.transport import Channel
 
@@ -132,6 +134,67 @@ def test_a_joiner_without_rounds_of_its_own_waits_a_few_T_for_a_silent_sender_no
     waited = time.monotonic() - t0
     assert stats.senders == [0] and stats.merged == 0
     assert 1.5 < waited < 6.0, waited
+
+
+def test_a_bsp_peer_behind_does_not_wait_for_a_sender_already_past_the_round(job):
+    """Rank 1 is 10 rounds ahead (as a peer that took a far-ahead donor's clock): its round-0..9
+    messages will never come, and rank 0 learns so from its round-10 message instead of waiting
+    for each (here the cap: neither has typical rounds yet)."""
+    behind, ahead = job(2, BSP, selection="ring", fanout=1, round_cap_s=20.0)
+    ahead.sync.clock = 10
+    errors: list = []
+    t0 = time.monotonic()
+    caught_up = threading.Thread(target=lambda: _steps(behind, 11, errors))
+    caught_up.start()
+    _steps(ahead, 1, errors)
+    caught_up.join(60)
+    assert not caught_up.is_alive() and not errors, errors
+    assert time.monotonic() - t0 < 10.0  # without the rule: 10 rounds of 20 s
+    assert behind.sync.clock == ahead.sync.clock == 11
+    np.testing.assert_allclose(behind.params[0], 0.5)  # round 10: both averaged with each other
+    np.testing.assert_allclose(ahead.params[0], 0.5)
+
+
+def test_a_bsp_peer_without_senders_runs_at_most_AHEAD_ROUNDS_ahead_of_the_slowest(job):
+    """A plan that leaves rank 2 without senders (SELMCAST does, for a peer that cannot take a
+    message by T) gives it nothing to wait for; it must not run away from the job: its messages
+    would be dropped as too far ahead, and it would mix with nobody."""
+    peers = job(3, BSP, selection="ring", fanout=1, round_cap_s=20.0)
+    starved = peers[2]
+    own_plan = starved.sync.planner.plan
+    starved.sync.planner.plan = lambda *a: replace(own_plan(*a), senders=[])
+    leads, errors = [], []
+
+    def slow(peer):
+        for _ in range(30):
+            time.sleep(0.05)
+            peer.sync.step()
+
+    def fast():
+        for _ in range(30 + AHEAD_ROUNDS - 1):  # its last round needs the others' clock 30
+            starved.sync.step()
+            leads.append(starved.sync.clock - min(p.sync.clock for p in peers[:2]))
+
+    threads = [threading.Thread(target=_guarded, args=(f, errors)) for f in
+               (lambda: slow(peers[0]), lambda: slow(peers[1]), fast)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads) and not errors, errors
+    assert starved.sync.clock == 30 + AHEAD_ROUNDS - 1
+    assert AHEAD_ROUNDS - 3 <= max(leads) <= AHEAD_ROUNDS, leads  # it ran ahead, and as far as allowed
+
+
+def _steps(peer, rounds, errors):
+    _guarded(lambda: [peer.sync.step() for _ in range(rounds)], errors)
+
+
+def _guarded(work, errors):
+    try:
+        work()
+    except Exception as exc:  # reported to the test, never swallowed
+        errors.append(exc)
 
 
 def test_ssp_runs_at_most_s_rounds_ahead_of_the_slowest(job):
