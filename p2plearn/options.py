@@ -35,7 +35,8 @@ def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any
 
 @dataclass(frozen=True)
 class Options:
-    sync: str = _opt("bsp", "bsp: every round waits for its senders (or the deadline); ssp: a peer runs up "
+    sync: str = _opt("bsp", "bsp: every round waits for its senders (or the deadline), and no peer runs more "
+                            "than 16 rounds ahead of the slowest; ssp: a peer runs up "
                             "to --staleness rounds ahead of the slowest; partitioned: every round is a full "
                             "average at a ring all-reduce's bytes (each peer aggregates a part sized by its "
                             "bandwidth; --selection and --fanout do not apply)", ("bsp", "ssp", "partitioned"))

@@ -34,7 +34,7 @@ from . import protocol as p
 from .detector import PhiAccrualDetector
 from .estimator import BandwidthEstimator
 from .membership import Member
-from .view import PLANNING_INPUTS, GlobalView, domains_from_reach, reach_of
+from .view import FLOOR, PLANNING_INPUTS, GlobalView, domains_from_reach, reach_of
 
 log = logging.getLogger("p2plearn.control")
 
@@ -606,14 +606,18 @@ def _rank(value: Any) -> int:
 
 
 def _load(value: Any) -> dict[str, float]:
-    """A peer's reported load: the LOAD entries that are finite numbers >= 0 (else 0: nothing known)."""
+    """A peer's reported load: the LOAD entries that are finite numbers >= 0 (else 0: nothing known),
+    those below their unit's floor (``view.FLOOR``) as 0. Below it a load is noise, and noise that
+    enters a plan is read as a difference: a peer whose published merge time was 0.5 ms, the others'
+    0 (a new view takes everyone's current load, a load changing by less than the floor makes none),
+    could merge no message by a T of microseconds, and SELMCAST left it without senders for good."""
     out = {}
     for name in LOAD:
         try:
             x = float((value or {}).get(name, 0.0))
         except (TypeError, ValueError, AttributeError):
             x = 0.0
-        out[name] = x if 0 <= x < float("inf") else 0.0
+        out[name] = x if FLOOR.get(name, 0.0) <= x < float("inf") else 0.0
     return out
 
 

@@ -80,7 +80,7 @@ def test_view_is_seeded_and_corrected_by_measurement(key):
             a.report(1, links={1: {"paced": 1e6, "rate": 5e5, "probe": "downlink"}},
                      load={"compute_s": 0.5, "merge_s": 0.01, "backlog": 2, "in_flight_bytes": 1e6,
                            "in_flight_msgs": 1})
-            b.report(1, links={0: {"paced": 1e6, "rate": 0.0}}, load={"compute_s": "nonsense"})
+            b.report(1, links={0: {"paced": 1e6, "rate": 0.0}}, load={"compute_s": "nonsense", "merge_s": 0.0005})
             assert a.wait_min_clock(1, timeout=5)
             view = a.fetch_view()
             assert view.round == 1
@@ -88,6 +88,7 @@ def test_view_is_seeded_and_corrected_by_measurement(key):
             assert view.uplink.tolist() == [1e6, 3e6]  # a probe's limit is the probed end's; b: no sample
             assert view.uplink_target.tolist() == [1e6, 3e6] and view.downlink_age.tolist() == [2, 0]
             assert view.compute_s.tolist() == [0.5, 0.0] and view.backlog.tolist() == [2, 0]  # garbage: 0
+            assert view.merge_s.tolist() == [0.01, 0.0]  # below the floor of its unit: 0
             assert view.in_flight_bytes.tolist() == [1e6, 0] and view.in_flight_msgs.tolist() == [1, 0]
             deadline = time.monotonic() + 5  # the same view is pushed once the round completes
             while (b.view is None or b.view.round < 1) and time.monotonic() < deadline:
