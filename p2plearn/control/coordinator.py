@@ -346,6 +346,7 @@ class Coordinator:
                 self._publish(p.DONATE, to=donor.rank, rank=rank, engine=known.engine, clock=known.clock)
             elif resumed is not None:
                 known.clock = max(known.clock, resumed)
+                self._advance_clock()  # BSP peers far ahead wait on it, and report no round meanwhile
             if (engine and engine != known.engine) or (standby and standby != known.standby):
                 if engine and engine != known.engine:
                     self._forget_reach(rank)  # the others' probes reached its old engine

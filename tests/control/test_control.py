@@ -174,6 +174,30 @@ def test_a_dead_coordinator_is_replaced_by_the_lowest_live_rank(key):
         _stop_successor(clients[0])
 
 
+def test_a_successor_knows_the_clocks_the_peers_resume_with_before_any_report(key):
+    """Peers go on training while their coordinator is gone; once they follow the successor, BSP
+    peers far enough ahead wait on the slowest clock and report no round meanwhile: the successor's
+    clock must come from their re-registrations (it once stayed at the view's, from before the
+    outage, and every peer waited out the 30 s round cap)."""
+    coord = Coordinator(JOB, key, world_size=2, heartbeat=0.2).start()
+    clients = [Client(coord.address, JOB, key, rank=r, successor_wait=5.0) for r in (0, 1)]
+    try:
+        for c in clients:
+            c.register(("127.0.0.1", 9000 + c.rank))
+            c.report(3)
+        assert clients[1].wait_min_clock(3, timeout=5)
+        coord.stop()
+        for c in clients:
+            c.report(40)  # rounds made during the outage: nobody hears of them
+        assert all(wait_event(c, "coordinator_moved", timeout=20) for c in clients)
+        assert all(c.wait_min_clock(40, timeout=5) for c in clients), [c.min_clock for c in clients]
+    finally:
+        for c in clients:
+            c.close()
+        coord.stop()
+        _stop_successor(clients[0])
+
+
 def _stop_successor(client):
     if client._spawned is not None:
         client._spawned.stop()
