@@ -523,7 +523,9 @@ class DecentralizedOptimizer(Optimizer):
 
     def close(self) -> None:
         """Finish the round in flight, leave the job, print this peer's one-line summary, and
-        release the engine (also when the round in flight failed: its error is raised after)."""
+        release the engine (also when the round in flight failed: its error is raised after).
+        Call it once this peer stops stepping (before a long evaluation, say): while it stays a
+        member, the others run at most 16 rounds (SSP: the staleness) ahead of its clock."""
         try:
             self.flush()
         finally:
