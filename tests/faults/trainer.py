@@ -51,10 +51,11 @@ def main() -> int:
         opt.zero_grad()
         times.append(time.time())
         clocks.append(opt.sync.clock)
-        rs = opt.last_round
-        view = rt.client.view_for(rs.round)
-        rounds.append([rs.round, rs.receivers, rs.senders, rs.merged_from, round(rs.comm_s, 3),
-                       list(view.order) if view is not None else None])
+        rs = opt.last_round  # None, or the same round again, on a step without a round (--period)
+        if rs is not None and (not rounds or rounds[-1][0] != rs.round):
+            view = rt.client.view_for(rs.round)
+            rounds.append([rs.round, rs.receivers, rs.senders, rs.merged_from, round(rs.comm_s, 3),
+                           list(view.order) if view is not None else None])
         if _domains(rt.client.view) != (domains_seen or [None])[-1]:
             domains_seen.append(_domains(rt.client.view))
     st = opt.stats()
