@@ -226,6 +226,21 @@ class Synchronizer(ABC):
             return min(self.round_cap_s, max(JOINER_WAIT_S, LATE_SENDER * self.network.planned_time_s + GRACE_S))
         return min(self.round_cap_s, max(MIN_WAIT_S, LATE_SENDER * float(np.median(recent)) + GRACE_S))
 
+    def _hold(self, target: int, until: float) -> bool:
+        """Wait until the slowest live peer's clock reaches ``target`` (the control plane's clock);
+        False if it did not within the round cap. While the coordinator is silent that clock is
+        stale: then a message heard from a peer at round ``target`` or later also ends the wait,
+        and so does the monotonic ``until`` (the round's own limit), so that an outage costs no step."""
+        cap = time.monotonic() + self.round_cap_s
+        while not self._interrupted and not self.client.wait_min_clock(target, timeout=0.05):
+            self.inbox.drain()  # keep the engine's queue short while waiting
+            if time.monotonic() > cap:
+                return False
+            if not self.client.clock_current and (
+                    max(self.inbox.newest.values(), default=-1) >= target or time.monotonic() > until):
+                return True
+        return True
+
     @abstractmethod
     def _wait_round(self, rnd: int, senders: set[int], until: float) -> None:
         """Block, while this peer's own send is in flight, for what the rule requires."""

@@ -1,8 +1,6 @@
 """Bulk-synchronous rounds over a sparse plan."""
 from __future__ import annotations
 
-import time
-
 from p2plearn.sync.base import AHEAD_ROUNDS, Synchronizer
 from p2plearn.transport import Delivery
 
@@ -19,23 +17,13 @@ class BSP(Synchronizer):
     compute cannot take a message by T), and such a peer has nothing to wait for: it would run
     ahead of the job without bound, its messages dropped as too far ahead and its model mixed with
     nobody's. So no peer runs more than ``AHEAD_ROUNDS`` ahead of the slowest live peer (the
-    control plane's clock, as SSP's bound; in step with the job it never binds). While the
-    coordinator is silent its clock is stale, so then a message heard from a peer at most that
-    many rounds behind also allows the round, and the wait ends with the round's own limit.
+    control plane's clock, as SSP's bound; in step with the job it never binds; see
+    ``Synchronizer._hold`` for a silent coordinator).
     """
 
     def _wait_round(self, rnd: int, senders: set[int], until: float) -> None:
         self.inbox.wait_round(rnd, senders, until, self._alive)
-        self._hold_lead(rnd, until)
-
-    def _hold_lead(self, rnd: int, until: float) -> None:
-        target = rnd + 1 - AHEAD_ROUNDS  # the slowest clock that keeps this round's message wanted
-        cap = time.monotonic() + self.round_cap_s
-        while not self._interrupted and not self.client.wait_min_clock(target, timeout=0.05):
-            self.inbox.drain()
-            if time.monotonic() > cap or (not self.client.clock_current and (
-                    max(self.inbox.newest.values(), default=-1) >= target or time.monotonic() > until)):
-                return
+        self._hold(rnd + 1 - AHEAD_ROUNDS, until)  # the slowest clock that keeps this round's message wanted
 
     def _inputs(self, rnd: int) -> list[Delivery]:
         self.inbox.drain()

@@ -14,7 +14,9 @@ class SSP(Synchronizer):
     reports clock r+1 and waits until the slowest live peer reaches r+1-s, then merges whatever
     has arrived from rounds r-s..r; older messages are past the bound and dropped. The slowest
     clock is over live peers only, so it never blocks on a dead peer. With s = 0 every round-r
-    message has arrived when the wait ends: it behaves like BSP.
+    message has arrived when the wait ends: it behaves like BSP. While the coordinator is silent
+    (failing over) the slowest clock is stale; a message from a peer within the bound stands in for
+    it (``Synchronizer._hold``).
 
     Args (beyond Synchronizer's): staleness: s. Larger hides stragglers and bursts better but
     merges older models; 1-4 is typical.
@@ -30,11 +32,8 @@ class SSP(Synchronizer):
 
     def _inputs(self, rnd: int) -> list[Delivery]:
         target = rnd + 1 - self.staleness
-        deadline = time.monotonic() + self.round_cap_s
-        while not self.client.wait_min_clock(target, timeout=0.05):
-            self.inbox.drain()  # keep the engine's queue short while waiting
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"SSP: the slowest live peer stayed below clock {target} for "
-                                   f"{self.round_cap_s:g} s")
+        if not self._hold(target, time.monotonic() + self._wait_limit(None)):
+            raise TimeoutError(f"SSP: the slowest live peer stayed below clock {target} for "
+                               f"{self.round_cap_s:g} s")
         self.inbox.drain()
         return self.inbox.take(rnd - self.staleness, rnd)

@@ -39,7 +39,8 @@ class Peer:
 
 @pytest.fixture
 def job():
-    """job(n, cls, **kw) -> n peers of an in-process job; everything is closed after the test."""
+    """job(n, cls, **kw) -> n peers of an in-process job (its coordinator: job.coordinator);
+    everything is closed after the test."""
     key = secrets.token_hex(16)
     coord = Coordinator(JOB, key, heartbeat=0.2, startup_grace=1.0).start()
     peers: list[Peer] = []
@@ -50,6 +51,7 @@ def job():
             p.client.wait_members(n, 5.0, receiving=True)
         return peers
 
+    make.coordinator = coord
     yield make
     for p in peers:
         p.close()
@@ -184,6 +186,42 @@ def test_a_bsp_peer_without_senders_runs_at_most_AHEAD_ROUNDS_ahead_of_the_slowe
     assert not any(t.is_alive() for t in threads) and not errors, errors
     assert starved.sync.clock == 30 + AHEAD_ROUNDS - 1
     assert AHEAD_ROUNDS - 3 <= max(leads) <= AHEAD_ROUNDS, leads  # it ran ahead, and as far as allowed
+
+
+@pytest.mark.parametrize("cls,kw", [(BSP, {}), (SSP, {"staleness": 1})])
+def test_rounds_go_on_while_the_coordinator_is_gone(job, cls, kw):
+    """Both bounds wait on the coordinator's slowest clock (BSP's only 16 rounds ahead of it),
+    which stands still while the coordinator is gone: messages from peers within the bound stand
+    in for it, so peers in step keep making rounds until they follow the successor."""
+    peers = job(3, cls, selection="ring", fanout=1, **kw)
+    bound = AHEAD_ROUNDS if cls is BSP else kw["staleness"]  # rounds past the clock it had
+    steps: dict[int, list[float]] = {p.client.rank: [] for p in peers}
+    errors: list = []
+    until = time.monotonic() + 60.0
+
+    def train(peer):
+        while time.monotonic() < until and peer.client.coordinator_changes == 0:
+            time.sleep(0.01)
+            peer.sync.step()
+            steps[peer.client.rank].append(time.monotonic())
+        for _ in range(3):  # and with the successor
+            peer.sync.step()
+        peer.client.leave()  # else the others' bounds wait on its clock
+
+    threads = [threading.Thread(target=_guarded, args=(lambda p=p: train(p), errors)) for p in peers]
+    for t in threads:
+        t.start()
+    time.sleep(1.0)
+    job.coordinator.stop()
+    stopped = time.monotonic()
+    for t in threads:
+        t.join(90)
+    assert not any(t.is_alive() for t in threads) and not errors, errors
+    for rank, times in steps.items():
+        during = [t for t in times if t > stopped]
+        print(f"rank {rank}: {len(during)} rounds in the {times[-1] - stopped:.1f} s until it followed the successor")
+        assert times[-1] - stopped > 1.0  # the outage was long enough to tell (the clients' detectors)
+        assert len(during) > bound + 5  # without the stand-in: 1-3 more (BSP: one per second of outage)
 
 
 def _steps(peer, rounds, errors):
