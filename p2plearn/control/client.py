@@ -346,9 +346,9 @@ class Client:
     @property
     def clock_current(self) -> bool:
         """Whether ``min_clock`` is the coordinator's current one: it ticks every heartbeat, and one
-        came within two. A dead coordinator is known (``following``) only seconds later; a wait on
-        the clock should not outlast its silence."""
-        return self.following and time.monotonic() - self._detector.last < 2 * self.heartbeat
+        came within the pause its detector forgives (a busy host delays ticks). A hung coordinator
+        is known (``following``) only seconds later; a wait on the clock should not outlast that."""
+        return self.following and time.monotonic() - self._detector.last < self._detector.acceptable_pause
 
     def wait_min_clock(self, target: int, timeout: float) -> bool:
         """Wait until the slowest live clock reaches ``target``; False on timeout (SSP decides
