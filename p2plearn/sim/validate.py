@@ -10,10 +10,12 @@ for its sends and its expected inputs, and reports; the next round starts when e
 "go" to the last peer's report. Before them, CALIBRATION rounds of a 1 KB message measure the fixed
 cost of a round on this host (handshakes, wake-ups of 8 processes on 2 cores): the simulator gets
 the shortest as its latency_s (the host's other work only adds to a round, so a calibration taken
-during a spike would make the simulator slower than any round it predicts). `host_rate(n)` measures, once per process, how many bytes/s this
-host's CPUs move between n namespaces when every peer sends to all others over links shaped far
-above that (the testbed's own ceiling: 8 peers at 1 Gbit/s may ask for 8 Gbit/s, near what a 2-core
-host carries), from its fastest rounds for the same reason; the simulator gets it as its host_rate. The CLI writes sim_validation.csv/.md/.png for CASES.
+during a spike would make the simulator slower than any round it predicts). `host_rate(n)`
+measures, once per process, how many bytes/s this host's CPUs move between n namespaces when every
+peer sends to all others over links shaped far above that (the testbed's own ceiling: 8 peers at
+1 Gbit/s may ask for 8 Gbit/s, near what a 2-core host carries), from its fastest rounds for the
+same reason; the simulator gets it as its host_rate. The CLI writes sim_validation.csv/.md/.png
+for CASES.
 """
 from __future__ import annotations
 
@@ -170,10 +172,10 @@ def write(results: list[Comparison], out: Path) -> None:
              "8 peers in network namespaces (tbf-shaped veths on one bridge, 2-core host); every peer sends "
              "one message per round to its receivers of the plan, paced at 0.95 min(D_j M_i/L_j, U_i/|R_i|) (`plan_flows`; equal sizes: D_j/indegree_j); "
              "barrier between rounds. Simulated: `p2plearn.sim.Simulator` on the same plans "
-             "(`python -m p2plearn.sim.validate`), with the fixed round cost measured by 1 KB rounds "
-             "on the same testbed as its latency, and the host's CPU ceiling (all peers' traffic together, "
-             f"measured by all-to-all rounds of {HOST_BYTES / 1e6:g} MB on {HOST_LINK_MBIT / 1000:g} Gbit/s links) "
-             "as its host rate.", "",
+             "(`python -m p2plearn.sim.validate`), with the fixed round cost (the shortest of the 1 KB rounds "
+             "on the same testbed) as its latency, and the host's CPU ceiling (all peers' traffic together, "
+             f"from the fastest all-to-all rounds of {HOST_BYTES / 1e6:g} MB on {HOST_LINK_MBIT / 1000:g} Gbit/s "
+             "links) as its host rate.", "",
              "| topology | policy | p | MB | rounds | latency s (1 KB rounds) | host Gbit/s | datagrams resent "
              "| simulated s | measured s | sim/measured - 1 |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
