@@ -55,9 +55,9 @@ class Inbox:
         return True
 
     def _heard(self, sender: int, msg_id: int) -> None:
-        newest = max(msg_id, self.newest.pop(sender, msg_id))
-        self.newest[sender] = newest
-        while len(self.newest) > max(MAX_STATES, self._members()):
+        new = sender not in self.newest
+        self.newest[sender] = max(msg_id, self.newest.pop(sender, msg_id))
+        while new and len(self.newest) > max(MAX_STATES, self._members()):  # (a new sender is rare)
             del self.newest[next(iter(self.newest))]
 
     def drain(self) -> None:
