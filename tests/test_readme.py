@@ -1,5 +1,6 @@
-"""The README's examples run as written: its training script under every launcher line that needs
-neither root nor other hosts, and the transport example.
+"""The README's and docs' examples run as written: the training script under every launcher line that
+needs neither root nor other hosts, the checkpointed loop run twice, the transport example, and every
+documented command of an entry point names only flags that its ``--help`` lists.
 
 The quick start's ``make test`` is this suite, and ``make demo``'s command is the end-to-end run of
 ``tests/train/test_mnist1d_e2e.py``; lines for launchers that are not installed (srun) are skipped.
@@ -18,6 +19,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
+DOCS = {path.name: path.read_text() for path in sorted((ROOT / "docs").glob("*.md"))}
 BIN = Path(sys.executable).parent  # the environment's python, p2plearn-run and torchrun
 pytestmark = pytest.mark.timeout(1200)
 
@@ -65,11 +67,9 @@ def test_training_script_runs_as_written(line, tmp_path):
         pytest.skip(why)
     (tmp_path / "train.py").write_text(blocks(TRAINING, "python")[0])
     argv = [sys.executable if word == "python" else word for word in shlex.split(line)]
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ.get('PATH', '')}", "OMP_NUM_THREADS": "1",
-           # Open MPI refuses root and more ranks than cores unless told: this machine's business, not the line's.
-           "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-           "OMPI_MCA_rmaps_base_oversubscribe": "1"}
-    env = {k: v for k, v in env.items() if not k.startswith(("P2PLEARN_", "MASTER_"))}
+    # As a user's shell has it: no job variables, and no thread count (the Makefile exports one).
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("P2PLEARN_", "MASTER_", "OMP_", "OMPI_"))}
+    env["PATH"] = f"{BIN}:{os.environ.get('PATH', '')}"
     proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
@@ -116,7 +116,43 @@ def test_checkpointed_loop_runs_and_resumes_as_written(tmp_path):
 
 
 def test_transport_example_runs_as_written():
-    (code,) = blocks(section("The transport alone"), "python")
+    (code,) = blocks(DOCS["transport.md"], "python")
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert re.search(r"\[[\d., ]+\] ", done.stdout), done.stdout  # the layer's delivered fraction, then the stats
+
+
+# `p2plearn-run ...`, `python -m p2plearn.x ...` in a code block or span, up to a comment or the span's end.
+DOCUMENTED = re.compile(r"(?:^|`)(?:sudo )?((?:p2plearn-run|p2plearn-testbed|python -m p2plearn[\w.]*)[^`\n#]*)", re.M)
+
+
+def documented_commands() -> list[tuple[str, str]]:
+    found = {(name, m.group(1).strip()) for name, text in {"README.md": README, **DOCS}.items()
+             for m in DOCUMENTED.finditer(text)}
+    return sorted(found)
+
+
+def entry_point(command: str) -> tuple[list[str], list[str]]:
+    """(argv that prints the command's --help, the flags the command uses), without the script after --."""
+    words = shlex.split(command.split(" -- ")[0])
+    if words[0] == "python":
+        module, rest = words[2], words[3:]
+        argv = [sys.executable, "-m", module]
+        if module == "p2plearn.bench" and rest and not rest[0].startswith("-"):
+            argv, rest = argv + [rest[0]], rest[1:]
+    else:
+        argv, rest = [str(BIN / words[0])], words[1:]
+    return argv + ["--help"], [w.split("=")[0] for w in rest if w.startswith("--") and w != "--help"]
+
+
+def test_the_docs_document_commands():
+    assert len(documented_commands()) > 10  # the pattern finds them (it would pass on none otherwise)
+
+
+@pytest.mark.parametrize("doc,command", documented_commands())
+def test_documented_command_names_only_flags_its_help_lists(doc, command):
+    argv, flags = entry_point(command)
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, f"{doc}: {' '.join(argv)}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
+    missing = [flag for flag in flags if not re.search(rf"{re.escape(flag)}\b", done.stdout)]
+    assert not missing, f"{doc}: `{command}` uses {missing}, which `{' '.join(argv[1:])}` does not list"
