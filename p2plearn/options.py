@@ -76,9 +76,11 @@ class Options:
     max_fanin: int = _opt(64, "--selection selmcast: senders per receiver at most (never below --fanout; 0 = no cap); "
                               "bounds the messages a peer buffers and merges in a round", valid=_within(0, MAX_RANKS - 1))
     mixing_slack: float = _opt(0.0, "--selection selmcast: how much longer (0.1: a tenth) a round may take so that a peer "
-                                    "whose downlink cannot take a whole message in time still gets a sender", valid=_within(0.0, 10.0))
+                                    "whose downlink cannot take a whole message in time still gets a sender",
+                               valid=_within(0.0, 10.0))
     loss_bound: float = _opt(0.0, "fraction of a message a receiver may miss, in [0, 1): higher closes "
-                                  "rounds sooner on lossy links, at some cost in accuracy", valid=_within(0.0, 1.0, high_open=True))
+                                  "rounds sooner on lossy links, at some cost in accuracy",
+                             valid=_within(0.0, 1.0, high_open=True))
     tolerance: str = _opt("fixed", "how the loss bound is set per layer and round",
                           ("fixed", "adaptive", "layerwise", "phase"))
     period: int = _opt(16, "local steps between rounds (H): a round every H steps costs 1/H of the communication; "
@@ -136,8 +138,8 @@ class Options:
                                  "costs the coordinator a message per peer per heartbeat)", valid=_within(0.01, 60.0))
     phi_threshold: float = _opt(8.0, "suspicion (phi-accrual) at which a silent peer or coordinator is taken for "
                                      "dead: lower detects sooner (~1.4 s at 8 with a 0.5 s heartbeat), with more "
-                                     "false deaths on a loaded machine; a false death costs a state transfer; in (0, 300) (phi stops at "
-                                     "300: a higher threshold is never reached)",
+                                     "false deaths on a loaded machine; a false death costs a state transfer; in "
+                                     "(0, 300) (phi stops at 300: a higher threshold is never reached)",
                             valid=_within(0.0, 300.0, low_open=True, high_open=True))
 
     def __post_init__(self) -> None:
@@ -197,7 +199,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
             kwargs["choices"] = f.metadata["choices"]
             kwargs["metavar"] = "|".join(f.metadata["choices"])
         else:  # refused by argparse with its usage line, as a bad choice is
-            kwargs["type"] = lambda raw, f=f: _parse(f, raw, lambda why: argparse.ArgumentTypeError(f"{why} (got {raw!r})"))
+            kwargs["type"] = lambda raw, f=f: _parse(
+                f, raw, lambda why: argparse.ArgumentTypeError(f"{why} (got {raw!r})"))
             kwargs["metavar"] = f.name.upper()
         group.add_argument(_flag(f.name), **kwargs)
     return parser

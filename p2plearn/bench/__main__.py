@@ -27,7 +27,8 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m p2plearn.bench", formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Benchmarks; each prints a Markdown table (--json: the raw rows).",
         epilog="benchmarks:\n" + "\n".join(f"  {name:<10} {about}" for name, (_, about) in BENCHES.items()))
-    parser.add_argument("name", choices=BENCHES, metavar="NAME", help="the benchmark (python -m p2plearn.bench NAME --help: its options)")
+    parser.add_argument("name", choices=BENCHES, metavar="NAME",
+                        help="the benchmark (python -m p2plearn.bench NAME --help: its options)")
     parser.parse_args(argv)  # --help exits 0; no name or an unknown one exits 2 with the usage
 
 
