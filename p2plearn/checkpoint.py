@@ -124,8 +124,9 @@ def load(directory: str | os.PathLike | None, model: Any, optimizer: Any, /, *, 
 
     Rank 0 prints the step it resumes from. A file that cannot be resumed from (unreadable,
     truncated, not a checkpoint, saved for another model or job size, or holding NaN/inf in the
-    model or optimizer state) raises `CheckpointError` naming the file and what is wrong, before
-    anything is restored; ``allow_nonfinite=True`` loads NaN/inf values all the same."""
+    model or optimizer state) raises `CheckpointError` naming the file and what is wrong; all but
+    a misfit of the model or optimizer are found before anything is restored.
+    ``allow_nonfinite=True`` loads NaN/inf values all the same."""
     import torch
 
     required = directory is None  # --resume promised a complete step
