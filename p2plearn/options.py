@@ -159,7 +159,7 @@ class Options:
         values: dict[str, Any] = {}
         for f in fields(cls):
             raw = environ.get(_env(f.name))
-            if raw is not None and raw != "":
+            if raw is not None and raw != "" and f.name not in overrides:  # a flag given wins, even over a bad variable
                 values[f.name] = _parse(f, raw, lambda why, f=f, raw=raw: OptionsError(
                     f"{_flag(f.name)}: {why} (got {raw!r} from {_env(f.name)})"))
         for name in overrides:

@@ -113,3 +113,10 @@ def test_the_launcher_refuses_it_in_one_line_before_starting_anything():
     assert done.returncode == 2
     assert done.stderr.splitlines() == ["p2plearn-run: error: argument --fanout: must be in 1..65535 "
                                         "(got '1000000000000')"]
+
+
+def test_a_flag_given_wins_over_a_bad_variable():
+    args = add_arguments(argparse.ArgumentParser()).parse_args(["--fanout", "2"])
+    assert Options.from_args(args, environ={"P2PLEARN_FANOUT": "1000000000000"}).fanout == 2
+    with pytest.raises(OptionsError, match="from P2PLEARN_STALENESS"):
+        Options.from_args(args, environ={"P2PLEARN_STALENESS": "-1"})
