@@ -12,8 +12,22 @@ the newest complete step, so a job stopped while some ranks had saved step S and
 resumes from the step before. After saving, a rank removes its own files of steps older than the
 newest complete one (never that one).
 
-``p2plearn-run --resume DIR`` checks DIR has a complete step for the job's size before anything
-starts and sets ``P2PLEARN_RESUME=DIR``, which `load` uses when called with ``directory=None``.
+Resuming and starting afresh, with the loop above (under any launcher)::
+
+    p2plearn-run -np 4 -- python train.py                  # resumes from ckpt/ if it holds a complete step
+    rm -rf ckpt && p2plearn-run -np 4 -- python train.py   # starts afresh (or save to another directory)
+
+On resuming, rank 0 prints ``p2plearn: resuming from ckpt/step-S (epoch=E)``. A rerun of a job
+that had finished resumes from its last checkpoint, trains no step, and says so when the
+optimizer closes: ``p2plearn: nothing left to train: the checkpoint at step S is the end``.
+A script that calls ``load(None, ...)`` resumes only when launched with ``p2plearn-run --resume
+DIR``, which checks DIR has a complete step for the job's size before anything starts and sets
+``P2PLEARN_RESUME=DIR``.
+
+`load` refuses a file it cannot resume from with one `CheckpointError` line naming the file and
+what is wrong: empty, truncated or not a checkpoint; saved by a job of another size; not fitting
+the model or optimizer; NaN or inf in the model or optimizer state (``allow_nonfinite=True``
+loads those anyway: a job that diverged resumes diverged).
 
 What a checkpoint holds, per rank: the model's state dict, the optimizer's (the wrapped
 optimizer's state plus p2plearn's step and round clocks, outer momentum, filter residuals and
@@ -37,7 +51,8 @@ from typing import Any
 RESUME_VAR = "P2PLEARN_RESUME"
 _STEP = re.compile(r"step-(\d+)$")
 _RANK = re.compile(r"rank-(\d+)\.pt$")
-_RESERVED = ("model", "optimizer", "rng", "world_size")
+_SAVED = ("model", "optimizer", "rng", "world_size")  # what every checkpoint file holds
+_RESERVED = (*_SAVED, "allow_nonfinite")
 
 
 class CheckpointError(Exception):
@@ -100,11 +115,18 @@ def save(directory: str | os.PathLike, model: Any, optimizer: Any, /, **objects:
     return path
 
 
-def load(directory: str | os.PathLike | None, model: Any, optimizer: Any, /, **objects: Any) -> dict[str, Any] | None:
+def load(directory: str | os.PathLike | None, model: Any, optimizer: Any, /, *, allow_nonfinite: bool = False,
+         **objects: Any) -> dict[str, Any] | None:
     """Restore this rank from the newest step every rank saved under ``directory`` (None:
     ``$P2PLEARN_RESUME``, set by ``p2plearn-run --resume``). Returns the plain values saved
     with it (e.g. ``{"epoch": 3}``), or None when there is nothing to resume from (no directory,
-    or no complete step in it: a fresh start). ``objects`` are loaded from their state dicts."""
+    or no complete step in it: a fresh start). ``objects`` are loaded from their state dicts.
+
+    Rank 0 prints the step it resumes from. A file that cannot be resumed from (unreadable,
+    truncated, not a checkpoint, saved for another model or job size, or holding NaN/inf in the
+    model or optimizer state) raises `CheckpointError` naming the file and what is wrong; all but
+    a misfit of the model or optimizer are found before anything is restored.
+    ``allow_nonfinite=True`` loads NaN/inf values all the same."""
     import torch
 
     required = directory is None  # --resume promised a complete step
@@ -117,27 +139,83 @@ def load(directory: str | os.PathLike | None, model: Any, optimizer: Any, /, **o
         if required:
             raise CheckpointError(describe(directory, runtime.world_size))
         return None
-    state = torch.load(Path(directory) / f"step-{newest}" / f"rank-{runtime.rank}.pt", weights_only=True)
+    folder = Path(directory) / f"step-{newest}"
+    path = folder / f"rank-{runtime.rank}.pt"
+    state = _read(path)
     absent = [name for name in objects if name not in state]
     if absent:
-        raise CheckpointError(f"step {newest} in {directory} holds no {', '.join(absent)} (saved: "
+        raise CheckpointError(f"{path}: holds no {', '.join(absent)} (saved: "
                               f"{', '.join(k for k in state if k not in _RESERVED) or 'nothing else'})")
     if state["world_size"] != runtime.world_size:
-        raise CheckpointError(f"step {newest} in {directory} was saved by a job of {state['world_size']} ranks, "
-                              f"this one has {runtime.world_size}")
-    if not optimizer.joined:  # a joiner's model and clock are the running job's, newer than any file
-        model.load_state_dict(state["model"])
-        torch.set_rng_state(state["rng"])
-    optimizer.load_state_dict(state["optimizer"])
-    plain = {}
-    for name, value in state.items():
-        if name in _RESERVED:
-            continue
-        if name in objects:
-            objects[name].load_state_dict(value)
-        else:
-            plain[name] = value
+        raise CheckpointError(f"{path}: saved by a job of {state['world_size']} ranks, this one has "
+                              f"{runtime.world_size}")
+    if not allow_nonfinite:
+        for part in ("model", "optimizer"):
+            where = _nonfinite(state[part])
+            if where:
+                raise CheckpointError(f"{path}: the {part} state holds NaN or inf (in {where}); training from it "
+                                      f"goes nowhere (load(..., allow_nonfinite=True) loads it anyway)")
+    try:
+        if not optimizer.joined:  # a joiner's model and clock are the running job's, newer than any file
+            model.load_state_dict(state["model"])
+            torch.set_rng_state(state["rng"])
+        optimizer.load_state_dict(state["optimizer"])
+        plain = {}
+        for name, value in state.items():
+            if name in _RESERVED:
+                continue
+            if name in objects:
+                objects[name].load_state_dict(value)
+            else:
+                plain[name] = value
+    except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as error:
+        raise CheckpointError(f"{path}: does not fit what it is loaded into ({_one_line(error)})") from error
+    if not optimizer.joined:
+        optimizer.resumed_step = newest  # close() says when the job had nothing left to train
+    if runtime.rank == 0:
+        values = ", ".join(f"{name}={value}" for name, value in plain.items())
+        print(f"p2plearn: resuming from {folder}" + (f" ({values})" if values else ""), flush=True)
     return plain
+
+
+def _read(path: Path) -> dict[str, Any]:
+    """The checkpoint file at ``path``, or `CheckpointError` saying why it is not one."""
+    import torch
+
+    try:
+        state = torch.load(path, weights_only=True)
+    except Exception as error:  # torch.load's failures on bad bytes are of many kinds (EOF, zip, unpickling)
+        size = path.stat().st_size if path.is_file() else 0
+        why = "empty file" if size == 0 else f"{size} bytes, {_one_line(error)}"
+        raise CheckpointError(f"{path}: not a readable checkpoint ({why})") from error
+    missing = [name for name in _SAVED if not isinstance(state, dict) or name not in state]
+    if missing:
+        raise CheckpointError(f"{path}: not a p2plearn checkpoint (it holds no {', '.join(missing)})")
+    return state
+
+
+def _nonfinite(value: Any, where: str = "") -> str | None:
+    """The name of the first floating tensor in a (nested) state that holds NaN or inf. Plain
+    numbers are not looked at: histories (losses, update norms) may rightly hold an inf."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        if not value.is_floating_point() or value.numel() == 0:
+            return None
+        low, high = torch.aminmax(value)  # NaN propagates to both; no mask of the tensor's size (10x faster)
+        return None if bool(torch.isfinite(low) & torch.isfinite(high)) else where
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        found = _nonfinite(item, f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def _one_line(error: BaseException, limit: int = 300) -> str:
+    """``error`` as one line of at most ``limit`` characters (torch's messages span several)."""
+    text = f"{type(error).__name__}: {' '.join(str(error).split())}".rstrip(": ")
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _prune(root: Path, rank: int, world_size: int) -> None:

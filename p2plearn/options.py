@@ -17,20 +17,44 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 ENV_PREFIX = "P2PLEARN_"
+MAX_RANKS = 1 << 16  # the wire's sender id is 16 bits: a job has at most this many ranks
 
 
 class OptionsError(ValueError):
     """An option has a value it cannot take; the message names the flag or variable."""
 
 
-def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None) -> Any:
-    return field(default=default, metadata={"help": help, "choices": choices})
+def _opt(default: Any, help: str, choices: tuple[str, ...] | None = None,
+         valid: tuple[Callable[[Any], bool], str] | None = None) -> Any:
+    """A field; ``valid`` = (test of a value, what a value must be: the error names it)."""
+    return field(default=default, metadata={"help": help, "choices": choices, "valid": valid})
+
+
+def _within(low: float, high: float, low_open: bool = False, high_open: bool = False) -> tuple[Callable, str]:
+    """The range check of a number, and its wording: [0, 1), 1..65535 for integers."""
+    def test(value: float) -> bool:
+        return (low < value if low_open else low <= value) and (value < high if high_open else value <= high)
+    if isinstance(low, int) and isinstance(high, int) and not (low_open or high_open):
+        return test, f"must be in {low}..{high}"
+    return test, f"must be in {'(' if low_open else '['}{_number(low)}, {_number(high)}{')' if high_open else ']'}"
+
+
+def _number(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"  # 86400000, not 8.64e+07
+
+
+def _is_multicast_range(text: str) -> bool:
+    try:
+        return ipaddress.ip_network(text).is_multicast and ipaddress.ip_network(text).version == 4
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -40,27 +64,35 @@ class Options:
                             "to --staleness rounds ahead of the slowest; partitioned: every round is a full "
                             "average at a ring all-reduce's bytes (each peer aggregates a part sized by its "
                             "bandwidth; --selection and --fanout do not apply)", ("bsp", "ssp", "partitioned"))
-    staleness: int = _opt(2, "SSP bound in rounds: larger hides more stragglers, but merges older models")
+    staleness: int = _opt(2, "SSP bound in rounds, 0..100: larger hides more stragglers, but merges older models (and a "
+                             "peer keeps staleness + 16 rounds of its senders' messages)", valid=_within(0, 100))
     selection: str = _opt("selmcast", "how each peer picks its receivers per round",
                           ("selmcast", "random", "all", "ring", "exponential"))
-    fanout: int = _opt(1, "receivers per round (p): more spreads updates faster and costs more bandwidth")
+    fanout: int = _opt(1, f"receivers per round (p), 1..{MAX_RANKS - 1}: more spreads updates faster and costs more "
+                          "bandwidth (a job of n ranks sends to n - 1 at most)", valid=_within(1, MAX_RANKS - 1))
     max_fanout: int = _opt(64, "--selection selmcast: receivers per sender at most (never below --fanout; 0 = no cap); "
-                               "SELMCAST adds receivers while the round gets no longer, and this bounds the work")
+                               "SELMCAST adds receivers while the round gets no longer, and this bounds the work",
+                         valid=_within(0, MAX_RANKS - 1))
     max_fanin: int = _opt(64, "--selection selmcast: senders per receiver at most (never below --fanout; 0 = no cap); "
-                              "bounds the messages a peer buffers and merges in a round")
+                              "bounds the messages a peer buffers and merges in a round", valid=_within(0, MAX_RANKS - 1))
     mixing_slack: float = _opt(0.0, "--selection selmcast: how much longer (0.1: a tenth) a round may take so that a peer "
-                                    "whose downlink cannot take a whole message in time still gets a sender")
+                                    "whose downlink cannot take a whole message in time still gets a sender",
+                               valid=_within(0.0, 10.0))
     loss_bound: float = _opt(0.0, "fraction of a message a receiver may miss, in [0, 1): higher closes "
-                                  "rounds sooner on lossy links, at some cost in accuracy")
+                                  "rounds sooner on lossy links, at some cost in accuracy",
+                             valid=_within(0.0, 1.0, high_open=True))
     tolerance: str = _opt("fixed", "how the loss bound is set per layer and round",
                           ("fixed", "adaptive", "layerwise", "phase"))
     period: int = _opt(16, "local steps between rounds (H): a round every H steps costs 1/H of the communication; "
-                          "larger drifts the peers further apart between rounds (4-16 is typical, as in local SGD)")
+                          "larger drifts the peers further apart between rounds (4-16 is typical, as in local SGD)",
+                   valid=(lambda value: value >= 1, "must be >= 1"))
     outer_lr: float = _opt(1.0, "step size of the outer update on a round's averaged change (DiLoCo): the model becomes "
                                 "its value at the last round + outer-lr x the change; 1 with --outer-momentum 0 is plain "
-                                "averaging; DiLoCo uses 0.7 with momentum 0.9")
+                                "averaging; DiLoCo uses 0.7 with momentum 0.9; in (0, 2]: beyond 2 each round overshoots the "
+                                "average by more than the change itself", valid=_within(0.0, 2.0, low_open=True))
     outer_momentum: float = _opt(0.0, "Nesterov momentum of the outer update, in [0, 1): it carries the averaged change of "
-                                      "earlier rounds into later ones; try 0.9 with --outer-lr 0.7 at large --period")
+                                      "earlier rounds into later ones; try 0.9 with --outer-lr 0.7 at large --period",
+                                valid=_within(0.0, 1.0, high_open=True))
     overlap: bool = _opt(False, "run each round while the next period's local steps compute: a step waits only when a "
                                 "round outlasts the period; the round's merge is added to the current parameters as "
                                 "a change (one round late), not copied over them")
@@ -76,9 +108,10 @@ class Options:
     filter_init_scale: float = _opt(30.0, "--filter value: the first threshold as a multiple of the first round's mean "
                                           "|update| (momentum makes it ~10x smaller than later ones; 30 halved the bytes at -1 point on "
                                           "MNIST-1D with momentum 0.9); higher "
-                                          "sends less (and delays more)")
+                                          "sends less (and delays more)", valid=(lambda value: value > 0, "must be > 0"))
     filter_period: int = _opt(100, "--filter value: rounds per step of the threshold's decay init/t^(1/2); about "
-                                   "an epoch's rounds with a constant learning rate")
+                                   "an epoch's rounds with a constant learning rate",
+                                   valid=(lambda value: value >= 1, "must be >= 1"))
     transport_mode: str = _opt("unicast", "how a round's message reaches its receivers: unicast sends one copy per receiver "
                                           "on the uplink; multicast sends one to the sender's IP multicast group for all "
                                           "of them (a LAN or cluster switch replicates it; a receiver the group does not "
@@ -89,50 +122,35 @@ class Options:
                                ("unicast", "multicast", "auto"))
     mcast_groups: str = _opt("239.77.0.0/16", "--transport-mode multicast|auto: the job's group range; rank i sends to "
                                               "the range's i-th group (a /16 gives every rank of up to 65536 its own; "
-                                              "a smaller range shares groups, costing receivers downlink)")
+                                              "a smaller range shares groups, costing receivers downlink)",
+                             valid=(_is_multicast_range, "must be a multicast range such as 239.77.0.0/16"))
     mcast_port: int = _opt(47000, "--transport-mode multicast|auto: the UDP port every peer receives multicast data on "
-                                  "(the same for the whole job; give concurrent jobs on one LAN different ports or ranges)")
-    mcast_ttl: int = _opt(1, "--transport-mode multicast|auto: router hops a multicast datagram may cross (1: the LAN)")
+                                  "(the same for the whole job; give concurrent jobs on one LAN different ports or ranges)",
+                             valid=_within(1, 65535))
+    mcast_ttl: int = _opt(1, "--transport-mode multicast|auto: router hops a multicast datagram may cross (1: the LAN)",
+                            valid=_within(1, 255))
     deadline_ms: float | None = _opt(None, "hard limit of a round's transfer in ms (default: none); set it "
-                                           "a few times the expected transfer time")
+                                           "a few times the expected transfer time; at most 86400000 (a day)",
+                                       valid=_within(0.0, 86_400_000.0, low_open=True))
     topology: str | None = _opt(None, "topology file (node-link JSON) seeding the coordinator's bandwidth view")
     emulate: bool = _opt(False, "pace each engine to its topology rates and inject its loss (no root needed)")
-    heartbeat: float = _opt(0.5, "seconds between heartbeats: smaller detects dead peers sooner")
+    heartbeat: float = _opt(0.5, "seconds between heartbeats, in [0.01, 60]: smaller detects dead peers sooner (and "
+                                 "costs the coordinator a message per peer per heartbeat)", valid=_within(0.01, 60.0))
     phi_threshold: float = _opt(8.0, "suspicion (phi-accrual) at which a silent peer or coordinator is taken for "
                                      "dead: lower detects sooner (~1.4 s at 8 with a 0.5 s heartbeat), with more "
-                                     "false deaths on a loaded machine; a false death costs a state transfer")
+                                     "false deaths on a loaded machine; a false death costs a state transfer; in "
+                                     "(0, 300) (phi stops at 300: a higher threshold is never reached)",
+                            valid=_within(0.0, 300.0, low_open=True, high_open=True))
 
     def __post_init__(self) -> None:
         for f in fields(self):
-            choices = f.metadata["choices"]
-            if choices and getattr(self, f.name) not in choices:
-                raise OptionsError(f"{_flag(f.name)}: {getattr(self, f.name)!r} is not one of {', '.join(choices)}")
-        checks = [
-            ("staleness", self.staleness >= 0, "must be >= 0"),
-            ("fanout", self.fanout >= 1, "must be >= 1"),
-            ("max_fanout", self.max_fanout >= 0, "must be >= 0"),
-            ("max_fanin", self.max_fanin >= 0, "must be >= 0"),
-            ("mixing_slack", 0.0 <= self.mixing_slack <= 10.0, "must be in [0, 10]"),
-            ("period", self.period >= 1, "must be >= 1"),
-            ("outer_lr", self.outer_lr > 0, "must be > 0"),
-            ("outer_momentum", 0.0 <= self.outer_momentum < 1.0, "must be in [0, 1)"),
-            ("loss_bound", 0.0 <= self.loss_bound < 1.0, "must be in [0, 1)"),
-            ("filter_init_scale", self.filter_init_scale > 0, "must be > 0"),
-            ("filter_period", self.filter_period >= 1, "must be >= 1"),
-            ("deadline_ms", self.deadline_ms is None or self.deadline_ms > 0, "must be > 0"),
-            ("mcast_groups", _is_multicast_range(self.mcast_groups), "must be a multicast range such as 239.77.0.0/16"),
-            ("mcast_port", 1 <= self.mcast_port <= 65535, "must be in 1..65535"),
-            ("mcast_ttl", 1 <= self.mcast_ttl <= 255, "must be in 1..255"),
-            ("heartbeat", self.heartbeat > 0, "must be > 0"),
-            ("phi_threshold", self.phi_threshold > 0, "must be > 0"),
-            ("emulate", not self.emulate or self.topology, "needs --topology"),
-            ("compress", self.compress == "none" or self.filter == "none", "does not apply with --filter value yet "
-                                                                          "(the filter picks what travels)"),
-        ]
-        for name, ok, why in checks:
-            if not ok:
-                got = "" if isinstance(getattr(self, name), bool) else f" (got {getattr(self, name)!r})"
-                raise OptionsError(f"{_flag(name)}: {why}{got}")
+            why = _refusal(f, getattr(self, f.name))
+            if why:
+                raise OptionsError(f"{_flag(f.name)}: {why} (got {getattr(self, f.name)!r})")
+        if self.emulate and not self.topology:
+            raise OptionsError("--emulate: needs --topology")
+        if self.compress != "none" and self.filter != "none":
+            raise OptionsError("--compress: does not apply with --filter value yet (the filter picks what travels)")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Options:
@@ -141,8 +159,9 @@ class Options:
         values: dict[str, Any] = {}
         for f in fields(cls):
             raw = environ.get(_env(f.name))
-            if raw is not None and raw != "":
-                values[f.name] = _parse(f, raw, f"{_env(f.name)}={raw}")
+            if raw is not None and raw != "" and f.name not in overrides:  # a flag given wins, even over a bad variable
+                values[f.name] = _parse(f, raw, lambda why, f=f, raw=raw: OptionsError(
+                    f"{_flag(f.name)}: {why} (got {raw!r} from {_env(f.name)})"))
         for name in overrides:
             if name not in {f.name for f in fields(cls)}:
                 raise OptionsError(f"unknown option {name!r}")
@@ -176,33 +195,54 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         if f.type in ("bool",):
             kwargs["action"] = "store_const"
             kwargs["const"] = True
-        else:
-            kwargs["type"] = lambda raw, f=f: _parse(f, raw, _flag(f.name), argparse.ArgumentTypeError)
+        elif f.metadata["choices"]:  # argparse says "invalid choice" itself
+            kwargs["choices"] = f.metadata["choices"]
+            kwargs["metavar"] = "|".join(f.metadata["choices"])
+        else:  # refused by argparse with its usage line, as a bad choice is
+            kwargs["type"] = lambda raw, f=f: _parse(
+                f, raw, lambda why: argparse.ArgumentTypeError(f"{why} (got {raw!r})"))
             kwargs["metavar"] = f.name.upper()
-            if f.metadata["choices"]:
-                kwargs["choices"] = f.metadata["choices"]
-                kwargs["metavar"] = "|".join(f.metadata["choices"])
         group.add_argument(_flag(f.name), **kwargs)
     return parser
 
 
-def _parse(f: Any, raw: str, where: str, error: type[Exception] = OptionsError) -> Any:
+def _parse(f: Any, raw: str, error: Callable[[str], Exception]) -> Any:
+    """The value of option ``f`` written ``raw``, or ``error(why)`` raised when it cannot take it."""
     kind = f.type.replace(" | None", "")
     try:
         if kind == "bool":
             if raw.lower() not in ("1", "0", "true", "false", "yes", "no"):
                 raise ValueError
-            return raw.lower() in ("1", "true", "yes")
-        return {"int": int, "float": float, "str": str}[kind](raw)
+            value = raw.lower() in ("1", "true", "yes")
+        else:
+            value = {"int": int, "float": float, "str": str}[kind](raw)
     except ValueError:
-        raise error(f"{where}: not a valid {kind}") from None
+        raise error(f"not a valid {kind}") from None
+    why = _refusal(f, value)
+    if why:
+        raise error(why)
+    return value
 
 
-def _is_multicast_range(text: str) -> bool:
-    try:
-        return ipaddress.ip_network(text).is_multicast and ipaddress.ip_network(text).version == 4
-    except ValueError:
-        return False
+def _refusal(f: Any, value: Any) -> str | None:
+    """Why option ``f`` cannot take ``value`` (type, choices, range), or None when it can; the
+    caller adds the value and where it came from."""
+    kind = f.type.replace(" | None", "")
+    if value is None:
+        return None if f.default is None else "must be given"
+    if kind == "bool":
+        return None if isinstance(value, bool) else "must be true or false"
+    if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+        return "must be an integer"
+    if kind == "float" and (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)):
+        return "must be a finite number"  # nan passes no comparison; inf passes a lower bound
+    if kind == "str" and not isinstance(value, str):
+        return "must be a string"
+    if f.metadata["choices"] and value not in f.metadata["choices"]:
+        return f"must be one of {', '.join(f.metadata['choices'])}"
+    if f.metadata["valid"] and not f.metadata["valid"][0](value):
+        return f.metadata["valid"][1]
+    return None
 
 
 def _env(name: str) -> str:

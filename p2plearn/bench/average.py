@@ -110,10 +110,12 @@ def main(argv: list[str]) -> None:
     if argv and argv[0] == "--gloo-peer":
         return gloo_peer(argv[1], float(argv[2]), int(argv[3]), argv[4])
     ap = argparse.ArgumentParser(prog="python -m p2plearn.bench average", description=__doc__.splitlines()[0])
-    ap.add_argument("--topologies", default="loopback,homogeneous-4,heterogeneous-4,lossy-4,homogeneous-8")
-    ap.add_argument("--megabytes", type=float, default=10.0)
-    ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--topologies", default="loopback,homogeneous-4,heterogeneous-4,lossy-4,homogeneous-8",
+                    help="comma-separated names of topology/*.json files, or loopback (default: %(default)s)")
+    ap.add_argument("--megabytes", type=float, default=10.0, help="model size in MiB of float32 (default: %(default)s)")
+    ap.add_argument("--rounds", type=int, default=8,
+                    help=f"averages per job, the first {WARM} not counted (default: %(default)s)")
+    ap.add_argument("--json", action="store_true", help="print the raw results as JSON instead of a table")
     args = ap.parse_args(argv)
     if args.rounds <= WARM:
         ap.error(f"--rounds must be more than the {WARM} warm-up rounds")

@@ -114,17 +114,18 @@ def transport_main(args: argparse.Namespace) -> None:
 def main(argv: list[str]) -> None:
     if argv and argv[0] == "--peer":
         return peer_main(argv[1], float(argv[2]), int(argv[3]))
-    ap = argparse.ArgumentParser(prog="python -m p2plearn.bench rounds", description=__doc__.splitlines()[0])
-    ap.add_argument("--topology", help="default: heterogeneous-8, with --transport homogeneous-8")
-    ap.add_argument("--megabytes", type=float, default=1.0)
-    ap.add_argument("--rounds", type=int, default=30)
-    ap.add_argument("--fanout", type=int, default=2)
-    ap.add_argument("--json", action="store_true")
+    ap = argparse.ArgumentParser(prog="python -m p2plearn.bench rounds", description=" ".join(__doc__.split("\n\n")[0].split()))
+    ap.add_argument("--topology", help="topology file, one peer per node (default: topology/heterogeneous-8.json, "
+                                       "with --transport topology/homogeneous-8.json)")
+    ap.add_argument("--megabytes", type=float, default=1.0, help="message size per peer (default: %(default)s)")
+    ap.add_argument("--rounds", type=int, default=30, help="rounds per configuration (default: %(default)s)")
+    ap.add_argument("--fanout", type=int, default=2, help="receivers per sender, p (default: %(default)s)")
+    ap.add_argument("--json", action="store_true", help="print the raw results as JSON instead of a table")
     ap.add_argument("--transport", action="store_true", help="transport modes (--modes) compared on the root testbed")
-    ap.add_argument("--fanouts", default="1,3,7", help="--transport: the values of p")
+    ap.add_argument("--fanouts", default="1,3,7", help="--transport: the values of p (default: %(default)s)")
     ap.add_argument("--modes", default="unicast,multicast",
                     help="--transport: the --transport-mode values, unicast first (auto: mixed networks, see "
-                         "topology/mixed-8.json)")
+                         "topology/mixed-8.json) (default: %(default)s)")
     args = ap.parse_args(argv)
     if args.transport:
         args.topology = args.topology or "topology/homogeneous-8.json"

@@ -144,10 +144,12 @@ def mixing(name: str, view: NetworkView, p: int) -> tuple[float, float | None]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m p2plearn.bench selection", description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print the rows as JSON instead of a Markdown table")
-    ap.add_argument("--p", type=int, default=4, help="receivers per sender asked for")
-    ap.add_argument("--seeds", type=int, default=3, help="seeds per view (random views and tie breaks)")
-    ap.add_argument("--sizes", default="16,64,256,1000,4000,10000", help="peers in the random views")
-    ap.add_argument("--megabytes", type=float, default=1.0, help="message size per peer")
+    ap.add_argument("--p", type=int, default=4, help="receivers per sender asked for (default: %(default)s)")
+    ap.add_argument("--seeds", type=int, default=3,
+                    help="seeds per view, for random views and tie breaks (default: %(default)s)")
+    ap.add_argument("--sizes", default="16,64,256,1000,4000,10000",
+                    help="peers in the random views, comma-separated (default: %(default)s)")
+    ap.add_argument("--megabytes", type=float, default=1.0, help="message size per peer (default: %(default)s)")
     args = ap.parse_args(argv)
     size = args.megabytes * 1e6
 

@@ -16,11 +16,12 @@ from p2plearn.topology import heterogeneous
 
 
 def main(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser(prog="python -m p2plearn.bench sim")
-    parser.add_argument("--peers", default="1000,10000")
-    parser.add_argument("--rounds", type=int, default=100)
-    parser.add_argument("--policies", default="random,selmcast")
-    parser.add_argument("--p", type=int, default=3)
+    parser = argparse.ArgumentParser(prog="python -m p2plearn.bench sim", description=__doc__.splitlines()[0])
+    parser.add_argument("--peers", default="1000,10000", help="comma-separated peer counts (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=100, help="rounds simulated per case (default: %(default)s)")
+    parser.add_argument("--policies", default="random,selmcast",
+                        help="comma-separated selection policies (default: %(default)s)")
+    parser.add_argument("--p", type=int, default=3, help="receivers per sender asked for (default: %(default)s)")
     args = parser.parse_args(argv)
     print("| peers | rounds | policy | seconds | planning s | simulating s | mean round s (simulated) | average p |")
     print("|---|---|---|---|---|---|---|---|")

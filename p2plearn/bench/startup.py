@@ -139,10 +139,11 @@ def _nothing() -> Iterator[None]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m p2plearn.bench startup", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--starts", type=int, default=20)
-    parser.add_argument("--peers", type=int, default=4)
-    parser.add_argument("--launcher", choices=("mpirun", "plain"),
-                        default="mpirun" if shutil.which("mpirun") else "plain")
+    parser.add_argument("--starts", type=int, default=20, help="jobs started one after the other (default: %(default)s)")
+    parser.add_argument("--peers", type=int, default=4, help="processes per job (default: %(default)s)")
+    parser.add_argument("--launcher", choices=("mpirun", "plain"), default="mpirun" if shutil.which("mpirun") else "plain",
+                        help="mpirun: Open MPI starts the peers; plain: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT "
+                             "set as torchrun does (default here: %(default)s)")
     parser.add_argument("--no-hog", dest="hog", action="store_false", help="leave the cores idle")
     parser.add_argument("--peer", help=argparse.SUPPRESS)
     parser.add_argument("--steps", type=int, default=5, help=argparse.SUPPRESS)

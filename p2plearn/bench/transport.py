@@ -206,8 +206,9 @@ def table(results: list[Result]) -> str:
 
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="python -m p2plearn.bench transport", description=__doc__.splitlines()[0])
-    ap.add_argument("--megabytes", type=float, default=256)
-    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--megabytes", type=float, default=256, help="size of the message each run moves (default: %(default)s)")
+    ap.add_argument("--reps", type=int, default=2,
+                    help="runs per configuration; the table gives their median (default: %(default)s)")
     ap.add_argument("--no-veth", action="store_true", help="loopback only (also the default when not root)")
     ap.add_argument("--json", action="store_true", help="print the raw results as JSON instead of a table")
     args = ap.parse_args(argv)

@@ -191,7 +191,8 @@ def write(traces: dict[str, Trace], burst: Burst, out: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m p2plearn.sim.tracking", description=__doc__.splitlines()[0])
     parser.add_argument("--testbed", action="store_true", help="also measure on the root testbed")
-    parser.add_argument("--out", type=Path, default=Path("experiments/results"))
+    parser.add_argument("--out", type=Path, default=Path("experiments/results"),
+                        help="directory for the table (CSV, Markdown) and the plot (default: %(default)s)")
     args = parser.parse_args(argv)
     up, down, bursts = scenario()
     traces = {"simulated": track(FlowNetwork(up, down, bursts), up, down, bursts, ROUNDS, message_bytes=MESSAGE_BYTES)}

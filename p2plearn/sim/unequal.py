@@ -106,8 +106,9 @@ def write(results: dict[str, list[Round]], out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m p2plearn.sim.unequal", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=Path("experiments/results"))
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--out", type=Path, default=Path("experiments/results"),
+                        help="directory for the table (CSV, Markdown) and the plot (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds measured per case (default: %(default)s)")
     args = parser.parse_args(argv)
     results = {}
     for name, topology in CASES.items():

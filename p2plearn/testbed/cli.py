@@ -45,16 +45,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="p2plearn-testbed", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="p2plearn-testbed", description="Build, inspect, use and remove emulated "
+                                     "networks (root only). COMMAND --help gives a command's options. Exit codes: 0 ok, "
+                                     "1 a system command failed, 2 refused.")
     commands = parser.add_subparsers(dest="command", required=True)
 
     up = commands.add_parser("up", help="build a testbed from a topology file")
-    up.add_argument("topology")
-    up.add_argument("--name", help="[a-z0-9_]{1,16}; default: the first free tbN")
+    up.add_argument("topology", help="topology file (node-link JSON), e.g. topology/heterogeneous-4.json")
+    up.add_argument("--name", help="the testbed's name, [a-z0-9_]{1,16} (default: the first free tbN)")
     up.set_defaults(handler=_up)
 
     down = commands.add_parser("down", help="remove testbeds, their processes included")
-    down.add_argument("names", nargs="*")
+    down.add_argument("names", nargs="*", help="testbeds to remove (see p2plearn-testbed status)")
     down.add_argument("--all", action="store_true", help="every testbed, also crashed ones")
     down.set_defaults(handler=_down)
 
@@ -62,15 +64,15 @@ def _parser() -> argparse.ArgumentParser:
     status.set_defaults(handler=_status)
 
     run = commands.add_parser("exec", help="run a command inside a peer's namespace")
-    run.add_argument("name")
+    run.add_argument("name", help="the testbed")
     run.add_argument("peer", help="peer name or index")
-    run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND")
+    run.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND", help="the command and its arguments")
     run.set_defaults(handler=_exec)
 
     probe = commands.add_parser("measure", help="measure each peer's rates and loss")
-    probe.add_argument("name")
-    probe.add_argument("--seconds", type=float, default=1.0, help="per TCP transfer")
-    probe.add_argument("--datagrams", type=int, default=2000, help="per loss probe")
+    probe.add_argument("name", help="the testbed")
+    probe.add_argument("--seconds", type=float, default=1.0, help="length of each TCP transfer (default: %(default)s)")
+    probe.add_argument("--datagrams", type=int, default=2000, help="UDP datagrams per loss probe (default: %(default)s)")
     probe.set_defaults(handler=_measure)
     return parser
 

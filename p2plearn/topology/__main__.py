@@ -15,12 +15,14 @@ REPOSITORY_TOPOLOGY_DIR = Path(__file__).resolve().parents[2] / "topology"
 
 def main(argv: list[str] | None = None) -> int:
     """Generate the standard topology files, or validate files; returns the exit code."""
-    parser = argparse.ArgumentParser(prog="python -m p2plearn.topology")
+    parser = argparse.ArgumentParser(prog="python -m p2plearn.topology",
+                                     description="Write the standard topology files, or validate topology files.")
     commands = parser.add_subparsers(dest="command", required=True)
     generate = commands.add_parser("generate", help="write the standard topology files")
-    generate.add_argument("--out", type=Path, default=REPOSITORY_TOPOLOGY_DIR)
+    generate.add_argument("--out", type=Path, default=REPOSITORY_TOPOLOGY_DIR,
+                          help="directory to write them to (default: the repository's %(default)s)")
     check = commands.add_parser("check", help="validate topology files")
-    check.add_argument("files", nargs="+", type=Path)
+    check.add_argument("files", nargs="+", type=Path, help="topology files (node-link JSON); exit 2 at the first bad one")
     args = parser.parse_args(argv)
 
     if args.command == "generate":

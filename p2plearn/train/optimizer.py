@@ -529,6 +529,8 @@ class DecentralizedOptimizer(Optimizer):
         try:
             self.flush()
         finally:
+            if self.runtime.rank == 0 and getattr(self, "resumed_step", None) == self.steps:  # set by checkpoint.load
+                print(f"p2plearn: nothing left to train: the checkpoint at step {self.steps} is the end", flush=True)
             print(f"p2plearn rank {self.runtime.rank}: {self.stats().summary()}", flush=True)
             if self.reach is not None:
                 self.reach.close()

@@ -19,14 +19,14 @@ def test_options_round_trip_through_the_environment():
 
 
 @pytest.mark.parametrize("env, message", [
-    ({"P2PLEARN_SYNC": "async"}, "--sync: 'async' is not one of bsp, ssp"),
-    ({"P2PLEARN_STALENESS": "two"}, "P2PLEARN_STALENESS=two: not a valid int"),
+    ({"P2PLEARN_SYNC": "async"}, "--sync: must be one of bsp, ssp, partitioned (got 'async' from P2PLEARN_SYNC)"),
+    ({"P2PLEARN_STALENESS": "two"}, "--staleness: not a valid int (got 'two' from P2PLEARN_STALENESS)"),
     ({"P2PLEARN_LOSS_BOUND": "1.5"}, "--loss-bound: must be in [0, 1)"),
     ({"P2PLEARN_EMULATE": "1"}, "--emulate: needs --topology"),
-    ({"P2PLEARN_MAX_FANOUT": "-1"}, "--max-fanout: must be >= 0"),
-    ({"P2PLEARN_MAX_FANIN": "-1"}, "--max-fanin: must be >= 0"),
+    ({"P2PLEARN_MAX_FANOUT": "-1"}, "--max-fanout: must be in 0..65535"),
+    ({"P2PLEARN_MAX_FANIN": "-1"}, "--max-fanin: must be in 0..65535"),
     ({"P2PLEARN_MIXING_SLACK": "-0.5"}, "--mixing-slack: must be in [0, 10]"),
-    ({"P2PLEARN_TRANSPORT_MODE": "broadcast"}, "--transport-mode: 'broadcast' is not one of unicast, multicast, auto"),
+    ({"P2PLEARN_TRANSPORT_MODE": "broadcast"}, "--transport-mode: must be one of unicast, multicast, auto"),
     ({"P2PLEARN_MCAST_GROUPS": "10.0.0.0/16"}, "--mcast-groups: must be a multicast range"),
     ({"P2PLEARN_MCAST_GROUPS": "239.77.0.1/16"}, "--mcast-groups: must be a multicast range"),
     ({"P2PLEARN_MCAST_TTL": "0"}, "--mcast-ttl: must be in 1..255"),

@@ -1,8 +1,13 @@
 """p2plearn.checkpoint: the layout, the newest complete step, pruning, and what load refuses."""
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -148,3 +153,136 @@ def test_a_peer_that_joined_keeps_the_running_jobs_model_and_clock(job, tmp_path
         stop.set()
         for w in workers:
             w.join(30)
+
+
+def test_a_file_that_cannot_be_resumed_from_is_refused_in_one_line_naming_it(job, tmp_path, monkeypatch):
+    """Empty, truncated, garbage or foreign files, and a model that does not fit: each one
+    CheckpointError line with the file and the reason (they were bare EOFError, RuntimeError,
+    UnpicklingError and KeyError tracebacks)."""
+    monkeypatch.delenv(checkpoint.RESUME_VAR, raising=False)
+    saved = threading.Barrier(2)
+
+    def body(rank, opt):
+        train(opt, 2)
+        path = checkpoint.save(tmp_path, opt.model, opt, epoch=1)
+        saved.wait(30)  # by both ranks: the step is complete
+        good = path.read_bytes()
+        foreign = tmp_path / f"foreign-{rank}.pt"
+        torch.save({"weights": torch.zeros(3)}, foreign)
+        cases = {"empty": b"", "truncated": good[:len(good) // 2], "garbage": bytes(range(256)) * 40,
+                 "foreign": foreign.read_bytes()}
+        errors = {}
+        for case, content in cases.items():
+            path.write_bytes(content)
+            with pytest.raises(checkpoint.CheckpointError) as error:
+                checkpoint.load(tmp_path, opt.model, opt)
+            errors[case] = str(error.value)
+        path.write_bytes(good)
+        wider = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+        with pytest.raises(checkpoint.CheckpointError) as error:
+            checkpoint.load(tmp_path, wider, opt)
+        errors["another model"] = str(error.value)
+        assert checkpoint.load(tmp_path, opt.model, opt) == {"epoch": 1}  # the whole file still loads
+        return path, errors
+
+    for path, errors in on_peers(job, [mlp(), mlp()], body):
+        for case, message in errors.items():
+            assert message.startswith(f"{path}: ") and "\n" not in message and len(message) < 500, (case, message)
+        assert errors["empty"] == f"{path}: not a readable checkpoint (empty file)"
+        assert errors["truncated"].startswith(f"{path}: not a readable checkpoint (")
+        assert errors["garbage"].startswith(f"{path}: not a readable checkpoint (10240 bytes, ")
+        assert errors["foreign"] == f"{path}: not a p2plearn checkpoint (it holds no model, optimizer, rng, world_size)"
+        assert errors["another model"].startswith(f"{path}: does not fit what it is loaded into (RuntimeError: ")
+        assert "size mismatch for 2.weight" in errors["another model"]
+
+
+def test_nan_or_inf_in_a_checkpoint_is_refused_unless_asked(job, tmp_path, monkeypatch):
+    """A checkpoint of a diverged job resumed silently (loss nan, exit 0)."""
+    monkeypatch.delenv(checkpoint.RESUME_VAR, raising=False)
+    saved = threading.Barrier(2)
+
+    def body(rank, opt):
+        train(opt, 2)
+        path = checkpoint.save(tmp_path, opt.model, opt)
+        saved.wait(30)
+        good = torch.load(path, weights_only=True)
+        errors = []
+        for part, poison in (("model", lambda s: s["model"]["0.weight"].__setitem__((0, 0), float("nan"))),
+                             ("optimizer", lambda s: s["optimizer"]["p2plearn"]["previous"][1].fill_(float("inf")))):
+            state = torch.load(path, weights_only=True)
+            poison(state)
+            torch.save(state, path)
+            with pytest.raises(checkpoint.CheckpointError) as error:
+                checkpoint.load(tmp_path, opt.model, opt)
+            errors.append(str(error.value))
+            assert torch.isfinite(opt.model[0].weight).all(), "a refused checkpoint was loaded"
+            torch.save(good, path)
+        state["model"]["0.weight"][0, 0] = float("nan")
+        torch.save(state, path)
+        checkpoint.load(tmp_path, opt.model, opt, allow_nonfinite=True)
+        loaded = bool(torch.isnan(opt.model[0].weight[0, 0]))
+        torch.save(good, path)
+        checkpoint.load(tmp_path, opt.model, opt)
+        return path, errors, loaded
+
+    for path, (model_error, optimizer_error), loaded in on_peers(job, [mlp(), mlp()], body):
+        assert model_error == (f"{path}: the model state holds NaN or inf (in 0.weight); training from it goes "
+                               f"nowhere (load(..., allow_nonfinite=True) loads it anyway)")
+        assert optimizer_error.startswith(f"{path}: the optimizer state holds NaN or inf (in p2plearn.previous.1)")
+        assert loaded, "allow_nonfinite=True did not load the NaN"
+
+
+def test_rank_0_says_which_step_it_resumes_from(job, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv(checkpoint.RESUME_VAR, raising=False)
+    saved = threading.Barrier(2)
+
+    def body(rank, opt):
+        train(opt, 3)
+        checkpoint.save(tmp_path, opt.model, opt, epoch=2)
+        saved.wait(30)
+        checkpoint.load(tmp_path, opt.model, opt)
+        return opt.resumed_step
+
+    assert on_peers(job, [mlp(), mlp()], body) == [3, 3]
+    resumed = [line for line in capsys.readouterr().out.splitlines() if "resuming" in line]
+    assert resumed == [f"p2plearn: resuming from {tmp_path / 'step-3'} (epoch=2)"]
+
+
+LOOP = """
+import p2plearn, torch, torch.nn.functional as F
+rt = p2plearn.init()
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 2)
+opt = p2plearn.DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, rt)
+start = p2plearn.checkpoint.load("ckpt", model, opt) or {}
+for epoch in range(start.get("epoch", 0), 2):
+    for i in range(3):
+        g = torch.Generator().manual_seed(10 * epoch + i)
+        F.cross_entropy(model(torch.randn(4, 8, generator=g)), torch.randint(0, 2, (4,), generator=g)).backward()
+        opt.step()
+        opt.zero_grad()
+    p2plearn.checkpoint.save("ckpt", model, opt, epoch=epoch + 1)
+opt.close()
+"""
+
+
+@pytest.mark.slow
+def test_a_rerun_of_a_finished_job_says_there_is_nothing_left_to_train(tmp_path):
+    """The same command resumes; a finished job's rerun trained 0 rounds and printed the old
+    results with no word. `rm -rf ckpt` (or another directory) starts afresh."""
+    (tmp_path / "loop.py").write_text(LOOP)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("P2PLEARN_", "MASTER_"))}
+    env["OMP_NUM_THREADS"] = "1"
+    command = [str(Path(sys.executable).parent / "p2plearn-run"), "-np", "2", "--period", "1", "--",
+               sys.executable, "loop.py"]
+    outputs = []
+    for _ in range(2):
+        done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+        outputs.append(done.stdout)
+    fresh, rerun = outputs
+    assert "resuming" not in fresh and "nothing left" not in fresh, fresh
+    assert re.search(r"rank 0: 6 rounds", fresh), fresh
+    assert "[0] p2plearn: resuming from ckpt/step-6 (epoch=2)" in rerun.splitlines(), rerun
+    assert "[0] p2plearn: nothing left to train: the checkpoint at step 6 is the end" in rerun.splitlines(), rerun
+    assert "[1] p2plearn: resuming" not in rerun and "[1] p2plearn: nothing" not in rerun, rerun
