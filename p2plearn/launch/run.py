@@ -72,8 +72,10 @@ from .. import options as opts
 from ..control import Client, Progress
 from ..control.estimator import rates_from_file
 from ..control.server import ServerProcess, spawn
-from .env import KEY_VAR, check_reachable, peer_env, ssh_command
+from .env import (KEY_VAR, LAUNCHER_FD_VAR, LAUNCHER_PID_VAR, THREADS_VAR, check_reachable, peer_env, ssh_command,
+                  threads_per_peer)
 from .hosts import Host, HostError, Slot, parse_host_list, parse_hostfile, place
+from .rate import RoundRate
 
 ENGINE_HOST_VAR = "P2PLEARN_ENGINE_HOST"  # under --testbed: the address the peer's engine binds to
 STOP_GRACE = 2.5  # seconds between SIGTERM and SIGKILL: the 5 s bound covers both and the reaping
@@ -210,12 +212,15 @@ class Launcher:
         self._started = time.monotonic()
         self._signal: int | None = None
         self._wake = threading.Event()
+        # Local peers inherit a copy of our stderr: should we die, each says so there in one line.
+        self._stderr_copy = os.dup(2)
 
     def run(self, slots: list[Slot]) -> int:
         with ExitStack() as stack:
             previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
             stack.callback(lambda: [signal.signal(s, h) for s, h in previous.items()])
             stack.callback(self.output.close)
+            stack.callback(os.close, self._stderr_copy)
             coordinator = self._coordinator(slots, stack)
             stack.callback(coordinator.stop)
             testbed = self._testbed(stack) if self.args.testbed else None
@@ -223,12 +228,27 @@ class Launcher:
             if self.args.resume:
                 self.output.message(f"resuming from step {checkpoint.newest_complete(self.args.resume, len(slots))} "
                                     f"of {self.args.resume}")
+            chosen = os.environ.get(THREADS_VAR)  # the user's choice, for every host
+            local_threads = chosen or self._share_threads(slots)
             for slot in slots:
                 env = peer_env(slot, len(slots), coordinator.address, self.job_id, self.options)
+                if slot.host.local or chosen:  # without a choice, a remote host computes its own share
+                    env[THREADS_VAR] = local_threads
                 if self.args.resume:
                     env[checkpoint.RESUME_VAR] = self.args.resume
                 self._start(slot, env, testbed)
             return self._supervise(coordinator, len(slots))
+
+    def _share_threads(self, slots: list[Slot]) -> str:
+        """``OMP_NUM_THREADS`` for the peers on this host: its cores shared among them (as torchrun
+        sets it); said once."""
+        local = sum(s.host.local for s in slots)
+        threads = threads_per_peer(max(1, local))
+        here = (f"{THREADS_VAR}={threads} for each of the {local} peers here ({len(os.sched_getaffinity(0))} cores)"
+                if local else "")
+        remote = "each remote host's peers share its cores" if local < len(slots) else ""
+        self.output.message("; ".join(filter(None, (here, remote))) + f"; set {THREADS_VAR} to choose")
+        return str(threads)
 
     def _coordinator(self, slots: list[Slot], stack: ExitStack) -> _ControlPlane:
         if self.args.testbed:
@@ -251,7 +271,9 @@ class Launcher:
     def _start(self, slot: Slot, env: dict[str, str], testbed: Any) -> None:
         popen: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "start_new_session": True}
         if slot.host.local:
-            full_env = {**os.environ, **env, KEY_VAR: self.key}
+            full_env = {**os.environ, **env, KEY_VAR: self.key, LAUNCHER_PID_VAR: str(os.getpid()),
+                        LAUNCHER_FD_VAR: str(self._stderr_copy)}
+            popen["pass_fds"] = (self._stderr_copy,)
             if testbed is not None:
                 full_env[ENGINE_HOST_VAR] = testbed.address(slot.rank)
                 proc = testbed.run(slot.rank, self.command, env=full_env, **popen)
@@ -278,7 +300,7 @@ class Launcher:
     def _supervise(self, coordinator: _ControlPlane, world_size: int) -> int:
         """Wait for the peers; returns the job's exit code (see the module docstring)."""
         failed: list[_Peer] = []
-        rate, last = 0.0, (time.monotonic(), 0)
+        rate = RoundRate()
         while self._signal is None:
             running = 0
             for peer in self.peers:
@@ -293,7 +315,7 @@ class Launcher:
                             return _exit_code(code)
                 running += peer.code is None
             if not running:
-                self.output.progress(coordinator.final_progress(wait=1.5), rate, world_size, final=True)
+                self.output.progress(coordinator.final_progress(wait=1.5), None, world_size, final=True)
                 finished = sum(p.code == 0 for p in self.peers)
                 if not failed:
                     return 0
@@ -302,10 +324,7 @@ class Launcher:
                     return ELASTIC_PARTIAL
                 return _exit_code(failed[0].code or 0)
             progress = coordinator.progress()
-            now = time.monotonic()
-            if now - last[0] >= 1.0:
-                rate, last = (progress.min_clock - last[1]) / (now - last[0]), (now, progress.min_clock)
-            self.output.progress(progress, rate, world_size)
+            self.output.progress(progress, rate.update(time.monotonic(), progress.min_clock), world_size)
             self._wake.wait(0.1)
         self.output.message(f"stopping on {signal.Signals(self._signal).name}")
         return 128 + self._signal
@@ -380,8 +399,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.testbed:
             _check_testbed()
         rates = _topology_rates(options.topology) if options.topology else None
-        if args.testbed and len(slots) > len(rates or {}):
-            raise UsageError(f"--testbed: -np {len(slots)} but {options.topology} has {len(rates or {})} peers")
+        if (args.testbed or options.emulate) and len(slots) > len(rates or {}):
+            # Each rank takes the topology's peer slot of its number: found here, not in 8 tracebacks.
+            flag, have = "--testbed" if args.testbed else "--emulate", len(rates or {})
+            raise UsageError(f"{flag}: -np {len(slots)} but {options.topology} has {have} peer slots "
+                             f"(use -np {have} or a topology with {len(slots)})")
         check_reachable(used, ssh=args.ssh)
     except (UsageError, HostError) as exc:
         print(f"p2plearn-run: error: {exc}", file=sys.stderr)
