@@ -64,7 +64,8 @@ def test_another_jobs_coordinator_on_the_port_is_named_at_once():
         with pytest.raises(PortInUse, match=f"port {port} on this host is held by another job's coordinator"):
             runtime.init(environ=rank0_env(port), timeout=60.0)
         env = {**rank0_env(port), "RANK": "1"}  # a rank that reaches it first: the same cause, not "wrong key"
-        with pytest.raises(PortInUse, match=f"refused this rank's job key: another job's coordinator holds port {port}"):
+        refused = f"refused this rank's job key: another job's coordinator holds port {port}"
+        with pytest.raises(PortInUse, match=refused):
             runtime.init(environ=env, timeout=60.0)
     finally:
         other.stop()
