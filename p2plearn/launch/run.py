@@ -97,16 +97,20 @@ def build_parser() -> argparse.ArgumentParser:
     # No abbreviations: the command's own flags (--out) must never be taken for ours (--outer-lr).
     parser = _Parser(prog="p2plearn-run", allow_abbrev=False, description=doc[:doc.index("Examples:")].strip(),
                      epilog=doc[doc.index("Examples:"):], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-np", "-n", dest="np", type=int, help="number of peers (default: the hosts' slots)")
+    parser.add_argument("-np", "-n", dest="np", type=int, help="number of peers (default: the hosts' slots; "
+                                                                   "required without -H/--hostfile)")
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("-H", "--host", dest="hosts", help="hosts and slots, e.g. node1:4,node2:4")
-    where.add_argument("--hostfile", help="mpirun-style hostfile")
-    parser.add_argument("--oversubscribe", action="store_true", help="allow more peers than slots")
-    parser.add_argument("--testbed", action="store_true", help="run peers in namespaces built from --topology (root)")
-    parser.add_argument("--log-dir", help="keep one log per rank in this directory")
-    parser.add_argument("--elastic", action="store_true", help="keep the job running when a peer fails")
+    where.add_argument("-H", "--host", dest="hosts", help="hosts and slots, e.g. node1:4,node2:4 (default: every "
+                                                          "peer on this machine)")
+    where.add_argument("--hostfile", help="mpirun-style hostfile (default: none, every peer on this machine)")
+    parser.add_argument("--oversubscribe", action="store_true", help="allow more peers than slots (default: off)")
+    parser.add_argument("--testbed", action="store_true", help="run peers in namespaces built from --topology "
+                                                               "(root; default: off)")
+    parser.add_argument("--log-dir", help="keep one log per rank in this directory (default: none)")
+    parser.add_argument("--elastic", action="store_true", help="keep the job running when a peer fails "
+                                                               "(default: off, the first failure stops the job)")
     parser.add_argument("--resume", metavar="DIR", help="resume from the newest step every rank saved in DIR "
-                                                        "(p2plearn.checkpoint)")
+                                                        "(p2plearn.checkpoint; default: none, a fresh start)")
     parser.add_argument("--advertise", help="address other hosts reach this machine at "
                                             "(default: its host name; only for -H/--hostfile)")
     parser.add_argument("--ssh", default="ssh", help="the ssh command for remote hosts, with its options, e.g. "
@@ -123,7 +127,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, opts.Options, list[str]]
         flags, command = argv, []
     parser = build_parser()
     if not command:
-        parser.add_argument("command", nargs=argparse.REMAINDER)
+        parser.add_argument("command", nargs=argparse.REMAINDER, help="the peers' command and its arguments, after "
+                            "-- or from the first non-option on (e.g. python train.py --epochs 3)")
     args = parser.parse_args(flags)
     command = command or args.command
     if not command:

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from launch_helpers import PEER, ROOT, group_alive, peers_seen, wait_for
+from p2plearn.launch.run import build_parser
 
 
 def test_four_local_peers_get_their_environment_and_exit_0(launch, tmp_path):
@@ -116,6 +117,8 @@ def test_help_is_the_whole_manual():
     assert done.stdout.count("(default: None)") == 0 and "(default: none) (default" not in done.stdout
     for path in re.findall(r"topology/[\w-]+\.json", done.stdout):  # the examples name real files
         assert os.path.exists(os.path.join(ROOT, path)), path
+    flags = [a for a in build_parser()._actions if a.option_strings and a.dest != "help"]
+    assert [a.option_strings for a in flags if "default" not in (a.help or "")] == []  # each says its default
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun (Open MPI) is not installed")
