@@ -17,6 +17,7 @@ finds (``P2PLEARN_COORDINATOR_HOST``, ``MASTER_ADDR``, the first Slurm node, 127
 rank is on this host, or mpi4py), on a port chosen by this rule:
 
 - ``MASTER_PORT`` set: ``MASTER_PORT + 1`` (torchrun's own store owns ``MASTER_PORT``);
+- a job of one peer: a free port the OS chooses;
 - every rank on this host: a free port the OS chooses; rank 0 publishes it in the job's private
   directory and the other ranks read it there (``p2plearn.launch.jobfiles``), so two jobs on one
   host never collide;
@@ -167,6 +168,7 @@ def init(engine_address: tuple[str, int] | None = None, *, join: bool = False, t
     """
     env = os.environ if environ is None else environ
     rank, world_size, local_rank, local_world_size = detect_rank(env)
+    _watch_launcher(env, rank)  # from the start: a launcher may die while this peer waits for the others
     options = Options.from_env(env, **overrides)
     job_id = next((env[k] for k in _JOB_IDS if env.get(k)), "local")
     if local_rank == 0:
@@ -193,7 +195,6 @@ def init(engine_address: tuple[str, int] | None = None, *, join: bool = False, t
         elif files is not None:
             files.close()
         raise
-    _watch_launcher(env, runtime.rank)
     return runtime
 
 
