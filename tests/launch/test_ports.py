@@ -99,3 +99,31 @@ def test_two_mpirun_jobs_at_once_on_one_host_both_finish(tmp_path):
         assert sorted(peers_seen(str(out))) == [0, 1], output
     assert len({peers_seen(str(out))[0]["job_id"] for out in outs}) == 2  # two jobs, not one
     assert list((tmp_path / "p2plearn").iterdir()) == []  # each job's last rank removed its files
+
+
+@pytest.mark.slow
+@mpirun
+def test_short_mpirun_jobs_back_to_back_all_finish_and_leave_nothing(tmp_path):
+    """Each job's rank 0 publishes a port of its own: nothing one job leaves can break the next."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("P2PLEARN_") and k != "MASTER_PORT"}
+    env.update(PYTHONPATH=ROOT, XDG_RUNTIME_DIR=str(tmp_path))
+    job_ids = set()
+    for n in range(5):
+        out = tmp_path / f"job{n}"
+        out.mkdir()
+        argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4", "-x", "PYTHONPATH",
+                "-x", "XDG_RUNTIME_DIR", sys.executable, PEER, "--out", str(out)]
+        job = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+        try:
+            output = job.communicate(timeout=120)[0]
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGTERM)
+                job.wait()
+        assert job.returncode == 0, f"job {n}: {output}"
+        seen = peers_seen(str(out))
+        assert sorted(seen) == [0, 1, 2, 3], output
+        job_ids.add(seen[0]["job_id"])
+        assert list((tmp_path / "p2plearn").iterdir()) == [], f"job {n} left its files"
+    assert len(job_ids) == 5
