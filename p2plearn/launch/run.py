@@ -35,6 +35,18 @@ Stopping: Ctrl-C or SIGTERM stops every peer (SIGTERM, then SIGKILL to each peer
 group) and the coordinator within 5 s. When a peer exits non-zero, one line says which rank, on
 which host, how (exit code or signal) and when (seconds into the job), with its last stderr line
 (the rest of its traceback is above, printed once as it came); the others are stopped.
+Should the launcher itself die (kill -9, the OOM killer), each local peer notices (it looks twice a
+second), writes one line to the launcher's stderr ("rank R: its launcher ... died; stopping") and
+exits with code 129; a remote peer gets SIGTERM from its ssh session's watchdog once ssh's stdin
+closes.
+
+Threads: unless OMP_NUM_THREADS is set (then every peer gets it), each peer on this machine gets
+OMP_NUM_THREADS = its cores / its peers (at least 1), and each remote host's peers share that
+host's cores the same way; one line says so. torch takes its intra-op threads from it.
+
+Launch-time checks (one line each, exit code 2, nothing started): flags and option values, the
+hostfile and its slots against -np, the command and script, ssh to each remote host, --resume's
+checkpoint, and -np against the topology's peer slots with --emulate or --testbed.
 
 Exit codes: 0 every rank finished; the first failed rank's code (128 + N for signal N) when one
 failed; 2 bad usage (bad flags, a bad hostfile, an unreachable host or a missing script: one line
