@@ -51,7 +51,8 @@ class JobFiles:
         info = base.lstat()
         # In a shared /tmp someone else may have made the directory first, to read our keys.
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
-            raise JobFilesError(f"{base} is not a directory that only this user can open: remove it, or set {KEY_VAR}")
+            raise JobFilesError(f"{base} is not a directory that only this user can open: remove it, or point "
+                                f"XDG_RUNTIME_DIR to a directory of your own")
         name = f"{job_id}|{environ.get('MASTER_ADDR', '')}|{environ.get('MASTER_PORT', '')}"
         self.path = base / hashlib.sha256(name.encode()).hexdigest()[:32]
         self._fd = self._hold()
