@@ -7,17 +7,38 @@ Rank and size come from the first launcher whose variables are set:
 3. ``PMI_RANK`` / ``PMI_SIZE`` (MPICH, Intel MPI; ``MPI_LOCALRANKID`` when set)
 4. ``SLURM_PROCID`` / ``SLURM_NTASKS`` / ``SLURM_LOCALID`` (srun)
 
-otherwise a single peer (rank 0 of 1). The coordinator is ``P2PLEARN_COORDINATOR`` when set (the
-launcher started it); else rank 0 starts it, in a process of its own, on ``MASTER_PORT + 1``
-(torchrun's own store owns ``MASTER_PORT``) or on ``DEFAULT_PORT``, at the address
-``p2plearn.launch.discover.coordinator_host`` finds (``P2PLEARN_COORDINATOR_HOST``,
-``MASTER_ADDR``, the first Slurm node, 127.0.0.1 when every rank is on this host, or mpi4py), and
-the other ranks connect there. Should that process or its host die, the live peer of lowest rank
-starts a successor and the others follow it (see ``p2plearn.control.Client``).
+otherwise a single peer (rank 0 of 1). The job id is the first of ``P2PLEARN_JOB_ID``,
+``TORCHELASTIC_RUN_ID``, ``OMPI_MCA_ess_base_jobid``, ``PMIX_NAMESPACE``, ``SLURM_JOB_ID`` that is
+set (else ``local``).
+
+The coordinator is ``P2PLEARN_COORDINATOR`` when set (p2plearn-run started it). Else rank 0
+starts it, in a process of its own, at the address ``p2plearn.launch.discover.coordinator_host``
+finds (``P2PLEARN_COORDINATOR_HOST``, ``MASTER_ADDR``, the first Slurm node, 127.0.0.1 when every
+rank is on this host, or mpi4py), on a port chosen by this rule:
+
+- ``MASTER_PORT`` set: ``MASTER_PORT + 1`` (torchrun's own store owns ``MASTER_PORT``);
+- a job of one peer: a free port the OS chooses;
+- every rank on this host: a free port the OS chooses; rank 0 publishes it in the job's private
+  directory and the other ranks read it there (``p2plearn.launch.jobfiles``), so two jobs on one
+  host never collide;
+- across hosts: a port derived from the job id, in ``COORDINATOR_PORTS`` (30000-32767). Two jobs
+  sharing a host collide only when their ids map to one port (1 in 2,768); set ``MASTER_PORT``.
+
+A port held by anything but this job's coordinator (another job's, a leftover process, another
+program) makes rank 0 raise ``PortInUse`` at once, one line that names the port and the fix. A
+port taken by this job's own coordinator means rank 0 was restarted: it joins that coordinator.
+Should the coordinator's process or its host die, the live peer of lowest rank starts a
+successor and the others follow it (see ``p2plearn.control.Client``).
 
 The job's secret (control-plane HMAC and data-plane tags, each under its own derived key) is
-``P2PLEARN_JOB_KEY``; without it, a key file private to this user is shared by the ranks of a
-job on one host, and mpi4py carries rank 0's key across hosts (``p2plearn.launch.secret``).
+``P2PLEARN_JOB_KEY``; without it, the ranks of a job on one host share a key file private to
+this user, and mpi4py carries rank 0's key across hosts (``p2plearn.launch.secret``).
+
+Threads: the local rank 0 of each host warns (one line) when the host's ranks run more torch
+intra-op threads than it has cores; ``p2plearn-run`` sets ``OMP_NUM_THREADS`` to avoid it.
+
+Under p2plearn-run a peer stops (one line on the launcher's terminal, exit code 129) when its
+launcher dies, as mpirun's ranks stop with their daemon.
 
 Registration: ``init()`` registers this peer and waits until all ``world_size`` peers have
 (the rendezvous). The data engine is created later by the training API; give its address
@@ -27,21 +48,34 @@ either now (``init(engine_address=(host, port))``) or once it exists
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import os
 import re
 import socket
+import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .control import Client, ControlError, Member
+from .control import Client, ControlError, Member, Refused
 from .control.server import ServerProcess, spawn
+from .launch.env import KEY_VAR, LAUNCHER_FD_VAR, LAUNCHER_PID_VAR
+from .launch.jobfiles import JobFiles
 from .launch.secret import JobSecret, job_secret
 from .options import Options
 from .protocols import ControlClient
 
-DEFAULT_PORT = 29450
+log = logging.getLogger("p2plearn")
+
+# Ports derived from the job id when the ranks span hosts and MASTER_PORT is not set: below
+# Linux's ephemeral range (32768-60999), where outgoing connections could hold one.
+COORDINATOR_PORTS = range(30000, 32768)
+PROBE_S = 5.0  # a live coordinator of this job on a taken port answers well within this, even on a busy host
+LAUNCHER_GONE = 129  # a peer's exit code when its launcher died (as on a hang-up)
+LAUNCHER_POLL_S = 0.5
 
 # (rank, size, local rank, local size) variables of each launcher, in order of precedence.
 _LAUNCHERS = [
@@ -54,12 +88,18 @@ _LAUNCHERS = [
 _JOB_IDS = ["P2PLEARN_JOB_ID", "TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "SLURM_JOB_ID"]
 
 
+class PortInUse(ControlError):
+    """The coordinator's port is held by something other than this job's coordinator; the message
+    names the port, what holds it, and how to choose another."""
+
+
 @dataclass
 class Runtime:
     """This peer's place in the job and its control-plane client.
 
     ``coordinator`` is set on the rank that started the coordinator's process (rank 0 without a
     launcher); the process outlives a crash of that rank, and the others fail over if it dies.
+    ``files``: this rank's hold on the files the job's ranks share on this host (key, port).
     """
 
     rank: int
@@ -71,6 +111,7 @@ class Runtime:
     client: ControlClient
     coordinator: ServerProcess | None = None
     secret: JobSecret | None = None  # None: data-plane tags off (in-process tests)
+    files: JobFiles | None = None
 
     def register(self, engine_address: tuple[str, int] | None) -> dict[int, Member]:
         """Publish (or change) the address of this peer's data engine; returns the members."""
@@ -94,8 +135,8 @@ class Runtime:
                 while self._others_remain() and time.monotonic() < deadline:
                     time.sleep(0.05)
                 self.coordinator.stop()
-            if self.secret is not None:
-                self.secret.discard()
+            if self.files is not None:
+                self.files.close()
 
     def _others_remain(self) -> bool:
         try:
@@ -120,44 +161,133 @@ def init(engine_address: tuple[str, int] | None = None, *, join: bool = False, t
       when peers start slowly (large imports, many hosts).
     - ``environ``: read instead of ``os.environ`` (tests).
     - ``overrides``: option values that win over ``P2PLEARN_*`` (e.g. ``sync="ssp"``).
+
+    The coordinator's port: ``MASTER_PORT + 1`` when ``MASTER_PORT`` is set, else one the OS
+    chooses when every rank is on this host, else one derived from the job id (see the module's
+    docstring). Raises ``PortInUse`` (one line, at once) when something else holds that port.
     """
     env = os.environ if environ is None else environ
     rank, world_size, local_rank, local_world_size = detect_rank(env)
+    _watch_launcher(env, rank)  # from the start: a launcher may die while this peer waits for the others
     options = Options.from_env(env, **overrides)
     job_id = next((env[k] for k in _JOB_IDS if env.get(k)), "local")
-    secret = job_secret(env, job_id, rank, world_size, local_world_size)
-    key = secret.value
-    address = env.get("P2PLEARN_COORDINATOR")
-    coordinator = None
-    if not address:
-        from .launch.discover import coordinator_host
-
-        host = coordinator_host(env, rank, world_size, local_world_size)
-        port = int(env["MASTER_PORT"]) + 1 if env.get("MASTER_PORT") else DEFAULT_PORT
-        address = f"{host}:{port}"
-        # A restarted rank 0 finds the port taken by the successor that replaced its coordinator
-        # (it serves on its predecessor's endpoint): it joins that one instead of starting another.
-        if rank == 0 and not join and not _port_taken(port):
-            coordinator = spawn(job_id, key, bind=f"tcp://0.0.0.0:{port}", advertise=host, world_size=world_size,
-                                heartbeat=options.heartbeat, phi_threshold=options.phi_threshold,
-                                topology=options.topology, timeout=timeout)
+    if local_rank == 0:
+        _warn_oversubscribed(local_world_size)
+    launched = bool(env.get("P2PLEARN_COORDINATOR"))
+    # The ranks of one host share a key file, and rank 0's port, unless the environment gives both.
+    shared = 1 < world_size <= local_world_size and not launched and not (env.get(KEY_VAR) and env.get("MASTER_PORT"))
+    files = JobFiles(env, job_id) if shared else None
+    runtime = None
     try:
-        client = Client(address, job_id, key, rank=None if join else rank, connect_timeout=timeout)
-    except BaseException:
-        if coordinator is not None:
-            coordinator.stop()
-        raise
-    runtime = Runtime(rank=rank, world_size=world_size, local_rank=local_rank, local_world_size=local_world_size,
-                      options=options, job_id=job_id, client=client, coordinator=coordinator, secret=secret)
-    try:
+        secret = job_secret(env, rank, world_size, local_world_size, files)
+        client, coordinator = _connect(env, rank, world_size, local_world_size, job_id, secret.value, options,
+                                       join, timeout, files)
+        runtime = Runtime(rank=rank, world_size=world_size, local_rank=local_rank, local_world_size=local_world_size,
+                          options=options, job_id=job_id, client=client, coordinator=coordinator, secret=secret,
+                          files=files)
         client.register(engine_address, join=join)
         runtime.rank = client.rank
         if not join:
             client.wait_members(world_size, timeout)
     except BaseException:
-        runtime.close(leave=False)
+        if runtime is not None:
+            runtime.close(leave=False)
+        elif files is not None:
+            files.close()
         raise
     return runtime
+
+
+def _connect(env: Mapping[str, str], rank: int, world_size: int, local_world_size: int, job_id: str, key: str,
+             options: Options, join: bool, timeout: float,
+             files: JobFiles | None) -> tuple[Client, ServerProcess | None]:
+    """This peer's client, and the coordinator's process when this rank started it."""
+    address = env.get("P2PLEARN_COORDINATOR")
+    joining = join or rank != 0
+    if address:
+        return Client(address, job_id, key, rank=None if join else rank, connect_timeout=timeout), None
+    from .launch.discover import coordinator_host
+
+    host = coordinator_host(env, rank, world_size, local_world_size)
+    # A job of one peer: nobody else looks for its coordinator. Ranks on one host: rank 0 publishes the port.
+    port = coordinator_port(env, job_id, os_chooses=world_size == 1 or files is not None)
+
+    def start(bind_port: int) -> ServerProcess:
+        return spawn(job_id, key, bind=f"tcp://0.0.0.0:{bind_port}", advertise=host, world_size=world_size,
+                     heartbeat=options.heartbeat, phi_threshold=options.phi_threshold, topology=options.topology,
+                     timeout=timeout)
+
+    coordinator = None
+    if port is None:
+        if files is not None and joining:
+            address = files.wait_address(timeout)
+        else:
+            # A restarted rank 0 finds its job's coordinator (or the successor serving on its endpoint) published.
+            address = files.address() if files is not None else None
+            if address is None:
+                coordinator = start(0)
+                address = coordinator.address
+                if files is not None:
+                    files.publish_address(address)
+    else:
+        address = f"{host}:{port}"
+        if not joining:
+            if _port_taken(port):
+                # This job's coordinator (a successor serving on its predecessor's endpoint: rank 0 was
+                # restarted) answers at once; anything else is named here, not after a 60 s wait.
+                return _client(address, port, job_id, key, None if join else rank, PROBE_S, probing=True), None
+            try:
+                coordinator = start(port)
+            except RuntimeError:
+                if _port_taken(port):  # taken between the check and the bind
+                    raise _port_in_use(port, "another program") from None
+                raise
+    try:
+        return _client(address, port, job_id, key, None if join else rank, timeout), coordinator
+    except BaseException:
+        if coordinator is not None:
+            coordinator.stop()
+        raise
+
+
+def _client(address: str, port: int | None, job_id: str, key: str, rank: int | None, connect_timeout: float,
+            probing: bool = False) -> Client:
+    """A client of the coordinator at ``address``. On a fixed ``port`` a refusal names its holder,
+    and so does silence when ``probing`` (rank 0 found the port taken: whatever holds it is up)."""
+    try:
+        return Client(address, job_id, key, rank=rank, connect_timeout=connect_timeout)
+    except Refused:
+        if port is None:
+            raise
+        if probing:
+            raise _port_in_use(port, "another job's coordinator") from None
+        raise PortInUse(f"the coordinator at {address} refused this rank's job key: another job's coordinator holds "
+                        f"port {port} (set MASTER_PORT to a free port P on every rank; the coordinator takes P + 1), "
+                        f"or this rank's {KEY_VAR} or job id differs from rank 0's") from None
+    except ControlError:
+        if not probing:
+            raise
+        raise _port_in_use(port, "a program that is not a p2plearn coordinator (it does not answer)") from None
+
+
+def _port_in_use(port: int | None, holder: str) -> PortInUse:
+    return PortInUse(f"the coordinator's port {port} on this host is held by {holder}: free it, or set MASTER_PORT "
+                     f"to a free port P on every rank (the coordinator takes P + 1)")
+
+
+def coordinator_port(env: Mapping[str, str], job_id: str, os_chooses: bool) -> int | None:
+    """The coordinator's port by the rule of the module's docstring: ``MASTER_PORT + 1``, else None
+    when ``os_chooses`` (a job of one peer, or ranks on one host that read rank 0's published port),
+    else a port in ``COORDINATOR_PORTS`` derived from ``job_id``."""
+    if env.get("MASTER_PORT"):
+        try:
+            return int(env["MASTER_PORT"]) + 1
+        except ValueError:
+            raise ValueError(f"MASTER_PORT={env['MASTER_PORT']!r} is not an integer") from None
+    if os_chooses:
+        return None
+    digest = int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:8], "big")
+    return COORDINATOR_PORTS[digest % len(COORDINATOR_PORTS)]
 
 
 def _port_taken(port: int) -> bool:
@@ -169,6 +299,62 @@ def _port_taken(port: int) -> bool:
         except OSError:
             return True
     return False
+
+
+def oversubscription(threads: int, local_ranks: int, cores: int) -> str | None:
+    """The warning for ``local_ranks`` ranks of ``threads`` intra-op threads each on ``cores``
+    cores, or None when they fit (or each rank has one thread already: then the ranks alone
+    outnumber the cores, which fewer threads cannot fix)."""
+    if threads <= 1 or threads * local_ranks <= cores:
+        return None
+    share = max(1, cores // local_ranks)
+    return (f"p2plearn: {local_ranks} ranks on this host run {threads} torch threads each on {cores} cores: set "
+            f"OMP_NUM_THREADS={share} for every rank (p2plearn-run does), or torch.set_num_threads({share})")
+
+
+def _warn_oversubscribed(local_ranks: int) -> None:
+    """Warn once per host when its ranks run more torch intra-op threads than it has cores
+    (checked when torch is imported before ``init()``, as the training API does)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    warning = oversubscription(torch.get_num_threads(), local_ranks, len(os.sched_getaffinity(0)))
+    if warning:
+        log.warning(warning)
+
+
+def _watch_launcher(env: Mapping[str, str], rank: int) -> None:
+    """Under p2plearn-run, stop this peer with one line when its launcher dies."""
+    if not env.get(LAUNCHER_PID_VAR):
+        return
+    pid = int(env[LAUNCHER_PID_VAR])
+    started = _start_time(pid)
+
+    def watch() -> None:
+        while started is not None and _start_time(pid) == started:  # the same process, alive
+            time.sleep(LAUNCHER_POLL_S)
+        line = f"p2plearn: rank {rank}: its launcher (p2plearn-run, pid {pid}) died; stopping\n".encode()
+        # The launcher's own stderr (the user's terminal): the pipe it read ours from has no reader now.
+        for fd in (int(env[LAUNCHER_FD_VAR]) if env.get(LAUNCHER_FD_VAR) else 2, 2):
+            try:
+                os.write(fd, line)
+                break
+            except OSError:
+                continue
+        os._exit(LAUNCHER_GONE)
+
+    threading.Thread(target=watch, name="p2plearn-launcher-watch", daemon=True).start()
+
+
+def _start_time(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot), None if it is gone or a zombie: a
+    process that died and whose number was reused has another start time."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in "ZX" else int(fields[19])
 
 
 def detect_rank(environ: Mapping[str, str]) -> tuple[int, int, int, int]:

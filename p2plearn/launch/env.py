@@ -6,6 +6,7 @@ gets it in its environment; a remote peer's shell reads it from ssh's stdin.
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 from collections.abc import Mapping
@@ -15,6 +16,11 @@ from ..options import Options
 from .hosts import Host, HostError, Slot
 
 KEY_VAR = "P2PLEARN_JOB_KEY"
+# A local peer watches its launcher (by pid) and, should it die, writes one line to the launcher's
+# stderr, inherited as this descriptor (p2plearn.runtime).
+LAUNCHER_PID_VAR = "P2PLEARN_LAUNCHER_PID"
+LAUNCHER_FD_VAR = "P2PLEARN_LAUNCHER_FD"
+THREADS_VAR = "OMP_NUM_THREADS"
 # BatchMode: fail instead of prompting for a password (there is no one to type it).
 SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-T"]
 
@@ -46,18 +52,28 @@ def peer_env(slot: Slot, world_size: int, coordinator: str, job_id: str, options
 
 def ssh_command(host: str, env: Mapping[str, str], argv: list[str], cwd: str, ssh: str = "ssh") -> list[str]:
     """``ssh`` argv that runs ``argv`` on ``host`` in ``cwd`` with ``env``, reading the job key
-    as the first line of stdin. Keep ssh's stdin open while the peer runs: when it closes (the
-    launcher stopped or died) a watchdog on the remote side sends SIGTERM to the peer, so that
-    nothing is left running there."""
+    as the first line of stdin. Without ``OMP_NUM_THREADS`` in ``env``, the remote shell sets it
+    to the host's cores / ``LOCAL_WORLD_SIZE`` (at least 1). Keep ssh's stdin open while the peer
+    runs: when it closes (the launcher stopped or died) a watchdog on the remote side sends
+    SIGTERM to the peer, so that nothing is left running there."""
     exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())
+    threads = "" if THREADS_VAR in env else (
+        f"t=$(( $(nproc) / {int(env.get('LOCAL_WORLD_SIZE', '1'))} )) && "
+        f"{{ [ $t -ge 1 ] || t=1; }} && export {THREADS_VAR}=$t && ")
     script = (
-        f"IFS= read -r {KEY_VAR} && export {KEY_VAR} && cd {shlex.quote(cwd)} && export {exports} && "
+        f"IFS= read -r {KEY_VAR} && export {KEY_VAR} && cd {shlex.quote(cwd)} && export {exports} && {threads}"
         f"{{ {shlex.join(argv)} </dev/null & }} && p=$! && "
         # A background job's stdin is /dev/null unless redirected explicitly: hand it ssh's stdin.
         "{ (cat >/dev/null; kill -TERM $p 2>/dev/null) <&3 >/dev/null 2>&1 & } 3<&0 && "
         "wait $p"
     )
     return [*ssh_argv(ssh, host), "sh -c " + shlex.quote(script)]
+
+
+def threads_per_peer(local_world_size: int) -> int:
+    """The intra-op threads each of ``local_world_size`` peers on this host gets: its cores
+    (those this process may run on) shared out, at least 1."""
+    return max(1, len(os.sched_getaffinity(0)) // local_world_size)
 
 
 def check_reachable(hosts: list[Host], timeout: float = 15.0, ssh: str = "ssh") -> None:

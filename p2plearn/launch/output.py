@@ -70,12 +70,14 @@ class Output:
         with self._lock:
             self._emit(f"{PREFIX}: {text}", err=True)
 
-    def progress(self, p: Progress, rate: float, world_size: int, final: bool = False) -> None:
-        """Show the job's progress: rounds, rounds/s, loss and the slowest peer; ``final``: the
-        job is over: print the last progress seen while it ran as a plain line, once."""
+    def progress(self, p: Progress, rate: float | None, world_size: int, final: bool = False) -> None:
+        """Show the job's progress: rounds, rounds/s (None: not known yet), loss and the slowest
+        peer; ``final``: the job is over: print the last progress seen while it ran as a plain
+        line, once."""
         loss = f"loss {p.loss:.4f}" if p.loss is not None else "loss -"
+        speed = f"{rate:.2f}" if rate is not None else "-"
         text = (f"round {p.min_clock}" + (f"..{p.max_clock}" if p.max_clock != p.min_clock else "")
-                + f" | {rate:.2f} rounds/s | {loss} | slowest rank {p.slowest} | {p.alive}/{world_size} alive")
+                + f" | {speed} rounds/s | {loss} | slowest rank {p.slowest} | {p.alive}/{world_size} alive")
         with self._lock:
             if final:
                 # A job shorter than a tick may have shown nothing yet: then the clocks it ended at.
@@ -84,11 +86,15 @@ class Output:
                     self._last_text = last
                     self._emit(f"{PREFIX}: {last}", err=False)
                 return
-            if p.max_clock > 0 and p.alive:
-                self._latest = text
             if self._live is not None:
                 self._live.update(Text(text, style="bold"), refresh=True)
-            elif p.max_clock > 0 and p.min_clock != self._last_clock and time.monotonic() - self._last_plain >= self.plain_every:
+            # Plain lines only while peers train: the end of the job (peers leaving) is the final
+            # line's, printed after every plain one.
+            if not (p.max_clock > 0 and p.alive):
+                return
+            self._latest = text
+            if self._live is None and p.min_clock != self._last_clock and \
+                    time.monotonic() - self._last_plain >= self.plain_every:
                 self._last_plain, self._last_clock, self._last_text = time.monotonic(), p.min_clock, text
                 self._emit(f"{PREFIX}: {text}", err=False)
 

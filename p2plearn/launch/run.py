@@ -35,6 +35,18 @@ Stopping: Ctrl-C or SIGTERM stops every peer (SIGTERM, then SIGKILL to each peer
 group) and the coordinator within 5 s. When a peer exits non-zero, one line says which rank, on
 which host, how (exit code or signal) and when (seconds into the job), with its last stderr line
 (the rest of its traceback is above, printed once as it came); the others are stopped.
+Should the launcher itself die (kill -9, the OOM killer), each local peer notices (it looks twice a
+second), writes one line to the launcher's stderr ("rank R: its launcher ... died; stopping") and
+exits with code 129; a remote peer gets SIGTERM from its ssh session's watchdog once ssh's stdin
+closes.
+
+Threads: unless OMP_NUM_THREADS is set (then every peer gets it), each peer on this machine gets
+OMP_NUM_THREADS = its cores / its peers (at least 1), and each remote host's peers share that
+host's cores the same way; one line says so. torch takes its intra-op threads from it.
+
+Launch-time checks (one line each, exit code 2, nothing started): flags and option values, the
+hostfile and its slots against -np, the command and script, ssh to each remote host, --resume's
+checkpoint, and -np against the topology's peer slots with --emulate or --testbed.
 
 Exit codes: 0 every rank finished; the first failed rank's code (128 + N for signal N) when one
 failed; 2 bad usage (bad flags, a bad hostfile, an unreachable host or a missing script: one line
@@ -72,8 +84,10 @@ from .. import options as opts
 from ..control import Client, Progress
 from ..control.estimator import rates_from_file
 from ..control.server import ServerProcess, spawn
-from .env import KEY_VAR, check_reachable, peer_env, ssh_command
+from .env import (KEY_VAR, LAUNCHER_FD_VAR, LAUNCHER_PID_VAR, THREADS_VAR, check_reachable, peer_env, ssh_command,
+                  threads_per_peer)
 from .hosts import Host, HostError, Slot, parse_host_list, parse_hostfile, place
+from .rate import RoundRate
 
 ENGINE_HOST_VAR = "P2PLEARN_ENGINE_HOST"  # under --testbed: the address the peer's engine binds to
 STOP_GRACE = 2.5  # seconds between SIGTERM and SIGKILL: the 5 s bound covers both and the reaping
@@ -95,16 +109,20 @@ def build_parser() -> argparse.ArgumentParser:
     # No abbreviations: the command's own flags (--out) must never be taken for ours (--outer-lr).
     parser = _Parser(prog="p2plearn-run", allow_abbrev=False, description=doc[:doc.index("Examples:")].strip(),
                      epilog=doc[doc.index("Examples:"):], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("-np", "-n", dest="np", type=int, help="number of peers (default: the hosts' slots)")
+    parser.add_argument("-np", "-n", dest="np", type=int, help="number of peers (default: the hosts' slots; "
+                                                                   "required without -H/--hostfile)")
     where = parser.add_mutually_exclusive_group()
-    where.add_argument("-H", "--host", dest="hosts", help="hosts and slots, e.g. node1:4,node2:4")
-    where.add_argument("--hostfile", help="mpirun-style hostfile")
-    parser.add_argument("--oversubscribe", action="store_true", help="allow more peers than slots")
-    parser.add_argument("--testbed", action="store_true", help="run peers in namespaces built from --topology (root)")
-    parser.add_argument("--log-dir", help="keep one log per rank in this directory")
-    parser.add_argument("--elastic", action="store_true", help="keep the job running when a peer fails")
+    where.add_argument("-H", "--host", dest="hosts", help="hosts and slots, e.g. node1:4,node2:4 (default: every "
+                                                          "peer on this machine)")
+    where.add_argument("--hostfile", help="mpirun-style hostfile (default: none, every peer on this machine)")
+    parser.add_argument("--oversubscribe", action="store_true", help="allow more peers than slots (default: off)")
+    parser.add_argument("--testbed", action="store_true", help="run peers in namespaces built from --topology "
+                                                               "(root; default: off)")
+    parser.add_argument("--log-dir", help="keep one log per rank in this directory (default: none)")
+    parser.add_argument("--elastic", action="store_true", help="keep the job running when a peer fails "
+                                                               "(default: off, the first failure stops the job)")
     parser.add_argument("--resume", metavar="DIR", help="resume from the newest step every rank saved in DIR "
-                                                        "(p2plearn.checkpoint)")
+                                                        "(p2plearn.checkpoint; default: none, a fresh start)")
     parser.add_argument("--advertise", help="address other hosts reach this machine at "
                                             "(default: its host name; only for -H/--hostfile)")
     parser.add_argument("--ssh", default="ssh", help="the ssh command for remote hosts, with its options, e.g. "
@@ -121,7 +139,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, opts.Options, list[str]]
         flags, command = argv, []
     parser = build_parser()
     if not command:
-        parser.add_argument("command", nargs=argparse.REMAINDER)
+        parser.add_argument("command", nargs=argparse.REMAINDER, help="the peers' command and its arguments, after "
+                            "-- or from the first non-option on (e.g. python train.py --epochs 3)")
     args = parser.parse_args(flags)
     command = command or args.command
     if not command:
@@ -210,12 +229,15 @@ class Launcher:
         self._started = time.monotonic()
         self._signal: int | None = None
         self._wake = threading.Event()
+        # Local peers inherit a copy of our stderr: should we die, each says so there in one line.
+        self._stderr_copy = os.dup(2)
 
     def run(self, slots: list[Slot]) -> int:
         with ExitStack() as stack:
             previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
             stack.callback(lambda: [signal.signal(s, h) for s, h in previous.items()])
             stack.callback(self.output.close)
+            stack.callback(os.close, self._stderr_copy)
             coordinator = self._coordinator(slots, stack)
             stack.callback(coordinator.stop)
             testbed = self._testbed(stack) if self.args.testbed else None
@@ -223,12 +245,27 @@ class Launcher:
             if self.args.resume:
                 self.output.message(f"resuming from step {checkpoint.newest_complete(self.args.resume, len(slots))} "
                                     f"of {self.args.resume}")
+            chosen = os.environ.get(THREADS_VAR)  # the user's choice, for every host
+            local_threads = chosen or self._share_threads(slots)
             for slot in slots:
                 env = peer_env(slot, len(slots), coordinator.address, self.job_id, self.options)
+                if slot.host.local or chosen:  # without a choice, a remote host computes its own share
+                    env[THREADS_VAR] = local_threads
                 if self.args.resume:
                     env[checkpoint.RESUME_VAR] = self.args.resume
                 self._start(slot, env, testbed)
             return self._supervise(coordinator, len(slots))
+
+    def _share_threads(self, slots: list[Slot]) -> str:
+        """``OMP_NUM_THREADS`` for the peers on this host: its cores shared among them (as torchrun
+        sets it); said once."""
+        local = sum(s.host.local for s in slots)
+        threads = threads_per_peer(max(1, local))
+        here = (f"{THREADS_VAR}={threads} for each of the {local} peers here ({len(os.sched_getaffinity(0))} cores)"
+                if local else "")
+        remote = "each remote host's peers share its cores" if local < len(slots) else ""
+        self.output.message("; ".join(filter(None, (here, remote))) + f"; set {THREADS_VAR} to choose")
+        return str(threads)
 
     def _coordinator(self, slots: list[Slot], stack: ExitStack) -> _ControlPlane:
         if self.args.testbed:
@@ -251,7 +288,9 @@ class Launcher:
     def _start(self, slot: Slot, env: dict[str, str], testbed: Any) -> None:
         popen: dict[str, Any] = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "start_new_session": True}
         if slot.host.local:
-            full_env = {**os.environ, **env, KEY_VAR: self.key}
+            full_env = {**os.environ, **env, KEY_VAR: self.key, LAUNCHER_PID_VAR: str(os.getpid()),
+                        LAUNCHER_FD_VAR: str(self._stderr_copy)}
+            popen["pass_fds"] = (self._stderr_copy,)
             if testbed is not None:
                 full_env[ENGINE_HOST_VAR] = testbed.address(slot.rank)
                 proc = testbed.run(slot.rank, self.command, env=full_env, **popen)
@@ -278,7 +317,7 @@ class Launcher:
     def _supervise(self, coordinator: _ControlPlane, world_size: int) -> int:
         """Wait for the peers; returns the job's exit code (see the module docstring)."""
         failed: list[_Peer] = []
-        rate, last = 0.0, (time.monotonic(), 0)
+        rate = RoundRate()
         while self._signal is None:
             running = 0
             for peer in self.peers:
@@ -293,7 +332,7 @@ class Launcher:
                             return _exit_code(code)
                 running += peer.code is None
             if not running:
-                self.output.progress(coordinator.final_progress(wait=1.5), rate, world_size, final=True)
+                self.output.progress(coordinator.final_progress(wait=1.5), None, world_size, final=True)
                 finished = sum(p.code == 0 for p in self.peers)
                 if not failed:
                     return 0
@@ -302,10 +341,7 @@ class Launcher:
                     return ELASTIC_PARTIAL
                 return _exit_code(failed[0].code or 0)
             progress = coordinator.progress()
-            now = time.monotonic()
-            if now - last[0] >= 1.0:
-                rate, last = (progress.min_clock - last[1]) / (now - last[0]), (now, progress.min_clock)
-            self.output.progress(progress, rate, world_size)
+            self.output.progress(progress, rate.update(time.monotonic(), progress.min_clock), world_size)
             self._wake.wait(0.1)
         self.output.message(f"stopping on {signal.Signals(self._signal).name}")
         return 128 + self._signal
@@ -380,8 +416,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.testbed:
             _check_testbed()
         rates = _topology_rates(options.topology) if options.topology else None
-        if args.testbed and len(slots) > len(rates or {}):
-            raise UsageError(f"--testbed: -np {len(slots)} but {options.topology} has {len(rates or {})} peers")
+        if (args.testbed or options.emulate) and len(slots) > len(rates or {}):
+            # Each rank takes the topology's peer slot of its number: found here, not in 8 tracebacks.
+            flag, have = "--testbed" if args.testbed else "--emulate", len(rates or {})
+            raise UsageError(f"{flag}: -np {len(slots)} but {options.topology} has {have} peer slots "
+                             f"(use -np {have} or a topology with {len(slots)})")
         check_reachable(used, ssh=args.ssh)
     except (UsageError, HostError) as exc:
         print(f"p2plearn-run: error: {exc}", file=sys.stderr)

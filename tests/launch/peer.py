@@ -1,8 +1,9 @@
 """A peer for the launcher tests: joins the job, checks its environment, then acts as told.
 
-    python peer.py [--exit CODE] [--fail-rank R] [--hang] [--rounds N] [--out DIR]
+    python peer.py [--exit CODE] [--fail-rank R] [--hang] [--rounds N] [--out DIR] [--wait-for PATH]
 
-``--out DIR`` writes DIR/rank-R.json with what this peer saw (rank, size, members, pid).
+``--out DIR`` writes DIR/rank-R.json with what this peer saw (rank, size, members, pid, threads).
+``--wait-for PATH``: after the rendezvous, wait until PATH exists (to hold two jobs up at once).
 """
 
 import argparse
@@ -22,6 +23,7 @@ def main() -> int:
     parser.add_argument("--hang", action="store_true", help="sleep until killed after the rendezvous")
     parser.add_argument("--rounds", type=int, default=0, help="report this many rounds")
     parser.add_argument("--out")
+    parser.add_argument("--wait-for")
     opts.add_arguments(parser)
     args = parser.parse_args()
     options = opts.Options.from_args(args)
@@ -37,9 +39,13 @@ def main() -> int:
         print(f"rank {rt.rank} of {rt.world_size} local {rt.local_rank}/{rt.local_world_size} members {members}")
         if args.out:
             seen = {"rank": rt.rank, "world_size": rt.world_size, "members": members, "pid": os.getpid(),
-                    "pgid": os.getpgid(0), "options": options.to_env(), "job_id": rt.job_id}
+                    "pgid": os.getpgid(0), "options": options.to_env(), "job_id": rt.job_id,
+                    "threads": os.environ.get("OMP_NUM_THREADS")}
             with open(os.path.join(args.out, f"rank-{rt.rank}.json"), "w") as f:
                 json.dump(seen, f)
+        deadline = time.monotonic() + 60
+        while args.wait_for and not os.path.exists(args.wait_for) and time.monotonic() < deadline:
+            time.sleep(0.05)
         for r in range(1, args.rounds + 1):
             rt.client.report(r, loss=1.0 / r, step_time=0.01)
             time.sleep(0.01)

@@ -109,3 +109,23 @@ def test_topology_rates_seed_the_coordinator():
     rates = run._topology_rates(path)
     topo = topology.load(path)
     assert rates[0] == (topo.uplink_bytes_per_s(topo.peers[0]), topo.downlink_bytes_per_s(topo.peers[0]))
+
+
+@pytest.mark.parametrize("env, expected", [
+    ({"LOCAL_WORLD_SIZE": "2"}, str(max(1, len(os.sched_getaffinity(0)) // 2))),  # the host's own share
+    ({"LOCAL_WORLD_SIZE": "1000"}, "1"),
+    ({"LOCAL_WORLD_SIZE": "2", "OMP_NUM_THREADS": "5"}, "5"),  # the user's choice, passed on
+])
+def test_a_remote_peer_gets_its_hosts_share_of_threads(tmp_path, env, expected):
+    cmd = ssh_command("node9", env, ["sh", "-c", 'echo "$OMP_NUM_THREADS"'], str(tmp_path))
+    clean = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # as a fresh ssh session has
+    proc = subprocess.Popen(["sh", "-c", cmd[-1]], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=clean)
+    try:
+        proc.stdin.write("key\n")
+        proc.stdin.flush()  # held open, as ssh holds it: closing it would stop the peer
+        assert proc.wait(timeout=10) == 0
+        assert proc.stdout.read().strip().splitlines()[-1] == expected
+    finally:
+        proc.kill()
+        proc.stdin.close()
+        proc.wait()

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from launch_helpers import PEER, ROOT, group_alive, peers_seen, wait_for
+from p2plearn.launch.run import build_parser
 
 
 def test_four_local_peers_get_their_environment_and_exit_0(launch, tmp_path):
@@ -81,6 +82,8 @@ def test_a_signal_stops_every_peer_within_5s(launch, tmp_path, sig):
     (["-np", "2", "--emulate"], "--emulate: needs --topology"),
     (["-np", "2", "--testbed"], "--testbed needs --topology"),
     (["-np", "2", "--topology", "/nonexistent.json"], "--topology /nonexistent.json: no such file"),
+    (["-np", "8", "--topology", "topology/heterogeneous-4.json", "--emulate"],
+     "--emulate: -np 8 but " + os.path.join(ROOT, "topology/heterogeneous-4.json") + " has 4 peer slots (use -np 4"),
 ])
 def test_bad_invocations_say_what_and_exit_2(launch, args, message):
     proc = launch(*args, command=[sys.executable, PEER])
@@ -114,6 +117,8 @@ def test_help_is_the_whole_manual():
     assert done.stdout.count("(default: None)") == 0 and "(default: none) (default" not in done.stdout
     for path in re.findall(r"topology/[\w-]+\.json", done.stdout):  # the examples name real files
         assert os.path.exists(os.path.join(ROOT, path)), path
+    flags = [a for a in build_parser()._actions if a.option_strings and a.dest != "help"]
+    assert [a.option_strings for a in flags if "default" not in (a.help or "")] == []  # each says its default
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun (Open MPI) is not installed")
@@ -157,3 +162,33 @@ def test_testbed_peers_run_in_namespaces_and_leave_none_behind(launch, tmp_path)
     assert sorted(peers_seen(str(tmp_path))) == [0, 1, 2, 3]
     after = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert set(after.split()) <= set(before.split())  # every namespace it built is gone
+
+
+def test_peers_share_the_cores_unless_the_user_chose_threads(launch, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    proc = launch("-np", "2", env=env)
+    assert proc.returncode == 0, proc.stderr_text
+    share = str(max(1, len(os.sched_getaffinity(0)) // 2))
+    assert {info["threads"] for info in peers_seen(str(tmp_path)).values()} == {share}
+    said = [line for line in proc.stderr_text.splitlines() if "OMP_NUM_THREADS=" in line]
+    assert said == [f"p2plearn-run: OMP_NUM_THREADS={share} for each of the 2 peers here "
+                    f"({len(os.sched_getaffinity(0))} cores); set OMP_NUM_THREADS to choose"]
+    proc = launch("-np", "2", env={**env, "OMP_NUM_THREADS": "3"})
+    assert proc.returncode == 0, proc.stderr_text
+    assert {info["threads"] for info in peers_seen(str(tmp_path)).values()} == {"3"}
+    assert "OMP_NUM_THREADS" not in proc.stderr_text  # the user's choice, silently
+
+
+@pytest.mark.slow
+def test_peers_stop_with_one_line_when_the_launcher_is_killed(launch, tmp_path):
+    proc = launch("-np", "3", peer_args=["--hang"], wait=False)
+    assert wait_for(lambda: len(peers_seen(str(tmp_path))) == 3, timeout=60), "peers did not start"
+    seen = peers_seen(str(tmp_path))
+    os.kill(proc.pid, signal.SIGKILL)  # the launcher alone, as the OOM killer or kill -9 would
+    proc.wait()
+    assert wait_for(lambda: not any(group_alive(info["pgid"]) for info in seen.values()), timeout=20), \
+        "peers outlived their launcher"
+    _, stderr = proc.communicate(timeout=30)  # the peers held a copy of its stderr: their lines are there
+    for rank in range(3):
+        lines = [line for line in stderr.splitlines() if f"rank {rank}: its launcher" in line]
+        assert lines == [f"p2plearn: rank {rank}: its launcher (p2plearn-run, pid {proc.pid}) died; stopping"], stderr

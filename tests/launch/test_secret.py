@@ -17,6 +17,7 @@ import pytest
 from p2plearn.control import Client, ControlError
 from p2plearn.keys import control_key, data_key, hkdf
 from p2plearn.launch import secret
+from p2plearn.launch.jobfiles import JobFiles, JobFilesError
 from p2plearn.launch.secret import SecretError, job_secret
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -38,38 +39,92 @@ def test_control_and_data_keys_are_distinct_and_not_the_secret():
 
 
 def test_a_set_key_wins_and_one_peer_draws_its_own():
-    assert job_secret({"P2PLEARN_JOB_KEY": "cafe"}, "j", 1, 8, 4).value == "cafe"
-    one, other = job_secret({}, "j", 0, 1, 1).value, job_secret({}, "j", 0, 1, 1).value
+    assert job_secret({"P2PLEARN_JOB_KEY": "cafe"}, 1, 8, 4).value == "cafe"
+    one, other = job_secret({}, 0, 1, 1).value, job_secret({}, 0, 1, 1).value
     assert len(one) == 64 and one != other
 
 
 def test_ranks_on_one_host_share_a_private_key_file(tmp_path):
     env = {"XDG_RUNTIME_DIR": str(tmp_path), "MASTER_PORT": "29500"}
-    first = job_secret(env, "mpi-7", 0, 4, 4)
-    others = [job_secret(env, "mpi-7", r, 4, 4) for r in (1, 2, 3)]
-    assert len(first.value) == 64 and {s.value for s in others} == {first.value}
-    assert first.created is not None and all(s.created is None for s in others)  # the first one made it
-    assert stat.S_IMODE(first.created.stat().st_mode) == 0o600
-    assert stat.S_IMODE(first.created.parent.stat().st_mode) == 0o700
-    assert job_secret(env, "mpi-8", 0, 4, 4).value != first.value  # another job, another key
-    assert job_secret({**env, "MASTER_PORT": "29600"}, "mpi-7", 0, 4, 4).value != first.value
-    first.discard()
-    assert not first.created.exists()
-    assert [p.name for p in first.created.parent.iterdir() if p.name.startswith(".")] == []  # no drafts left
+    files = [JobFiles(env, "mpi-7") for _ in range(4)]
+    try:
+        keys = [job_secret(env, r, 4, 4, files[r]).value for r in range(4)]
+        assert len(keys[0]) == 64 and set(keys) == {keys[0]}
+        key_file = files[0].path / "key"
+        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+        assert stat.S_IMODE(files[0].path.stat().st_mode) == 0o700
+        assert stat.S_IMODE(files[0].path.parent.stat().st_mode) == 0o700
+        for other_env, job in ((env, "mpi-8"), ({**env, "MASTER_PORT": "29600"}, "mpi-7")):  # another job, another key
+            other = JobFiles(other_env, job)
+            assert job_secret(other_env, 0, 4, 4, other).value != keys[0]
+            other.close()
+        for f in files[:3]:
+            f.close()
+        assert key_file.exists()  # rank 3 still runs
+        files[3].close()
+        assert not files[0].path.exists()  # the last one out removed the job's files
+        assert list(files[0].path.parent.iterdir()) == []  # no drafts either
+    finally:
+        for f in files:
+            f.close()
+
+
+def _rank_holding_the_key(env, job_id):
+    """A process that takes the job's key file as a rank does, then waits to be killed."""
+    code = ("import sys, time; from p2plearn.launch.jobfiles import JobFiles;"
+            f"files = JobFiles({env!r}, {job_id!r}); files.key(); print('ready', flush=True); time.sleep(120)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": ROOT})
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def test_the_key_file_is_removed_by_whichever_rank_survives(tmp_path):
+    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
+    rank0 = _rank_holding_the_key(env, "mpi-9")  # arrives first: creates the key
+    try:
+        survivor = JobFiles(env, "mpi-9")
+        survivor.key()
+        rank0.kill()  # SIGKILL: no clean-up of its own
+        rank0.wait()
+        assert (survivor.path / "key").exists()
+        survivor.close()
+        assert not survivor.path.exists()
+    finally:
+        rank0.kill()
+        rank0.wait()
+
+
+def test_files_of_a_job_whose_ranks_were_all_killed_go_with_the_next_job(tmp_path):
+    env = {"XDG_RUNTIME_DIR": str(tmp_path)}
+    killed = [_rank_holding_the_key(env, "mpi-10") for _ in range(2)]
+    for proc in killed:
+        proc.kill()
+        proc.wait()
+    (abandoned,) = (tmp_path / "p2plearn").iterdir()
+    running = _rank_holding_the_key(env, "mpi-11")  # a job that still runs keeps its files
+    try:
+        nxt = JobFiles(env, "mpi-12")
+        assert not abandoned.exists()
+        assert len(list((tmp_path / "p2plearn").iterdir())) == 2  # the running job's, and the new one's
+        nxt.close()
+    finally:
+        running.kill()
+        running.wait()
 
 
 def test_a_key_directory_others_can_open_is_refused(tmp_path):
     shared = tmp_path / "p2plearn"
     shared.mkdir(mode=0o777)
     shared.chmod(0o777)
-    with pytest.raises(SecretError, match="only this user can open"):
-        job_secret({"XDG_RUNTIME_DIR": str(tmp_path)}, "j", 0, 2, 2)
+    with pytest.raises(JobFilesError, match="only this user can open"):
+        JobFiles({"XDG_RUNTIME_DIR": str(tmp_path)}, "j")
 
 
 def test_several_hosts_without_a_key_is_one_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "mpi4py", None)  # import fails as if not installed
     with pytest.raises(SecretError, match="P2PLEARN_JOB_KEY is not set.*mpirun -x P2PLEARN_JOB_KEY"):
-        job_secret({}, "j", 1, 8, 4)
+        job_secret({}, 1, 8, 4)
 
 
 def test_several_hosts_get_rank0s_key_through_mpi4py(monkeypatch):
@@ -82,9 +137,9 @@ def test_several_hosts_get_rank0s_key_through_mpi4py(monkeypatch):
             return "feed" * 16
 
     monkeypatch.setitem(sys.modules, "mpi4py", types.SimpleNamespace(MPI=types.SimpleNamespace(COMM_WORLD=World)))
-    assert job_secret({}, "j", 1, 8, 4).value == "feed" * 16
+    assert job_secret({}, 1, 8, 4).value == "feed" * 16
     assert sent == [(None, 0)]  # a non-zero rank contributes nothing
-    job_secret({}, "j", 0, 8, 4)
+    job_secret({}, 0, 8, 4)
     assert len(sent[1][0]) == 64  # rank 0 draws a fresh key
 
 
@@ -106,8 +161,8 @@ def test_a_job_under_mpirun_without_a_key_refuses_an_outsider(tmp_path):
             time.sleep(0.2)
         job_id = json.loads((tmp_path / "rank-0.json").read_text())["job_id"]
         assert job_id != "local"  # Open MPI's job id
-        (key_file,) = (tmp_path / "p2plearn").iterdir()
-        assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+        (job_dir,) = (tmp_path / "p2plearn").iterdir()
+        assert stat.S_IMODE((job_dir / "key").stat().st_mode) == 0o600
         # What the first version keyed such a job with, and what anyone could compute: refused now.
         for guess in (hashlib.sha256(f"p2plearn:{job_id}".encode()).hexdigest(), secret.secrets.token_hex(32)):
             with pytest.raises(ControlError, match="refused|authentic"):
