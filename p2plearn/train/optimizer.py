@@ -263,6 +263,7 @@ class DecentralizedOptimizer(Optimizer):
         self.sync.inbox.states_kept = max(MAX_STATES, self.runtime.world_size)
         self._needs_state = False
         self._expelled = False
+        self._closed = False
         self._lock = threading.Lock()
         self.runtime.client.on_event(self._on_event)
         self._stats = TrainingStats()
@@ -592,7 +593,11 @@ class DecentralizedOptimizer(Optimizer):
         """Finish the round in flight, leave the job, print this peer's one-line summary, and
         release the engine (also when the round in flight failed: its error is raised after).
         Call it once this peer stops stepping (before a long evaluation, say): while it stays a
-        member, the others run at most 16 rounds (SSP: the staleness) ahead of its clock."""
+        member, the others run at most 16 rounds (SSP: the staleness) ahead of its clock. A second
+        call does nothing (a `finally:` after an earlier close, say)."""
+        if self._closed:
+            return
+        self._closed = True
         try:
             self.flush()
         finally:

@@ -119,3 +119,32 @@ def test_average_model_gathers_every_peer_also_more_than_the_inbox_keeps_unasked
     averaged, *others = on_peers(job, models, body)
     assert others == [None] * 6
     assert all(torch.allclose(t, torch.full_like(t, 3.0)) for t in averaged.values())
+
+
+@pytest.mark.slow  # ~15 s on a busy 2-core machine: the send to the closed engine is given up on
+@pytest.mark.parametrize("job", [3], indirect=True)
+def test_average_model_whose_root_left_is_made_at_the_next_live_rank(job):
+    """Rank 0 leaves before the final average (its engine closed with it): ranks 1 and 2 find it
+    gone, and rank 1, the next live rank, averages their two models."""
+    from tests.train.conftest import on_peers
+
+    models = [model(0) for _ in range(3)]
+    for rank, m in enumerate(models):
+        with torch.no_grad():
+            for p in m.parameters():
+                p.fill_(float(rank))
+
+    def body(rank, opt):
+        if rank == 0:
+            opt.close()
+            return "left"
+        deadline = time.monotonic() + 20
+        while 0 in opt.runtime.client.members:
+            assert time.monotonic() < deadline, "rank 0's leave was never seen"
+            time.sleep(0.05)
+        averaged = opt.average_model(root=0, timeout=20)
+        return averaged, opt.averaged_from
+
+    left, (averaged, averaged_from), (other, _) = on_peers(job, models, body)
+    assert other is None and averaged_from == [1, 2]
+    assert all(torch.allclose(t, torch.full_like(t, 1.5)) for t in averaged.values())
