@@ -33,6 +33,9 @@ def test_a_peer_paused_for_10s_rejoins_and_the_job_ends_with_every_model_average
     assert results[0]["times"][-1] > resumed, "the others finished during the pause: the case is not tested"
     assert results[0]["averaged_from"] == [0, 1, 2, 3], j.output()
     assert all(r["averaged_from"] is None for r in results[1:]), j.output()
+    late = results[2]["times"][-1] - max(r["times"][-1] for r in results if r is not results[2])
+    print(f"{sync}: rank 2 finished {late:.1f} s after the others; the root's final average took "
+          f"{results[0]['average_s']:.1f} s, the others' {max(r['average_s'] for r in results[1:]):.2f} s at most")
 
 
 @pytest.mark.timeout(600)
@@ -52,3 +55,5 @@ def test_rank0_killed_under_mpirun_the_others_train_to_the_end_and_average_witho
     assert results[0]["times"][-1] > killed, "training ended before the kill: the case is not tested"
     assert results[0]["averaged_from"] == [1, 2, 3], j.output()
     assert all(r["averaged_from"] is None for r in results[1:]), j.output()
+    print(f"{sync}: the final average took {results[0]['average_s']:.2f} s at rank 1 (the root), "
+          f"{max(r['average_s'] for r in results[1:]):.2f} s at most at the others")

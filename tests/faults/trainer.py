@@ -5,7 +5,8 @@ MASTER_ADDR, MASTER_PORT), so that rank 0 starts the coordinator's process.
 
 Prints ``ready <rank> <pid> <coordinator pid or 0>`` once training starts and writes DIR/rank-R.json
 at the end (with ``--average``, after ``average_model``: ``averaged_from``, the ranks whose models
-the average holds where this peer made it, else None): its engine's address, steps taken, rounds, merges, rejoins, coordinator changes, peers mixed with, and the
+the average holds where this peer made it, else None, and ``average_s``, the seconds the call
+took): its engine's address, steps taken, rounds, merges, rejoins, coordinator changes, peers mixed with, and the
 wall time (time.time()) and clock of every step, the control-plane events it saw, the multicast
 domains of its views as they changed, and every round's receivers, senders, merged senders, comm
 seconds and the order of the view that planned it (``rounds_log``: what a failed test is read from).
@@ -62,16 +63,19 @@ def main() -> int:
                            list(view.order) if view is not None else None])
         if _domains(rt.client.view) != (domains_seen or [None])[-1]:
             domains_seen.append(_domains(rt.client.view))
-    averaged_from = None
+    averaged_from, average_s = None, 0.0
     if args.average:
+        t0 = time.monotonic()
         averaged = opt.average_model()
+        average_s = time.monotonic() - t0
         averaged_from = opt.averaged_from if averaged is not None else None
     st = opt.stats()
     result = {"rank": rt.rank, "engine": list(opt.channel.address), "steps": step, "rounds": st.rounds, "merges": st.merges,
               "rejoins": st.rejoins, "coordinator_changes": st.coordinator_changes,
               "mixed_with": sorted(st.mixed_with), "times": times, "clocks": clocks, "events": events,
               "finite": all(bool(torch.isfinite(p).all()) for p in model.parameters()),
-              "domains_seen": domains_seen, "rounds_log": rounds, "averaged_from": averaged_from}
+              "domains_seen": domains_seen, "rounds_log": rounds, "averaged_from": averaged_from,
+              "average_s": average_s}
     with open(os.path.join(args.out, f"rank-{rt.rank}.json"), "w") as f:
         json.dump(result, f)
     opt.close()
