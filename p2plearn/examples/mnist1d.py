@@ -135,8 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     if averaged is not None:
         model.load_state_dict(averaged, strict=False)
         avg = accuracy(model, data.x_test, data.y_test)
-        print(f"averaged model test accuracy {avg:.3f} after {wall:.1f} s "
-              f"({args.epochs} epochs, {rt.world_size} peers, average p {st.average_p:.2f})", flush=True)
+        print(f"averaged model test accuracy {avg:.3f} after {wall:.1f} s ({args.epochs} epochs, "
+              f"{len(opt.averaged_from)} of {rt.world_size} peers' models, average p {st.average_p:.2f})", flush=True)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"averaged_accuracy": avg, "own_accuracy": own, "wall_s": wall,
