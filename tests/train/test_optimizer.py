@@ -4,6 +4,7 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -148,3 +149,27 @@ def test_average_model_whose_root_left_is_made_at_the_next_live_rank(job):
     left, (averaged, averaged_from), (other, _) = on_peers(job, models, body)
     assert other is None and averaged_from == [1, 2]
     assert all(torch.allclose(t, torch.full_like(t, 1.5)) for t in averaged.values())
+
+
+def test_a_final_model_that_does_not_fit_is_left_out_of_the_average(job):
+    """Rank 1 sends the root a "final model" of other shapes (a peer's bug or a hostile key holder)
+    and leaves a moment later: the root averages its own model alone instead of failing on the sum."""
+    from tests.train.conftest import on_peers
+    from p2plearn.train.optimizer import FINAL_ID
+
+    sent = threading.Event()
+
+    def body(rank, opt):
+        if rank == 1:
+            root = opt.runtime.client.members[0].engine
+            opt.channel.send(FINAL_ID, [np.zeros(3, np.float32)], [root]).wait(10)
+            sent.set()
+            time.sleep(1.0)  # the root is gathering, and waits for this member
+            opt.close()
+            return None
+        assert sent.wait(20)
+        return opt.average_model(root=0, timeout=20), opt.averaged_from
+
+    (averaged, averaged_from), _ = on_peers(job, [model(0), model(0)], body)
+    assert averaged_from == [0]
+    assert all(torch.equal(averaged[name], p) for name, p in model(0).state_dict().items())
