@@ -5,7 +5,8 @@
     p2plearn-run -np 4 ... -- python -m p2plearn.examples.mnist1d --sync ssp --staleness 2
 
 Each peer trains on its shard and averages with the peers of each round's plan. At the end
-every peer reports its own test accuracy, and rank 0 the accuracy of the averaged model.
+every peer reports its own test accuracy, and the root of the final average (rank 0, or the live
+rank after it should rank 0 be gone) the accuracy of the averaged model.
 """
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ def add_model_arguments(ap: argparse.ArgumentParser) -> None:
                          "(0.1: strongly skewed, 100: near i.i.d.; default: i.i.d. shards)")
     ap.add_argument("--eval-every", type=int, default=0, metavar="STEPS",
                     help="test accuracy every STEPS local steps (default: after each epoch)")
-    ap.add_argument("--json", metavar="FILE", help="rank 0 writes the results here")
+    ap.add_argument("--json", metavar="FILE", help="the root of the final average writes the results here")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -134,8 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     if averaged is not None:
         model.load_state_dict(averaged, strict=False)
         avg = accuracy(model, data.x_test, data.y_test)
-        print(f"averaged model test accuracy {avg:.3f} after {wall:.1f} s "
-              f"({args.epochs} epochs, {rt.world_size} peers, average p {st.average_p:.2f})", flush=True)
+        print(f"averaged model test accuracy {avg:.3f} after {wall:.1f} s ({args.epochs} epochs, "
+              f"{len(opt.averaged_from)} of {rt.world_size} peers' models, average p {st.average_p:.2f})", flush=True)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"averaged_accuracy": avg, "own_accuracy": own, "wall_s": wall,

@@ -26,8 +26,8 @@ from p2plearn.filter.wire import DENSE, SPARSE, layout
 from p2plearn.protocols import ControlClient, DataChannel
 from p2plearn.sync.bfloat16 import values
 from p2plearn.sync.compress import Compressor
-from p2plearn.sync.inbox import Inbox
-from p2plearn.sync.merge import Contribution, merge_parameter
+from p2plearn.sync.inbox import UNUSABLE, Inbox
+from p2plearn.sync.merge import Contribution, merge_parameter, unfit
 from p2plearn.sync.outer import OuterOptimizer
 from p2plearn.sync.planner import RoundPlanner
 from p2plearn.tolerance import Layer, NetworkState, RoundRecord, TolerancePolicy, TrainingState
@@ -272,9 +272,23 @@ class Synchronizer(ABC):
         return arrays, msg.wire_bounds
 
     def _contributions(self, d: Delivery) -> list[Contribution | None] | None:
-        """Per parameter, what delivery d brings (None: nothing for it); None if d is unusable."""
+        """Per parameter, what delivery d brings (None: nothing for it); None if d is unusable (its
+        layout was lost, or it does not fit this model: dropped, counted in the inbox's drops)."""
         if d.arrays is None:
+            self.inbox.drops["layout lost"] += 1
             return None
+        try:
+            out = self._decode(d)
+            problem = "not this model's message" if out is None else next(
+                filter(None, (unfit(p, c) for p, c in zip(self.params, out) if c is not None)), None)
+        except UNUSABLE as exc:
+            problem = f"undecodable ({type(exc).__name__})"
+        if problem:
+            self.inbox.drops[f"unmergeable: {problem}"] += 1  # a peer's bug or a hostile key holder
+            return None
+        return out
+
+    def _decode(self, d: Delivery) -> list[Contribution | None] | None:
         if self.compressor is not None:
             return self.compressor.contributions(d, [p.size for p in self.params])
         if self.filter is None:
@@ -283,10 +297,7 @@ class Synchronizer(ABC):
                 return None
             return [Contribution(a, chunks=d.chunks(i)) for i, a in enumerate(d.arrays)]
         masks = [None if f >= 1.0 else d.element_mask(i) for i, f in enumerate(d.fractions)]
-        try:
-            return self._filtered_contributions(d, masks)
-        except (ValueError, IndexError, TypeError):
-            return None  # malformed (a peer's bug or a hostile key holder) or header lost: as if it never came
+        return self._filtered_contributions(d, masks)
 
     def _filtered_contributions(self, d: Delivery, masks: list[np.ndarray | None]) -> list[Contribution | None]:
         parts = layout(d.arrays, [p.shape for p in self.params], [m is None for m in masks])

@@ -1,8 +1,9 @@
 """Deliveries from the engine, kept by (round, sender) until the synchronizer merges them."""
 from __future__ import annotations
 
+import struct
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Callable
 
 from p2plearn.protocols import DeliverySource
@@ -11,16 +12,23 @@ from p2plearn.transport import Delivery
 STATE_FLAG = 1 << 31  # message ids with this bit carry a whole model state (join, final average), not a round
 # (0xFFFFFF00-0xFFFFFFFE, state ids of clocks no job reaches, are the Channel's multicast probes')
 MAX_STATES = 4        # model states kept unasked for, at least: one per sender (a donor's newest, a final model)
+# What a channel raises about one delivery's content (a descriptor it cannot map, a size that does
+# not fit: a peer's bug or a hostile key holder): that delivery is lost, the next ones are not. A
+# closed or failed channel raises otherwise (TransportError, an OSError) and ends the round.
+UNUSABLE = (ValueError, TypeError, IndexError, KeyError, OverflowError, struct.error)
 
 
 class Inbox:
     """Pulls deliveries off a channel and files them; rounds may arrive early (faster peers).
 
     ``wanted()`` gives the rounds (first, last) worth keeping now; deliveries for other rounds are
-    dropped and counted in ``dropped``. Model states are kept one per sender, its newest (a donor
-    sends one per ask), and for at most ``max(MAX_STATES, members())`` senders, the oldest dropped
-    and counted: the root of a final average receives one from every member at once. So what a
+    dropped. Model states are kept one per sender, its newest (a donor sends one per ask), and for
+    at most ``max(states_kept, members())`` senders, the oldest dropped (the optimizer keeps one per
+    rank of the job: the root of a final average receives one from every rank, also from those
+    that left the job once they sent it, and from some before it finished training). So what a
     peer can make this one hold is bounded by the window and the membership, not by what it sends.
+    A delivery whose content the channel cannot decode is dropped too. ``drops`` counts each drop
+    by reason; ``dropped`` is their total.
     """
 
     def __init__(self, channel: DeliverySource, wanted: Callable[[], tuple[int, int]],
@@ -31,27 +39,37 @@ class Inbox:
         self._rounds: dict[int, dict[int, Delivery]] = defaultdict(dict)
         self._states: dict[int, Delivery] = {}  # by sender, in arrival order
         self.newest: dict[int, int] = {}  # sender -> its newest round message id, least recently heard first
-        self.dropped = 0
+        self.drops: Counter[str] = Counter()
+        self.states_kept = MAX_STATES  # senders whose state is kept at least
+
+    @property
+    def dropped(self) -> int:
+        """Deliveries dropped, all reasons together."""
+        return sum(self.drops.values())
 
     def pump(self, timeout: float) -> bool:
         """Receive at most one delivery (waiting up to `timeout` s); True if one came."""
-        d = self._channel.recv(timeout=max(0.0, timeout))
+        try:
+            d = self._channel.recv(timeout=max(0.0, timeout))
+        except UNUSABLE as exc:
+            self.drops[f"undecodable ({type(exc).__name__})"] += 1
+            return True
         if d is None:
             return False
         if d.msg_id & STATE_FLAG:
             if self._states.pop(d.sender, None) is not None:
-                self.dropped += 1  # superseded by the sender's newer state
+                self.drops["superseded state"] += 1  # by the sender's newer one
             self._states[d.sender] = d
-            while len(self._states) > max(MAX_STATES, self._members()):
+            while len(self._states) > max(self.states_kept, self._members()):
                 del self._states[next(iter(self._states))]
-                self.dropped += 1
+                self.drops["states over the limit"] += 1
             return True
         self._heard(d.sender, d.msg_id)
         first, last = self._wanted()
         if first <= d.msg_id <= last:
             self._rounds[d.msg_id][d.sender] = d
         else:
-            self.dropped += 1
+            self.drops["round outside the window"] += 1
         return True
 
     def _heard(self, sender: int, msg_id: int) -> None:

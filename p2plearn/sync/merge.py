@@ -45,9 +45,30 @@ def _code(a: np.ndarray) -> int:
         raise TypeError(f"cannot merge values of dtype {a.dtype}") from None
 
 
+def unfit(own: np.ndarray, c: Contribution) -> str | None:
+    """Why `c` cannot be merged into `own` (its values come from the network: a peer's bug or a
+    hostile key holder), or None when it can."""
+    if c.values.size != own.size:
+        return f"a contribution of {c.values.size} elements for a parameter of {own.size}"
+    if c.values.dtype not in _DTYPES and c.values.dtype != np.uint16:
+        return f"values of dtype {c.values.dtype}"
+    block = c.block or max(own.size, 1)
+    if c.values.dtype == np.int8 and (c.scales is None or c.scales.size != -(-own.size // block)):
+        return f"int8 values need {-(-own.size // block)} scales (one per {block} values)"
+    if c.mask is not None and c.mask.size != own.size:
+        return f"a mask of {c.mask.size} elements for a parameter of {own.size}"
+    if c.chunks is not None and own.size:
+        last_byte = c.chunks.first_byte + c.values.nbytes - 1
+        if c.chunks.chunk_size <= 0 or c.chunks.first_byte < 0 or \
+                last_byte // c.chunks.chunk_size >= c.chunks.arrived.size:
+            return f"values reaching past their message's {c.chunks.arrived.size} chunks"
+    return None
+
+
 def merge_parameter(own: np.ndarray, contributions: list[Contribution]) -> float:
     """Average `own` in place with the contributions; returns the fraction of (element, sender)
-    pairs that arrived."""
+    pairs that arrived. ValueError (TypeError for its dtype), before anything changes, for a
+    contribution that is `unfit`; the C merge checks the same again."""
     if not contributions:
         return 1.0
     if not own.flags.c_contiguous:
@@ -58,16 +79,16 @@ def merge_parameter(own: np.ndarray, contributions: list[Contribution]) -> float
     structs = ffi.new("p2p_contribution[]", len(contributions))
     keep = []  # the buffers the structs point into, alive until the call returns
     for s, c in zip(structs, contributions):
-        if c.values.size != own.size:
-            raise ValueError(f"a contribution of {c.values.size} elements for a parameter of {own.size}")
+        code = _code(c.values)  # TypeError for a dtype it cannot merge
+        problem = unfit(own, c)
+        if problem:
+            raise ValueError(problem)
         values = np.ascontiguousarray(c.values)
         keep.append(values)
-        s.values, s.dtype = ffi.from_buffer(values), _code(values)
+        s.values, s.dtype = ffi.from_buffer(values), code
         if s.dtype == lib.P2P_I8:
             block = c.block or max(own.size, 1)
-            scales = np.ascontiguousarray(c.scales, dtype=np.float32) if c.scales is not None else None
-            if scales is None or scales.size != -(-own.size // block):
-                raise ValueError(f"int8 values need {-(-own.size // block)} scales (one per {block} values)")
+            scales = np.ascontiguousarray(c.scales, dtype=np.float32)
             keep.append(scales)
             s.scales, s.block = ffi.from_buffer("float[]", scales), block
         if c.mask is not None:

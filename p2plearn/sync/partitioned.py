@@ -34,7 +34,8 @@ import numpy as np
 from p2plearn.protocols import PendingSend
 from p2plearn.selection import PACING_HEADROOM
 from p2plearn.sync.base import AHEAD_ROUNDS, RoundStats, Synchronizer
-from p2plearn.sync.merge import Contribution, merge_parameter
+from p2plearn.sync.inbox import UNUSABLE
+from p2plearn.sync.merge import Contribution, merge_parameter, unfit
 from p2plearn.transport import Delivery
 
 ALIGN = 64  # part boundaries fall on multiples of this many elements: whole chunks, no sliver parts
@@ -218,14 +219,23 @@ class Partitioned(Synchronizer):
 
     def _fits(self, d: Delivery, slices: Slices) -> list[Contribution] | None:
         """d's arrays as contributions to the pieces `slices` cut, or None when they do not fit
-        (another view's parts, a malformed message, or a layout that never arrived)."""
-        if self.compressor is not None:
-            return self.compressor.contributions(d, [b - a for _, a, b in slices])
+        (another view's parts, a malformed message, or a layout that never arrived: counted in the
+        inbox's drops)."""
         pieces = [self._flat[t][a:b] for t, a, b in slices]
-        if d.arrays is None or len(d.arrays) != len(pieces) or any(
-                a.shape != p.shape or a.dtype != p.dtype for a, p in zip(d.arrays, pieces)):
+        try:
+            if self.compressor is not None:
+                out = self.compressor.contributions(d, [p.size for p in pieces])
+            elif d.arrays is None or len(d.arrays) != len(pieces) or any(
+                    a.shape != p.shape or a.dtype != p.dtype for a, p in zip(d.arrays, pieces)):
+                out = None
+            else:
+                out = [Contribution(a, chunks=d.chunks(i)) for i, a in enumerate(d.arrays)]
+        except UNUSABLE:
+            out = None
+        if out is None or any(unfit(p, c) for p, c in zip(pieces, out)):
+            self.inbox.drops["unmergeable part"] += 1
             return None
-        return [Contribution(a, chunks=d.chunks(i)) for i, a in enumerate(d.arrays)]
+        return out
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ works (a step skipped for inf/NaN gradients still takes part in its round).
 """
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -34,7 +35,7 @@ from p2plearn.runtime import Runtime, init
 from p2plearn.selection import NetworkView, plan_flows
 from p2plearn.sync import SYNCHRONIZERS, RoundStats, Synchronizer
 from p2plearn.sync.bfloat16 import BF16Array, bf16_values, store, values
-from p2plearn.sync.inbox import STATE_FLAG
+from p2plearn.sync.inbox import MAX_STATES, STATE_FLAG
 from p2plearn.sync.outer import OuterOptimizer
 from p2plearn.filter import make_filter
 from p2plearn.keys import data_key
@@ -42,7 +43,9 @@ from p2plearn.tolerance import Layer, TolerancePolicy, make_tolerance
 from p2plearn.train.reach import MulticastReach
 from p2plearn.transport import Channel
 
+log = logging.getLogger("p2plearn.train")
 ASK_AGAIN_S = 10.0  # a joiner without its state after this long asks for another donation
+FINAL_ID = STATE_FLAG | (STATE_FLAG - 1)  # the message id of a final model: no round or join uses it
 NORM_TYPES = (torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm)
 
 
@@ -252,8 +255,15 @@ class DecentralizedOptimizer(Optimizer):
                                       if self.options.selection == "selmcast" else None,
                                       transport_mode=self.options.transport_mode, **extra)
         self._donations: list[int] = []
+        # Each rank's last engine address, and the ranks last heard of as dead: a final average
+        # sends to a root that left the job (it is averaging), never to one known dead.
+        self._engines = {r: m.engine for r, m in self.runtime.client.members.items() if m.engine}
+        self._dead: set[int] = set()
+        self.averaged_from: list[int] = []  # the ranks whose models `average_model` averaged here
+        self.sync.inbox.states_kept = max(MAX_STATES, self.runtime.world_size)
         self._needs_state = False
         self._expelled = False
+        self._closed = False
         self._lock = threading.Lock()
         self.runtime.client.on_event(self._on_event)
         self._stats = TrainingStats()
@@ -428,6 +438,11 @@ class DecentralizedOptimizer(Optimizer):
     # -- joining peers: the state travels through the engine, the control plane only introduces ---
 
     def _on_event(self, event: Any) -> None:
+        if event.kind in ("join", "update") and event.engine:
+            self._engines[event.rank] = event.engine
+            self._dead.discard(event.rank)
+        elif event.kind == "dead":
+            self._dead.add(event.rank)
         if event.kind == "donate":
             with self._lock:
                 self._donations.append(int(event.rank))
@@ -442,17 +457,19 @@ class DecentralizedOptimizer(Optimizer):
         """Send the model to joiners; one whose engine is not registered yet waits for next step."""
         members = self.runtime.client.members
         with self._lock:
-            ready = [r for r in self._donations if r in members and members[r].engine]
+            ready = {r: members[r].engine for r in self._donations if r in members and members[r].engine}
             self._donations = [r for r in self._donations if r not in ready and r in members]
-        for rank in ready:  # a copy: training goes on while it travels
+        for rank, engine in ready.items():  # a copy: training goes on while it travels
             snapshot = [a.copy() for a in self._arrays]
-            self.channel.send(STATE_FLAG | self.sync.clock, snapshot, [self._paced(rank, {self.runtime.rank: [rank]})])
+            self.channel.send(STATE_FLAG | self.sync.clock, snapshot,
+                              [self._paced(rank, engine, {self.runtime.rank: [rank]})])
 
-    def _paced(self, receiver: int, transfers: dict[int, list[int]]) -> tuple[str, int, float]:
-        """`receiver`'s engine with this peer's pacing rate among `transfers` (sender -> receivers,
+    def _paced(self, receiver: int, engine: tuple[str, int],
+               transfers: dict[int, list[int]]) -> tuple[str, int, float]:
+        """`receiver`'s `engine` with this peer's pacing rate among `transfers` (sender -> receivers,
         all at once), from the view's bandwidths as a round's plan is paced: unpaced, a whole model
         overruns any link slower than this host's NIC and arrives only after many passes."""
-        host, port = self.runtime.client.members[receiver].engine
+        host, port = engine
         view = self.runtime.client.view
         if view is None or max(receiver, *transfers) >= view.size:
             return host, port, 0.0
@@ -474,7 +491,7 @@ class DecentralizedOptimizer(Optimizer):
         donor = client.donor
         while True:
             d = self.sync.inbox.take_state(donor.rank, min(deadline, time.monotonic() + ASK_AGAIN_S))
-            if d is not None and d.arrays is not None and d.complete:
+            if d is not None and d.msg_id != FINAL_ID and d.complete and self._fits(d.arrays):
                 break
             if time.monotonic() >= deadline:
                 raise RuntimeError(f"rank {self.runtime.rank}: no model state from donor rank {donor.rank} within "
@@ -492,40 +509,95 @@ class DecentralizedOptimizer(Optimizer):
         self.sync._previous = [a.copy() for a in self._arrays]
 
     def average_model(self, root: int = 0, timeout: float = 60.0) -> dict[str, torch.Tensor] | None:
-        """Every live peer sends its exchanged tensors to `root` (exactly); `root` returns their
-        average (its own included) by state-dict name, for ``model.load_state_dict(averaged,
-        strict=False)``; the others None. Call it on every peer, after training."""
+        """Average the peers' models at one of them, after training; call it on every peer once it
+        stops stepping. Returns, on the peer that averaged (the root), the average of every model it
+        received (exactly) and its own, by state-dict name, for ``model.load_state_dict(averaged,
+        strict=False)``, with ``averaged_from`` the ranks it holds; None on the others.
+
+        The root is `root` if it is alive, else the next live rank (in rank order, from `root` on):
+        each peer sends its model to the first of them whose engine takes it (one dead costs the
+        engine's 3 s of silence, none once its death is known) and leaves the job; the first that
+        reaches itself leaves the job and takes the models until no member is left that could send
+        one (a member is still training, or sending), or for at most `timeout` s (it then names the
+        ranks missing and averages what came). Leaving matters: peers still training (a late one:
+        paused and readmitted, its clock ahead of the others') neither wait for a finished peer's
+        rounds nor are held back by its clock, so the root never waits on a peer waiting for it."""
         self.flush()
-        members = self.runtime.client.members
-        final = STATE_FLAG | (STATE_FLAG - 1)  # a message id no round or join uses
-        if self.runtime.rank != root:
-            gather = {r: [root] for r in members if r != root}
-            self.channel.send(final, self._arrays, [self._paced(root, gather)]).wait(timeout)
-            return None
         until = time.monotonic() + timeout
+        client = self.runtime.client
+        engines = {**self._engines, **{r: m.engine for r, m in client.members.items() if m.engine}}
+        for candidate in sorted({*engines, self.runtime.rank}, key=lambda r: (r < root, r)):
+            if candidate == self.runtime.rank:
+                self._leave()
+                return self._gather(until)
+            if candidate in self._dead and candidate not in client.members:
+                continue
+            if self._send_final(candidate, engines[candidate], until):
+                self._leave()
+                return None
+        self._leave()  # no peer took it (all gone): this peer's model is the average
+        return self._gather(until)
+
+    def _send_final(self, receiver: int, engine: tuple[str, int], until: float) -> bool:
+        """Send this peer's model to `receiver`; whether its engine took it all."""
+        members = self.runtime.client.members
+        gather = {r: [receiver] for r in {*members, self.runtime.rank} if r != receiver}
+        handle = self.channel.send(FINAL_ID, self._arrays, [self._paced(receiver, engine, gather)])
+        try:
+            (sent,) = handle.wait(max(0.0, until - time.monotonic()))
+        except TimeoutError:
+            return False
+        return sent.result in ("exact", "duplicate")  # duplicate: it had this message already
+
+    def _leave(self) -> None:
+        """Leave the job's membership: no peer plans with this one, waits for it or on its clock."""
+        try:
+            self.runtime.client.leave()
+        except ControlError:
+            pass  # no coordinator answered: the others find this peer gone by its silence
+
+    def _gather(self, until: float) -> dict[str, torch.Tensor]:
+        """The root's part: the final models of every member still in the job (and those already
+        sent), averaged with this peer's own in rank order (the same sum whatever the arrival order)."""
+        client, inbox = self.runtime.client, self.sync.inbox
         models: dict[int, list[np.ndarray]] = {}
-        missing = {r for r in members if r != root}
-        while missing:  # in arrival order: the Inbox keeps only a few states nobody asked for yet
-            d = self.sync.inbox.take_state(None, until)
+        while True:
+            # Members are peers still training or sending; one that left has sent its model (to the
+            # first live candidate): it is in the engine's queue by now, or went to another root.
+            missing = set(client.members) - set(models) - {self.runtime.rank}
+            inbox.drain()
+            d = inbox.take_state(None, 0.0)
             if d is None:
-                raise RuntimeError(f"rank(s) {sorted(missing)} did not send their model within {timeout:g} s")
-            if d.msg_id != final or d.sender not in missing:
-                continue  # a donation to a joiner that came late, not a final model
-            if not d.complete:
-                raise RuntimeError(f"rank {d.sender}'s model arrived incomplete")
-            models[d.sender] = d.arrays
-            missing.discard(d.sender)
+                if not missing:
+                    break
+                if time.monotonic() >= until:
+                    log.warning("p2plearn rank %d: rank(s) %s sent no model within the final average's timeout; "
+                                "averaging the %d that came", self.runtime.rank, sorted(missing), len(models) + 1)
+                    break
+                d = inbox.take_state(None, min(until, time.monotonic() + 0.1))
+            if d is not None and d.msg_id == FINAL_ID and d.complete and self._fits(d.arrays):
+                models[d.sender] = d.arrays
+        self.averaged_from = sorted({*models, self.runtime.rank})
         total = [p.double().clone() for p in self.params]
-        for rank in sorted(models):  # in rank order: the same sum whatever the arrival order
+        for rank in sorted(models):
             for t, a, p in zip(total, models[rank], self.params):
                 t += torch.from_numpy(bf16_values(a) if p.dtype == torch.bfloat16 else a)
         return {name: (t / (len(models) + 1)).to(p.dtype) for name, t, p in zip(self.tensors, total, self.params)}
+
+    def _fits(self, arrays: list[np.ndarray] | None) -> bool:
+        """Whether a model state received matches this model's tensors (a key holder could send any)."""
+        return arrays is not None and len(arrays) == len(self._arrays) and all(
+            a.dtype == own.dtype and a.size == own.size for a, own in zip(arrays, self._arrays))
 
     def close(self) -> None:
         """Finish the round in flight, leave the job, print this peer's one-line summary, and
         release the engine (also when the round in flight failed: its error is raised after).
         Call it once this peer stops stepping (before a long evaluation, say): while it stays a
-        member, the others run at most 16 rounds (SSP: the staleness) ahead of its clock."""
+        member, the others run at most 16 rounds (SSP: the staleness) ahead of its clock. A second
+        call does nothing (a `finally:` after an earlier close, say)."""
+        if self._closed:
+            return
+        self._closed = True
         try:
             self.flush()
         finally:

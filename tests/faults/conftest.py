@@ -1,5 +1,7 @@
 """Fixtures of the fault tests: a job that is always cleaned up."""
 
+import os
+
 import pytest
 
 from faults_helpers import Job
@@ -18,3 +20,12 @@ def job(tmp_path):
     yield start
     for j in jobs:
         j.close()
+
+
+@pytest.fixture
+def busy_cores():
+    """A CPU hog on every core for the test's duration (stopped after it, also on failure)."""
+    from p2plearn.bench.startup import cpu_hog
+
+    with cpu_hog(os.cpu_count() or 2):
+        yield

@@ -31,29 +31,42 @@ def free_port_pair() -> int:
 class Job:
     """``n`` trainer peers; ``lines[rank]`` collects each peer's output as it comes."""
 
-    def __init__(self, n: int, out: str, *, seconds: float, step_time: float = 0.05, env: dict | None = None,
+    def __init__(self, n: int, out: str, *, seconds: float | None = None, steps: int | None = None,
+                 average: bool = False, launcher: str = "torchrun", step_time: float = 0.05, env: dict | None = None,
                  netns: str | None = None):
+        """Train for ``seconds``, or ``steps`` steps; ``average``: end with ``average_model()``.
+        ``launcher``: the variables the peers get: "torchrun" (RANK, WORLD_SIZE, MASTER_ADDR) or
+        "mpirun" (Open MPI's OMPI_COMM_WORLD_*, the coordinator's host found by the runtime)."""
         self.n, self.out = n, out
+        self.launcher = launcher
         self.prefix = ["ip", "netns", "exec", netns] if netns else []  # exec: the peer keeps the pid
         port = free_port_pair()
         self.job_id = "faults-" + secrets.token_hex(4)
-        base = {**os.environ, "WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+        ranks = {"WORLD_SIZE": str(n), "MASTER_ADDR": "127.0.0.1"} if launcher == "torchrun" else \
+            {"OMPI_COMM_WORLD_SIZE": str(n), "OMPI_COMM_WORLD_LOCAL_SIZE": str(n)}
+        base = {**os.environ, **ranks, "MASTER_PORT": str(port),
                 "P2PLEARN_JOB_ID": self.job_id, "P2PLEARN_JOB_KEY": secrets.token_hex(32),
                 "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
                 "P2PLEARN_PERIOD": "1", "P2PLEARN_FANOUT": "2",  # the tests count rounds: one per step
                 **(env or {})}
         self.env, self.step_time = base, step_time
+        self.budget = ["--seconds", str(seconds)] if steps is None else ["--steps", str(steps)]
+        self.budget += ["--average"] if average else []
         self.lines: dict[int, list[str]] = {r: [] for r in range(n)}
         self.ready: dict[int, tuple[int, int]] = {}  # rank -> (pid, coordinator pid)
         self.procs: list[subprocess.Popen] = []  # one per rank, then the restarted ones
         for rank in range(n):
-            self.start(rank, seconds)
+            self.start(rank)
 
-    def start(self, rank: int, seconds: float) -> None:
-        """Start rank's peer, with the variables its first start had (a restart, when it ran before)."""
+    def start(self, rank: int, seconds: float | None = None) -> None:
+        """Start rank's peer, with the variables its first start had (a restart, when it ran before);
+        ``seconds`` replaces the job's training budget."""
         self.ready.pop(rank, None)
-        proc = subprocess.Popen([*self.prefix, sys.executable, TRAINER, "--seconds", str(seconds), "--step-time", str(self.step_time),
-                                 "--out", self.out], env={**self.env, "RANK": str(rank)}, stdout=subprocess.PIPE,
+        budget = self.budget if seconds is None else ["--seconds", str(seconds)]
+        rank_vars = {"RANK": str(rank)} if self.launcher == "torchrun" else \
+            {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_LOCAL_RANK": str(rank)}
+        proc = subprocess.Popen([*self.prefix, sys.executable, TRAINER, *budget, "--step-time", str(self.step_time),
+                                 "--out", self.out], env={**self.env, **rank_vars}, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         self.procs.append(proc)
         threading.Thread(target=self._pump, args=(rank, proc), daemon=True).start()

@@ -1,10 +1,12 @@
 """A small training peer for the fault tests: started like torchrun starts peers (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT), so that rank 0 starts the coordinator's process.
 
-    python trainer.py --seconds T [--step-time S] --out DIR
+    python trainer.py (--seconds T | --steps N) [--step-time S] [--average] --out DIR
 
 Prints ``ready <rank> <pid> <coordinator pid or 0>`` once training starts and writes DIR/rank-R.json
-at the end: its engine's address, steps taken, rounds, merges, rejoins, coordinator changes, peers mixed with, and the
+at the end (with ``--average``, after ``average_model``: ``averaged_from``, the ranks whose models
+the average holds where this peer made it, else None, and ``average_s``, the seconds the call
+took): its engine's address, steps taken, rounds, merges, rejoins, coordinator changes, peers mixed with, and the
 wall time (time.time()) and clock of every step, the control-plane events it saw, the multicast
 domains of its views as they changed, and every round's receivers, senders, merged senders, comm
 seconds and the order of the view that planned it (``rounds_log``: what a failed test is read from).
@@ -24,8 +26,11 @@ from p2plearn.train import DecentralizedOptimizer
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=float, required=True, help="train this long after the rendezvous")
+    budget = parser.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--seconds", type=float, help="train this long after the rendezvous")
+    budget.add_argument("--steps", type=int, help="train this many steps (as an epoch loop does)")
     parser.add_argument("--step-time", type=float, default=0.05, help="seconds of 'compute' per step")
+    parser.add_argument("--average", action="store_true", help="end with average_model(), as the examples do")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -40,8 +45,8 @@ def main() -> int:
     x, y = torch.randn(256, 32), torch.randint(0, 4, (256,))
     times, clocks, rounds = [], [], []
     domains_seen = []  # each new multicast domains vector of the views this peer held, in order
-    until, step = time.monotonic() + args.seconds, 0
-    while time.monotonic() < until:
+    until, step = time.monotonic() + (args.seconds or float("inf")), 0
+    while time.monotonic() < until and (args.steps is None or step < args.steps):
         i = (step * 32) % 256
         step += 1
         loss = torch.nn.functional.cross_entropy(model(x[i:i + 32]), y[i:i + 32])
@@ -58,12 +63,19 @@ def main() -> int:
                            list(view.order) if view is not None else None])
         if _domains(rt.client.view) != (domains_seen or [None])[-1]:
             domains_seen.append(_domains(rt.client.view))
+    averaged_from, average_s = None, 0.0
+    if args.average:
+        t0 = time.monotonic()
+        averaged = opt.average_model()
+        average_s = time.monotonic() - t0
+        averaged_from = opt.averaged_from if averaged is not None else None
     st = opt.stats()
     result = {"rank": rt.rank, "engine": list(opt.channel.address), "steps": step, "rounds": st.rounds, "merges": st.merges,
               "rejoins": st.rejoins, "coordinator_changes": st.coordinator_changes,
               "mixed_with": sorted(st.mixed_with), "times": times, "clocks": clocks, "events": events,
               "finite": all(bool(torch.isfinite(p).all()) for p in model.parameters()),
-              "domains_seen": domains_seen, "rounds_log": rounds}
+              "domains_seen": domains_seen, "rounds_log": rounds, "averaged_from": averaged_from,
+              "average_s": average_s}
     with open(os.path.join(args.out, f"rank-{rt.rank}.json"), "w") as f:
         json.dump(result, f)
     opt.close()

@@ -3,9 +3,10 @@
 import time
 
 import numpy as np
+import pytest
 
 from p2plearn.sync.inbox import MAX_STATES, STATE_FLAG, Inbox
-from p2plearn.transport import Delivery, Reason
+from p2plearn.transport import Delivery, Reason, TransportError
 
 
 class Feed:
@@ -18,6 +19,8 @@ class Feed:
         if not self.items:
             return None
         sender, msg_id = self.items.pop(0)
+        if isinstance(msg_id, Exception):
+            raise msg_id  # what Channel.recv raises about a delivery it could not decode
         return Delivery(sender=sender, msg_id=msg_id, arrays=[np.zeros(4, np.float32)],
                         mask=np.ones(1, bool), reason=Reason.COMPLETE, source=("", 0), fractions=[1.0])
 
@@ -59,3 +62,25 @@ def test_a_sender_heard_at_a_later_round_is_not_waited_for_and_senders_heard_are
     many = Inbox(Feed([(s, 7) for s in range(100)]), lambda: (0, 10), lambda: 0)  # no members known
     many.drain()
     assert list(many.newest) == list(range(100 - MAX_STATES, 100))  # the least recently heard forgotten
+
+
+def test_a_delivery_the_channel_cannot_decode_is_dropped_and_counted_and_the_next_ones_kept():
+    # a descriptor with a zero and a huge dimension made Channel._wrap's reshape raise ValueError
+    unusable = [ValueError("cannot reshape array of size 0 into shape (0,9223372036854775808)"),
+                OverflowError("Python int too large to convert to C ssize_t"), TypeError("bad dtype")]
+    inbox = Inbox(Feed([9, *((1, e) for e in unusable), 10, (2, STATE_FLAG | 3)]), lambda: (0, 20), lambda: 2)
+    inbox.drain()
+    assert [d.msg_id for d in inbox.take(0, 20)] == [9, 10]
+    assert inbox.take_state(2, 0.0).msg_id == STATE_FLAG | 3
+    assert inbox.drops == {"undecodable (ValueError)": 1, "undecodable (OverflowError)": 1,
+                           "undecodable (TypeError)": 1}
+    assert inbox.dropped == 3
+
+
+def test_a_closed_channel_still_ends_the_wait():
+    class Closed:
+        def recv(self, timeout=None):
+            raise TransportError(9, "channel is closed")
+
+    with pytest.raises(TransportError):
+        Inbox(Closed(), lambda: (0, 20)).pump(0.0)

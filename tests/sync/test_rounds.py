@@ -269,3 +269,23 @@ def test_peers_report_their_load_and_the_view_carries_it(job):
     assert view.compute_s[2] >= 0.1 and view.compute_s[2] > view.compute_s[0]
     assert (view.merge_s[:3] >= 0).all() and (view.backlog[:3] >= 0).all()  # changes under 5 ms: not published
     assert (view.in_flight_bytes[:3] >= 0).all()
+
+
+def test_a_message_that_does_not_fit_is_dropped_and_counted_and_the_others_merged(job):
+    """A key holder's message of the model's shapes whose chunk geometry reaches past its mask (the C
+    merge refuses it, with a ValueError that ended the round) is left out; the good one is merged."""
+    from p2plearn.transport import Delivery, Reason
+
+    (peer,) = job(1, BSP)
+    shapes = [p.shape for p in peer.params]
+
+    def delivery(sender, value, **geometry):
+        return Delivery(sender=sender, msg_id=0, arrays=[np.full(s, value, np.float32) for s in shapes],
+                        reason=Reason.COMPLETE, source=("", 0), **geometry)
+
+    good = delivery(1, 4.0, mask=np.ones(3, bool), fractions=[1.0, 1.0])
+    bad = delivery(2, 1e9, mask=np.array([True, False]), fractions=[0.5, 0.5], chunk_size=8, offsets=[0, 8000])
+    merged, _ = peer.sync._merge([bad, good])
+    assert merged == 1
+    np.testing.assert_allclose(peer.params[0], 2.0)  # (0 + 4) / 2: rank 0 holds 0
+    assert peer.sync.inbox.drops == {"unmergeable: values reaching past their message's 2 chunks": 1}

@@ -4,6 +4,7 @@ from __future__ import annotations
 import threading
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -119,3 +120,56 @@ def test_average_model_gathers_every_peer_also_more_than_the_inbox_keeps_unasked
     averaged, *others = on_peers(job, models, body)
     assert others == [None] * 6
     assert all(torch.allclose(t, torch.full_like(t, 3.0)) for t in averaged.values())
+
+
+@pytest.mark.slow  # ~15 s on a busy 2-core machine: the send to the closed engine is given up on
+@pytest.mark.parametrize("job", [3], indirect=True)
+def test_average_model_whose_root_left_is_made_at_the_next_live_rank(job):
+    """Rank 0 leaves before the final average (its engine closed with it): ranks 1 and 2 find it
+    gone, and rank 1, the next live rank, averages their two models."""
+    from tests.train.conftest import on_peers
+
+    models = [model(0) for _ in range(3)]
+    for rank, m in enumerate(models):
+        with torch.no_grad():
+            for p in m.parameters():
+                p.fill_(float(rank))
+
+    def body(rank, opt):
+        if rank == 0:
+            opt.close()
+            return "left"
+        deadline = time.monotonic() + 20
+        while 0 in opt.runtime.client.members:
+            assert time.monotonic() < deadline, "rank 0's leave was never seen"
+            time.sleep(0.05)
+        averaged = opt.average_model(root=0, timeout=20)
+        return averaged, opt.averaged_from
+
+    left, (averaged, averaged_from), (other, _) = on_peers(job, models, body)
+    assert other is None and averaged_from == [1, 2]
+    assert all(torch.allclose(t, torch.full_like(t, 1.5)) for t in averaged.values())
+
+
+def test_a_final_model_that_does_not_fit_is_left_out_of_the_average(job):
+    """Rank 1 sends the root a "final model" of other shapes (a peer's bug or a hostile key holder)
+    and leaves a moment later: the root averages its own model alone instead of failing on the sum."""
+    from tests.train.conftest import on_peers
+    from p2plearn.train.optimizer import FINAL_ID
+
+    sent = threading.Event()
+
+    def body(rank, opt):
+        if rank == 1:
+            root = opt.runtime.client.members[0].engine
+            opt.channel.send(FINAL_ID, [np.zeros(3, np.float32)], [root]).wait(10)
+            sent.set()
+            time.sleep(1.0)  # the root is gathering, and waits for this member
+            opt.close()
+            return None
+        assert sent.wait(20)
+        return opt.average_model(root=0, timeout=20), opt.averaged_from
+
+    (averaged, averaged_from), _ = on_peers(job, [model(0), model(0)], body)
+    assert averaged_from == [0]
+    assert all(torch.equal(averaged[name], p) for name, p in model(0).state_dict().items())
