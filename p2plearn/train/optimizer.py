@@ -286,10 +286,9 @@ class DecentralizedOptimizer(Optimizer):
         if self.options.transport_mode != "unicast":
             kwargs.update(transport_mode=self.options.transport_mode, mcast_port=self.options.mcast_port,
                           mcast_groups=self.options.mcast_groups, mcast_ttl=self.options.mcast_ttl)
-        secret = self.runtime.secret
-        job = int.from_bytes(self.runtime.job_id.encode()[:4].ljust(4, b"\0"), "little")
+        secret, job = self.runtime.secret, self.runtime.job_id
         return Channel(host=host, sender_id=self.runtime.rank, job_id=job,
-                       key=data_key(secret.value) if secret else None, **kwargs)
+                       key=data_key(secret.value, job) if secret else None, **kwargs)
 
     def step(self, closure: Any = None, loss: torch.Tensor | float | None = None) -> Any:
         """A local step of the wrapped optimizer and, every `period` steps, a communication round;

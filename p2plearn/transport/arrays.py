@@ -30,29 +30,41 @@ def encode_descriptor(arrays: Sequence[np.ndarray]) -> bytes:
     return json.dumps([[a.dtype.str, list(a.shape)] for a in arrays], separators=(",", ":")).encode()
 
 
-NUMERIC_KINDS = "biufc"  # an object or structured dtype from the network would be read as pointers
+# The dtypes a descriptor may name: numeric ones, as `encode_descriptor` writes them (an object or
+# structured dtype from the network would be read as pointers; a name outside the list never reaches np.dtype).
+NUMERIC_DTYPES = frozenset(np.dtype(code).newbyteorder(order).str
+                           for code in "?" + np.typecodes["AllInteger"] + np.typecodes["AllFloat"] for order in "<>")
 MAX_DIMS = 32  # numpy's own limit
+# A zero-size array's other dimensions still count for numpy, which refuses a shape whose nonzero
+# dimensions overflow its index type; no real array comes near this, and numpy makes any shape below it.
+MAX_SHAPE_BYTES = 1 << 48
 
 
 def decode_descriptor(blob: bytes, seg_lens: Sequence[int]) -> list[tuple[np.dtype, tuple[int, ...]]] | None:
     """The (dtype, shape) list, or None when the blob is not a descriptor of numeric arrays whose
-    sizes are exactly ``seg_lens`` bytes (the blob comes from the network: anything may be in it)."""
+    sizes are exactly ``seg_lens`` bytes and that numpy can make (the blob comes from the network:
+    anything may be in it; whatever this returns, `np.ndarray(shape, dtype, buffer)` works)."""
     try:
         items = json.loads(blob.decode())
-        if not isinstance(items, list) or len(items) != len(seg_lens):
-            return None
-        out = []
-        for (name, shape), nbytes in zip(items, seg_lens):
-            if not isinstance(name, str) or not isinstance(shape, list) or len(shape) > MAX_DIMS:
-                return None
-            dtype = np.dtype(name)
-            if dtype.kind not in NUMERIC_KINDS or any(type(n) is not int or n < 0 for n in shape):
-                return None
-            if math.prod(shape) * dtype.itemsize != nbytes:
-                return None
-            out.append((dtype, tuple(shape)))
-    except (ValueError, TypeError, UnicodeDecodeError, RecursionError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # json's errors (and int digits limit) are ValueErrors
         return None
+    if not isinstance(items, list) or len(items) != len(seg_lens):
+        return None
+    out = []
+    for item, nbytes in zip(items, seg_lens):
+        if not isinstance(item, list) or len(item) != 2:
+            return None
+        name, shape = item
+        if not isinstance(name, str) or name not in NUMERIC_DTYPES or not isinstance(shape, list) or len(shape) > MAX_DIMS:
+            return None
+        if any(type(n) is not int or n < 0 for n in shape):
+            return None
+        dtype = np.dtype(name)
+        if math.prod(shape) * dtype.itemsize != nbytes:
+            return None
+        if math.prod(n for n in shape if n) * dtype.itemsize > MAX_SHAPE_BYTES:
+            return None
+        out.append((dtype, tuple(shape)))
     return out
 
 

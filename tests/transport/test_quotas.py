@@ -21,10 +21,10 @@ def rss_bytes() -> int:
     raise RuntimeError("no VmRSS in /proc/self/status")
 
 
-def last_chunk(msg: int, nchunks: int, chunk_size: int) -> bytes:
+def last_chunk(to: tuple[str, int], msg: int, nchunks: int, chunk_size: int) -> bytes:
     """A message's last chunk alone (8 bytes): the cheapest datagram that opens a partial message."""
     return datagram(DATA, sender=9, msg=msg, chunk=nchunks - 1, nchunks=nchunks, chunk_size=chunk_size,
-                    meta_len=24, body=bytes(8), job=JOB, key=KEY)
+                    meta_len=24, body=bytes(8), job=JOB, key=KEY, to=to)
 
 
 def legit_message_arrives(sender, receiver) -> None:
@@ -41,12 +41,12 @@ def legit_message_arrives(sender, receiver) -> None:
 def test_partial_messages_per_source_are_bounded_oldest_dropped(channels, raw_peer):
     b = channels(key=KEY, job_id=JOB, max_partial_per_source=16)
     for msg in range(40):
-        raw_peer.send(last_chunk(msg, nchunks=4, chunk_size=1440), b.address)
+        raw_peer.send(last_chunk(b.address, msg, nchunks=4, chunk_size=1440), b.address)
     legit_message_arrives(channels(sender_id=1, key=KEY, job_id=JOB), b)
     st = b.stats()
     assert st["drop_evicted"] == 40 - 16
     # an evicted message is gone for good: more of it is stale, not a new message
-    raw_peer.send(last_chunk(0, nchunks=4, chunk_size=1440), b.address)
+    raw_peer.send(last_chunk(b.address, 0, nchunks=4, chunk_size=1440), b.address)
     legit_message_arrives(channels(sender_id=2, key=KEY, job_id=JOB), b)
     assert b.stats()["drop_stale"] == st["drop_stale"] + 1
 
@@ -57,7 +57,7 @@ def test_messages_claiming_gigabytes_each_stay_within_a_memory_budget(channels, 
     b = channels(key=KEY, job_id=JOB)  # default quotas: 16 GiB claimed, so 4 such messages at once
     before = rss_bytes()
     for msg in range(10_000):  # 4 GiB claimed by each: 40 TiB in all, 48 bytes each on the wire
-        raw_peer.send(last_chunk(msg, nchunks=65536, chunk_size=65536), b.address)
+        raw_peer.send(last_chunk(b.address, msg, nchunks=65536, chunk_size=65536), b.address)
     legit_message_arrives(channels(sender_id=1, key=KEY, job_id=JOB), b)
     grown = rss_bytes() - before
     assert grown < 32 << 20, f"RSS grew {grown / 2**20:.0f} MiB (budget 32 MiB; ~130 MiB without quotas)"
@@ -68,9 +68,9 @@ def test_messages_claiming_gigabytes_each_stay_within_a_memory_budget(channels, 
 def test_a_probe_for_a_huge_message_draws_at_most_3x_its_bytes(channels, raw_peer):
     b = channels(key=KEY, job_id=JOB)
     nchunks = 1 << 20  # 4 GiB in 4 KiB chunks: a whole bitmap would be 128 KiB of ACKs
-    data = last_chunk(5, nchunks=nchunks, chunk_size=4096)
+    data = last_chunk(b.address, 5, nchunks=nchunks, chunk_size=4096)
     probe = datagram(PROBE, sender=9, msg=5, nchunks=nchunks, chunk_size=4096, meta_len=24, body=bytes(4),
-                     job=JOB, key=KEY)
+                     job=JOB, key=KEY, to=b.address)
     sent_before = b.stats()["bytes_sent"]
     raw_peer.send(data, b.address)
     raw_peer.send(probe, b.address)
@@ -88,3 +88,4 @@ def test_a_probe_for_a_huge_message_draws_at_most_3x_its_bytes(channels, raw_pee
         pass
     assert answered <= 3 * (len(data) + len(probe)), answered
     assert legit_acks >= answered
+
