@@ -30,6 +30,17 @@ def encode_descriptor(arrays: Sequence[np.ndarray]) -> bytes:
     return json.dumps([[a.dtype.str, list(a.shape)] for a in arrays], separators=(",", ":")).encode()
 
 
+def message_bytes(arrays: Sequence[np.ndarray]) -> int:
+    """The bytes a message of these arrays claims at its receiver (meta with the descriptor, then
+    each array 8-byte aligned, as the engine lays them out). A receiver whose ``max_message_bytes``
+    is at least this takes the message. Reads only dtypes and shapes: size a message that is never
+    made with zero-stride views, e.g. ``np.broadcast_to(np.float32(0), shape)``."""
+    size = (24 + 24 * len(arrays) + len(encode_descriptor(arrays)) + 7) // 8 * 8
+    for a in arrays:
+        size = (size + 7) // 8 * 8 + a.nbytes
+    return size
+
+
 # The dtypes a descriptor may name: numeric ones, as `encode_descriptor` writes them (an object or
 # structured dtype from the network would be read as pointers; a name outside the list never reaches np.dtype).
 NUMERIC_DTYPES = frozenset(np.dtype(code).newbyteorder(order).str

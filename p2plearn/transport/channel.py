@@ -141,12 +141,15 @@ class Channel:
         window_bytes: unacknowledged bytes in flight per receiver. Raise on long fat paths; lower if
             receivers overflow their socket buffer (shows as loss without a shaped link).
         rx_idle: seconds without a datagram after which a partial message is handed over as EXPIRED.
-        max_message_bytes: largest incoming message accepted (memory bound against bad peers).
+        max_message_bytes: largest incoming message accepted; a larger one is refused, counted as
+            ``drop_too_large``. It bounds what a key holder can make this peer allocate: set it to
+            the largest message the job sends (`p2plearn.transport.message_bytes` of its arrays).
         max_partial_messages, max_partial_per_source, max_partial_bytes: quotas on incoming
             messages still being received (all sources; one address and port; the bytes they
-            claim together). A new message that would exceed one drops the oldest partial message
-            (that source's first), counted as ``drop_evicted``. Raise them only for a peer that
-            receives from hundreds of peers at once, or more than 16 GiB at once.
+            claim together; None = 4 messages of max_message_bytes). A new message that would
+            exceed one drops the oldest partial message (that source's first), counted as
+            ``drop_evicted``. Size max_partial_bytes for what arrives at once: a few messages from
+            each peer that sends to this one (every member, at the end of a job's final average).
         uplink_rate: bytes/s this peer may send in total (its uplink); 0 = unpaced. Per-receiver
             rates are given with each send.
         drop_prob, seed: drop incoming data datagrams with this probability (loss injection for
@@ -173,7 +176,7 @@ class Channel:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, sender_id: int = 0, job_id: str | int = "",
                  key: bytes | None = None, max_datagram: int | None = None, window_bytes: int = 8 << 20,
                  rx_idle: float = 5.0, max_message_bytes: int = 4 << 30, max_partial_messages: int = 1024,
-                 max_partial_per_source: int = 64, max_partial_bytes: int = 16 << 30, uplink_rate: float = 0.0,
+                 max_partial_per_source: int = 64, max_partial_bytes: int | None = None, uplink_rate: float = 0.0,
                  drop_prob: float = 0.0, seed: int = 0, socket_buffer: int = 32 << 20, gso: bool = True,
                  transport_mode: str = "unicast", mcast_port: int = 0, mcast_groups: str = "239.77.0.0/16",
                  mcast_ttl: int = 1, mcast_max_joined: int = 16):
@@ -205,7 +208,7 @@ class Channel:
         cfg.max_message_bytes = max_message_bytes
         cfg.max_partial_messages = max_partial_messages
         cfg.max_partial_per_source = max_partial_per_source
-        cfg.max_partial_bytes = max_partial_bytes
+        cfg.max_partial_bytes = 4 * max_message_bytes if max_partial_bytes is None else max_partial_bytes
         cfg.uplink_rate = uplink_rate
         cfg.drop_prob = drop_prob
         cfg.seed = seed
