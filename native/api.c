@@ -20,7 +20,8 @@
 #define UDP_GRO 104
 #endif
 
-#define MAX_CHUNK ((WIRE_MAX_DATAGRAM - WIRE_HDR) & ~7u) /* largest multiple of 8 a datagram fits */
+#define MAX_CHUNK P2P_MAX_CHUNK
+_Static_assert(P2P_MAX_CHUNK == ((WIRE_MAX_DATAGRAM - WIRE_HDR) & ~7u), "the largest multiple of 8 a datagram fits");
 
 static __thread char last_error[256];
 

@@ -21,6 +21,10 @@
  */
 #include <stdint.h>
 
+/* Largest chunk payload: a UDP datagram (65,507 bytes) less the 56-byte header, a multiple of 8. An
+ * incoming message claims whole chunks: memory for up to this much more than its bytes. */
+#define P2P_MAX_CHUNK 65448
+
 #define P2P_FILL_ZERO 0
 #define P2P_FILL_COPY 1
 

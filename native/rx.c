@@ -182,7 +182,10 @@ static void deliver(p2p_engine *eng, struct rx *m, int reason, uint64_t now) {
 
 /* Geometry from a DATA/PROBE/CLOSE header, checked before anything is allocated. */
 static int geometry_ok(p2p_engine *eng, const struct wire_hdr *h) {
-    if (h->chunk_size < WIRE_MIN_CHUNK || h->nchunks == 0 || h->meta_len < 24) { CNT(eng, drop_bad_index, 1); return 0; }
+    if (h->chunk_size < WIRE_MIN_CHUNK || h->chunk_size > P2P_MAX_CHUNK || h->nchunks == 0 || h->meta_len < 24) {
+        CNT(eng, drop_bad_index, 1); /* (a chunk no datagram can carry would only claim memory) */
+        return 0;
+    }
     uint64_t cap = (uint64_t)h->nchunks * h->chunk_size;
     if (h->meta_len > cap) { CNT(eng, drop_bad_index, 1); return 0; }
     if (cap > eng->cfg.max_message_bytes + h->chunk_size) { CNT(eng, drop_too_large, 1); return 0; }

@@ -40,7 +40,7 @@ from p2plearn.filter import make_filter
 from p2plearn.keys import data_key
 from p2plearn.tolerance import Layer, TolerancePolicy, make_tolerance
 from p2plearn.train.reach import MulticastReach
-from p2plearn.transport import Channel, message_bytes
+from p2plearn.transport import CHUNK_CLAIM, Channel, message_bytes
 
 ASK_AGAIN_S = 10.0  # a joiner without its state after this long asks for another donation
 NORM_TYPES = (torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm)
@@ -295,7 +295,7 @@ class DecentralizedOptimizer(Optimizer):
         secret, job = self.runtime.secret, self.runtime.job_id
         return Channel(host=host, sender_id=self.runtime.rank, job_id=job,
                        key=data_key(secret.value, job) if secret else None, max_message_bytes=largest,
-                       max_partial_bytes=3 * max(self.runtime.world_size, 2) * largest, **kwargs)
+                       max_partial_bytes=3 * max(self.runtime.world_size, 2) * (largest + CHUNK_CLAIM), **kwargs)
 
     def step(self, closure: Any = None, loss: torch.Tensor | float | None = None) -> Any:
         """A local step of the wrapped optimizer and, every `period` steps, a communication round;

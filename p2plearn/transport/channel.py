@@ -30,6 +30,8 @@ from p2plearn.transport.arrays import EngineMemory, as_numpy, decode_descriptor,
 from p2plearn.transport.delivery import Delivery, Reason
 
 KEY_BYTES = 32  # the data key: AES-256 (native/auth.h)
+# An incoming message claims whole chunks: memory for up to this many bytes more than it holds.
+CHUNK_CLAIM = lib.P2P_MAX_CHUNK
 TRANSPORT_MODES = ("unicast", "multicast", "auto")
 # probe_multicast's messages carry this in place of an array descriptor (recv never returns them),
 # under ids of their own, two fresh ones per probe (a receiver refuses an id it delivered from this
@@ -146,10 +148,11 @@ class Channel:
             the largest message the job sends (`p2plearn.transport.message_bytes` of its arrays).
         max_partial_messages, max_partial_per_source, max_partial_bytes: quotas on incoming
             messages still being received (all sources; one address and port; the bytes they
-            claim together; None = 4 messages of max_message_bytes). A new message that would
-            exceed one drops the oldest partial message (that source's first), counted as
-            ``drop_evicted``. Size max_partial_bytes for what arrives at once: a few messages from
-            each peer that sends to this one (every member, at the end of a job's final average).
+            claim together, each up to CHUNK_CLAIM more than its bytes; None = 4 messages of
+            max_message_bytes). A new message that would exceed one drops the oldest partial
+            message (that source's first), counted as ``drop_evicted``. Size max_partial_bytes for
+            what arrives at once: a few messages from each peer that sends to this one (every
+            member, at the end of a job's final average).
         uplink_rate: bytes/s this peer may send in total (its uplink); 0 = unpaced. Per-receiver
             rates are given with each send.
         drop_prob, seed: drop incoming data datagrams with this probability (loss injection for
@@ -208,7 +211,7 @@ class Channel:
         cfg.max_message_bytes = max_message_bytes
         cfg.max_partial_messages = max_partial_messages
         cfg.max_partial_per_source = max_partial_per_source
-        cfg.max_partial_bytes = 4 * max_message_bytes if max_partial_bytes is None else max_partial_bytes
+        cfg.max_partial_bytes = 4 * (max_message_bytes + CHUNK_CLAIM) if max_partial_bytes is None else max_partial_bytes
         cfg.uplink_rate = uplink_rate
         cfg.drop_prob = drop_prob
         cfg.seed = seed

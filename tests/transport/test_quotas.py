@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from p2plearn.transport import message_bytes
+from p2plearn.transport import CHUNK_CLAIM, message_bytes
 from tests.train.conftest import job, on_peers  # noqa: F401 - `job` is a fixture
 from tests.transport.craft import DATA, PROBE, datagram
 
@@ -64,7 +64,7 @@ def test_messages_claiming_gigabytes_each_stay_within_a_memory_budget(channels, 
     b = channels(key=KEY, job_id=JOB)  # default quotas: 16 GiB claimed, so 4 such messages at once
     before = rss_bytes()
     for msg in range(10_000):  # 4 GiB claimed by each: 40 TiB in all, 48 bytes each on the wire
-        raw_peer.send(last_chunk(b.address, msg, nchunks=65536, chunk_size=65536), b.address)
+        raw_peer.send(last_chunk(b.address, msg, nchunks=65536, chunk_size=CHUNK_CLAIM), b.address)
     legit_message_arrives(channels(sender_id=1, key=KEY, job_id=JOB), b)
     grown = rss_bytes() - before
     assert grown < 32 << 20, f"RSS grew {grown / 2**20:.0f} MiB (budget 32 MiB; ~130 MiB without quotas)"
@@ -130,7 +130,7 @@ def test_a_key_holder_allocates_at_most_a_few_of_the_largest_messages(channels, 
     b = channels(key=KEY, job_id=JOB, max_message_bytes=largest)
     before = rss_bytes()
     for msg in range(1000):  # 4 GiB claimed by each: refused before anything is allocated
-        raw_peer.send(last_chunk(b.address, msg, nchunks=65536, chunk_size=65536), b.address)
+        raw_peer.send(last_chunk(b.address, msg, nchunks=65536, chunk_size=CHUNK_CLAIM), b.address)
     n = largest // chunk
     meta = struct.pack("<IIQII", 24, 0, largest - 24, 0, 0)  # no segments: all data, to be written
     for msg in range(1000, 1300):  # within the bound, each written but for its last chunk: stays partial
@@ -150,25 +150,21 @@ def test_a_key_holder_allocates_at_most_a_few_of_the_largest_messages(channels, 
 @pytest.mark.slow
 def test_the_optimizer_sizes_its_engine_by_the_model(job):
     """A training peer's engine refuses a message much larger than the model (and so than anything
-    the job sends), and takes one of the model's size."""
-    models = [torch.nn.Linear(100, 100) for _ in range(2)]  # 40,400 bytes of parameters
+    the job sends), and takes the job's own messages: a small model's, each claiming a whole
+    loopback chunk (64 KiB) of memory, many times its bytes."""
+    models = [torch.nn.Linear(10, 10) for _ in range(2)]  # 440 bytes of parameters
     model_bytes = sum(p.numel() * p.element_size() for p in models[0].state_dict().values())
 
-    def claims(rank, opt):
-        if rank:
-            return None
-        raw = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        try:
-            for msg, size in ((1, 64 * model_bytes), (2, model_bytes)):  # tags off: no runtime secret here
-                nchunks = -(-size // 1024)
-                raw.sendto(datagram(DATA, sender=1, msg=msg, chunk=nchunks - 1, nchunks=nchunks, chunk_size=1024,
+    def claims_then_trains(rank, opt):
+        if rank == 0:  # tags off: no runtime secret in this in-process job
+            nchunks = 64 * model_bytes // 1024
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as raw:
+                raw.sendto(datagram(DATA, sender=1, msg=1, chunk=nchunks - 1, nchunks=nchunks, chunk_size=1024,
                                     meta_len=24, body=bytes(8), job=opt.runtime.job_id), opt.channel.address)
             deadline = time.monotonic() + 10
-            while opt.channel.stats()["receiving_messages"] < 1 and time.monotonic() < deadline:
+            while opt.channel.stats()["drop_too_large"] < 1 and time.monotonic() < deadline:
                 time.sleep(0.01)
-            return opt.channel.stats()
-        finally:
-            raw.close()
+        opt.step()
+        return opt.channel.stats()["drop_too_large"], opt.last_round.merged
 
-    st = on_peers(job, models, claims)[0]
-    assert (st["drop_too_large"], st["receiving_messages"]) == (1, 1), st
+    assert on_peers(job, models, claims_then_trains) == [(1, 1), (0, 1)]
