@@ -57,7 +57,7 @@ def decode_descriptor(blob: bytes, seg_lens: Sequence[int]) -> list[tuple[np.dty
     anything may be in it; whatever this returns, `np.ndarray(shape, dtype, buffer)` works)."""
     try:
         items = json.loads(blob.decode())
-    except (ValueError, UnicodeDecodeError, RecursionError):  # json's errors (and int digits limit) are ValueErrors
+    except (ValueError, RecursionError):  # bad UTF-8 or JSON, an int past the digit limit; too deep
         return None
     if not isinstance(items, list) or len(items) != len(seg_lens):
         return None
@@ -66,9 +66,9 @@ def decode_descriptor(blob: bytes, seg_lens: Sequence[int]) -> list[tuple[np.dty
         if not isinstance(item, list) or len(item) != 2:
             return None
         name, shape = item
-        if not isinstance(name, str) or name not in NUMERIC_DTYPES or not isinstance(shape, list) or len(shape) > MAX_DIMS:
+        if not isinstance(name, str) or name not in NUMERIC_DTYPES or not isinstance(shape, list):
             return None
-        if any(type(n) is not int or n < 0 for n in shape):
+        if len(shape) > MAX_DIMS or any(type(n) is not int or n < 0 for n in shape):
             return None
         dtype = np.dtype(name)
         if math.prod(shape) * dtype.itemsize != nbytes:

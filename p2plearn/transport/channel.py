@@ -211,7 +211,9 @@ class Channel:
         cfg.max_message_bytes = max_message_bytes
         cfg.max_partial_messages = max_partial_messages
         cfg.max_partial_per_source = max_partial_per_source
-        cfg.max_partial_bytes = 4 * (max_message_bytes + CHUNK_CLAIM) if max_partial_bytes is None else max_partial_bytes
+        if max_partial_bytes is None:
+            max_partial_bytes = 4 * (max_message_bytes + CHUNK_CLAIM)
+        cfg.max_partial_bytes = max_partial_bytes
         cfg.uplink_rate = uplink_rate
         cfg.drop_prob = drop_prob
         cfg.seed = seed
