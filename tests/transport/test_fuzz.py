@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from p2plearn.transport import CHUNK_CLAIM
 from tests.transport.craft import ACK, CLOSE, DATA, DONE, HDR, PROBE, VERSION, datagram
 
 DROPS = ("drop_bad_length", "drop_bad_magic", "drop_bad_version", "drop_bad_type", "drop_other_job", "drop_bad_tag",
@@ -40,8 +41,9 @@ def invalid_datagrams(rng: random.Random, job: int, to: tuple[str, int], key: by
         return datagram(DATA, body=b"x", **{**ok, rng.choice(["chunk_size", "nchunks"]): 0})
     if kind == 6:  # meta longer than the message, or shorter than its fixed part
         return datagram(DATA, body=b"x" * 1440, **{**ok, "meta_len": rng.choice([8, 16, 8 * 1000])})
-    if kind == 7:  # claims a message larger than allowed
-        return datagram(DATA, body=b"x" * 1440, **{**ok, "nchunks": 0xFFFFFFFF, "chunk_size": 65528})
+    if kind == 7:  # claims a message larger than allowed, or chunks larger than a datagram carries
+        return datagram(DATA, body=b"x" * 1440, **{**ok, "nchunks": 0xFFFFFFFF,
+                                                   "chunk_size": rng.choice([CHUNK_CLAIM, CHUNK_CLAIM + 8, 65528])})
     if kind == 8:  # wrong magic or version
         b = bytearray(datagram(DATA, body=b"x" * 1440, **ok))
         b[rng.choice([0, 1, 2])] ^= 1 + rng.randrange(255)
