@@ -20,7 +20,8 @@
 #define UDP_GRO 104
 #endif
 
-#define MAX_CHUNK ((WIRE_MAX_DATAGRAM - WIRE_HDR) & ~7u) /* largest multiple of 8 a datagram fits */
+#define MAX_CHUNK P2P_MAX_CHUNK
+_Static_assert(P2P_MAX_CHUNK == ((WIRE_MAX_DATAGRAM - WIRE_HDR) & ~7u), "the largest multiple of 8 a datagram fits");
 
 static __thread char last_error[256];
 
@@ -106,10 +107,19 @@ int p2p_engine_open(const p2p_config *cfg_in, p2p_engine **out) {
     int one = 1;
     eng->gso = cfg.gso;
     eng->gro = cfg.gso && setsockopt(eng->fd, SOL_UDP, UDP_GRO, &one, sizeof one) == 0;
+    /* Each datagram's destination address, which its tag covers (auth.h). */
+    if (setsockopt(eng->fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof one) < 0) {
+        rc = set_error(errno, "IP_PKTINFO: %s", strerror(errno));
+        goto fail;
+    }
     if ((rc = mcast_open(&eng->mc, &cfg, eng->fd, eng->local.sin_addr))) goto fail;
     if (eng->mc.fd >= 0) {
         set_buffers(eng->mc.fd, (int)cfg.socket_buffer);
         if (eng->gro) setsockopt(eng->mc.fd, SOL_UDP, UDP_GRO, &one, sizeof one);
+        if (setsockopt(eng->mc.fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof one) < 0) {
+            rc = set_error(errno, "IP_PKTINFO: %s", strerror(errno));
+            goto fail;
+        }
     }
 
     eng->rbuf = malloc((size_t)32 * 65536);

@@ -60,14 +60,20 @@ void auth_free(struct auth *a) {
 
 /* GMAC: GCM with everything as additional data and nothing to encrypt. Leaves the GHASH state
  * ready for CRYPTO_gcm128_tag (seal) or CRYPTO_gcm128_finish (check). */
-static void gmac(struct auth *a, const uint8_t *hdr, const struct iovec *body, int nbody) {
+static void gmac(struct auth *a, const struct auth_dest *dest, const uint8_t *hdr, const struct iovec *body,
+                 int nbody) {
+    uint8_t where[8] = {0};       /* address (network order), port (little-endian), 0 */
+    memcpy(where, &dest->addr, 4);
+    put16(where + 4, dest->port);
     CRYPTO_gcm128_setiv(a->gcm, hdr + 24, 12); /* session || counter */
+    CRYPTO_gcm128_aad(a->gcm, where, sizeof where);
     CRYPTO_gcm128_aad(a->gcm, hdr, WIRE_TAG_AT);
     for (int i = 0; i < nbody; i++)
         if (body[i].iov_len) CRYPTO_gcm128_aad(a->gcm, body[i].iov_base, body[i].iov_len);
 }
 
-void auth_seal(struct auth *a, struct auth_stream *st, uint8_t *hdr, const struct iovec *body, int nbody) {
+void auth_seal(struct auth *a, struct auth_stream *st, const struct auth_dest *to, uint8_t *hdr,
+               const struct iovec *body, int nbody) {
     if (st->counter == UINT32_MAX) { /* the IV must never repeat under the key */
         uint64_t fresh;
         while (random_session(&fresh) || fresh == st->session) {}
@@ -78,17 +84,16 @@ void auth_seal(struct auth *a, struct auth_stream *st, uint8_t *hdr, const struc
     put32(hdr + 32, st->counter++);
     put32(hdr + 36, a->job);
     if (a->gcm) {
-        gmac(a, hdr, body, nbody);
+        gmac(a, to, hdr, body, nbody);
         CRYPTO_gcm128_tag(a->gcm, hdr + WIRE_TAG_AT, WIRE_TAG);
     } else {
         memset(hdr + WIRE_TAG_AT, 0, WIRE_TAG);
     }
 }
 
-int auth_check(struct auth *a, const uint8_t *dgram, size_t len) {
-    if (get32(dgram + 36) != a->job) return 0;
+int auth_check(struct auth *a, const struct auth_dest *at, const uint8_t *dgram, size_t len) {
     if (!a->gcm) return 1;
     struct iovec body = {(void *)(dgram + WIRE_HDR), len - WIRE_HDR};
-    gmac(a, dgram, &body, 1);
+    gmac(a, at, dgram, &body, 1);
     return CRYPTO_gcm128_finish(a->gcm, dgram + WIRE_TAG_AT, WIRE_TAG) == 0; /* constant time */
 }

@@ -21,6 +21,20 @@ struct auth_stream {
     uint32_t counter;             /* the next datagram's; a new session when it wraps */
 };
 
+/* Where a datagram goes: the tag covers it, so that a datagram is good at one receiver only (a
+ * captured datagram replayed to another member fails there, whose replay window never saw it).
+ * The sender takes the address and port it sends to; the receiver the address the datagram was
+ * sent to (IP_PKTINFO: the IP header's destination, whichever of its addresses the sender used)
+ * and the port of the socket it arrived on. That holds on loopback, across hosts without NAT
+ * (peers reach each other at the addresses they registered), and for multicast, where the
+ * destination is the group and the job's multicast port, the same at every member: one group
+ * datagram is good at each member once (each has its own replay window), and at no member's
+ * unicast socket. A peer that was sent to at another address (NAT between peers) refuses all. */
+struct auth_dest {
+    uint32_t addr;                /* IPv4, network order */
+    uint16_t port;                /* host order */
+};
+
 struct auth {
     void *aes;                    /* owned EVP_CIPHER_CTX: AES-256-ECB under the data key */
     void *gcm;                    /* owned GCM128_CONTEXT over it; NULL = tags off */
@@ -34,9 +48,11 @@ int auth_init(struct auth *a, const uint8_t key[AUTH_KEY], uint32_t job);
 int auth_stream_init(struct auth *a, struct auth_stream *st);
 void auth_free(struct auth *a);
 /* Stamps the header (already filled by wire_put_hdr) with st's session and counter and the job,
- * and writes its tag over the header and the body pieces. */
-void auth_seal(struct auth *a, struct auth_stream *st, uint8_t *hdr, const struct iovec *body, int nbody);
-/* 1 when the datagram is of this job and its tag is right (always 1 on the job when tags are off). */
-int auth_check(struct auth *a, const uint8_t *dgram, size_t len);
+ * and writes its tag over the destination, the header and the body pieces. */
+void auth_seal(struct auth *a, struct auth_stream *st, const struct auth_dest *to, uint8_t *hdr,
+               const struct iovec *body, int nbody);
+/* 1 when the datagram's tag is right for destination `at` (always 1 when tags are off); the job
+ * field is the caller's to check. */
+int auth_check(struct auth *a, const struct auth_dest *at, const uint8_t *dgram, size_t len);
 
 #endif

@@ -21,6 +21,10 @@
  */
 #include <stdint.h>
 
+/* Largest chunk payload: a UDP datagram (65,507 bytes) less the 56-byte header, a multiple of 8. An
+ * incoming message claims whole chunks: memory for up to this much more than its bytes. */
+#define P2P_MAX_CHUNK 65448
+
 #define P2P_FILL_ZERO 0
 #define P2P_FILL_COPY 1
 
@@ -45,7 +49,7 @@ typedef struct {
     const char *host;             /* IPv4 address to bind ("0.0.0.0" = all) */
     uint16_t port;                /* 0 = any free port */
     uint16_t sender_id;           /* this peer's id, carried in every datagram */
-    uint32_t job_id;
+    uint32_t job_id;              /* the job's tag (p2plearn.keys.job_tag): another's datagrams are refused */
     uint8_t key[32];              /* the job's data key (AES-256-GMAC tags); all zero = tags off */
     uint32_t max_datagram;        /* UDP payload bytes; 0 = from each path's MTU */
     uint32_t window_bytes;        /* unacknowledged bytes in flight per receiver; 0 = 8 MiB */
@@ -143,7 +147,9 @@ typedef struct {
     uint64_t drop_bad_magic;
     uint64_t drop_bad_version;
     uint64_t drop_bad_type;
-    uint64_t drop_bad_tag;        /* authentication failed (wrong key or job, or corrupted) */
+    uint64_t drop_other_job;      /* another job's (its job tag) */
+    uint64_t drop_bad_tag;        /* authentication failed: wrong key (another job's, or none), corrupted, or
+                                   * sent to another receiver (a redirected replay) */
     uint64_t drop_replayed;       /* authentic but already received, or older than the last 2048 of its sender */
     uint64_t drop_bad_index;      /* chunk index, count or geometry out of range or inconsistent */
     uint64_t drop_bad_meta;       /* the message's segment table was invalid */

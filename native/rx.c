@@ -107,23 +107,9 @@ static void rx_unlink_free(p2p_engine *eng, struct rx *m) {
     free(m);
 }
 
-/* Checks the segment table. Returns the number of segments, or -1 when it is invalid. */
+/* The message's segment table (wire_parse_meta): its segment count, or -1 when it is invalid. */
 static int64_t parse_meta(const struct rx *m, uint64_t *data_len) {
-    const uint8_t *p = m->flat;
-    uint32_t nseg = get32(p + 4), app_len = get32(p + 16);
-    *data_len = get64(p + 8);
-    if (get32(p) != m->meta_len || (uint64_t)nseg * META_ENTRY + META_FIXED + app_len > m->meta_len) return -1;
-    uint64_t total = m->meta_len + *data_len;
-    if (*data_len > m->cap || total > m->cap || total <= m->cap - m->chunk) return -1;
-    if (m->total && m->total != total) return -1;
-    uint64_t prev = 0;
-    for (uint32_t i = 0; i < nseg; i++) {
-        const uint8_t *e = p + META_FIXED + META_ENTRY * i;
-        uint64_t off = get64(e), len = get64(e + 8), need = get64(e + 16);
-        if (off < prev || off > *data_len || len > *data_len - off || need > len) return -1;
-        prev = off + len;
-    }
-    return nseg;
+    return wire_parse_meta(m->flat, m->meta_len, m->cap, m->chunk, m->total, data_len);
 }
 
 /* With the meta in: has every segment at least the bytes its sender requires? */
@@ -196,7 +182,10 @@ static void deliver(p2p_engine *eng, struct rx *m, int reason, uint64_t now) {
 
 /* Geometry from a DATA/PROBE/CLOSE header, checked before anything is allocated. */
 static int geometry_ok(p2p_engine *eng, const struct wire_hdr *h) {
-    if (h->chunk_size < WIRE_MIN_CHUNK || h->nchunks == 0 || h->meta_len < 24) { CNT(eng, drop_bad_index, 1); return 0; }
+    if (h->chunk_size < WIRE_MIN_CHUNK || h->chunk_size > P2P_MAX_CHUNK || h->nchunks == 0 || h->meta_len < 24) {
+        CNT(eng, drop_bad_index, 1); /* (a chunk no datagram can carry would only claim memory) */
+        return 0;
+    }
     uint64_t cap = (uint64_t)h->nchunks * h->chunk_size;
     if (h->meta_len > cap) { CNT(eng, drop_bad_index, 1); return 0; }
     if (cap > eng->cfg.max_message_bytes + h->chunk_size) { CNT(eng, drop_too_large, 1); return 0; }

@@ -466,7 +466,8 @@ static int pump_receiver(p2p_engine *eng, struct p2p_send *s, struct txr *r, int
         h.pass = r->pass;
         h.chunk = k;
         wire_put_hdr(B->hdr[nd], &h);
-        auth_seal(&eng->auth, r == s->group ? &eng->group_stream : &eng->auth.stream, B->hdr[nd], iv + 1, np);
+        struct auth_dest dest = {r->addr.sin_addr.s_addr, ntohs(r->addr.sin_port)};
+        auth_seal(&eng->auth, r == s->group ? &eng->group_stream : &eng->auth.stream, &dest, B->hdr[nd], iv + 1, np);
         iv[0].iov_base = B->hdr[nd];
         iv[0].iov_len = WIRE_HDR;
         uint32_t size = WIRE_HDR + len;

@@ -35,6 +35,27 @@ int wire_get_hdr(const uint8_t *in, size_t len, struct wire_hdr *h) {
     return 0;
 }
 
+int64_t wire_parse_meta(const uint8_t *p, uint32_t meta_len, uint64_t cap, uint32_t chunk, uint64_t total,
+                        uint64_t *data_len) {
+    if (meta_len < META_FIXED || chunk == 0 || cap < chunk || meta_len > cap) return -1; /* (rx.c checked these) */
+    uint32_t nseg = get32(p + 4), app_len = get32(p + 16);
+    *data_len = get64(p + 8);
+    if (get32(p) != meta_len || (uint64_t)nseg * META_ENTRY + META_FIXED + app_len > meta_len) return -1;
+    if (*data_len > cap - meta_len) return -1;
+    uint64_t end = meta_len + *data_len;
+    if (end <= cap - chunk || (total && total != end)) return -1; /* the end is in the last chunk, where it arrived */
+    uint64_t prev = 0;
+    for (uint32_t i = 0; i < nseg; i++) {
+        const uint8_t *e = p + META_FIXED + META_ENTRY * i;
+        uint64_t off = get64(e), len = get64(e + 8), need = get64(e + 16);
+        /* in order, apart, inside the data, 8-byte aligned (so typed reads of them are: the data
+         * region starts 64-byte aligned) */
+        if (off % 8 || off < prev || off > *data_len || len > *data_len - off || need > len) return -1;
+        prev = off + len;
+    }
+    return nseg;
+}
+
 void wire_put_ack(uint8_t *o, const struct ack_body *a) {
     put16(o, a->pass);
     put16(o + 2, a->flags);

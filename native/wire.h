@@ -8,11 +8,13 @@
  *  24  u64 session: drawn at random by the sending engine, renewed when its counter wraps; one for
  *      its unicast datagrams, another for those to its multicast group (auth.h: struct auth_stream)
  *  32  u32 counter: the session's datagram number (every datagram of the stream, to anyone)
- *  36  u32 job id
- *  40  16-byte tag: AES-256-GMAC under the data key, IV = session || counter, over bytes 0-39 and
- *      the body (auth.c); zero with an all-zero key (no authentication, but jobs stay apart).
+ *  36  u32 job: the first 4 bytes of SHA-256 of the job id (p2plearn.keys.job_tag)
+ *  40  16-byte tag: AES-256-GMAC under the job's data key, IV = session || counter, over the
+ *      destination (auth.h: where the sender addressed the datagram, not sent), bytes 0-39 and the
+ *      body (auth.c); zero with an all-zero key (no authentication, but jobs stay apart).
  * (session, counter) never repeats under a key, so each tag's IV is unique and a receiver can refuse
- * a datagram it already had (replay.c).
+ * a datagram it already had (replay.c); the destination under the tag makes a datagram good at the
+ * one receiver (or group) it was sent to, and the data key (derived from the job id) in one job.
  * A message's meta (its first bytes, always delivered exactly): u32 meta length, u32 segment count,
  * u64 data length, u32 app length, u32 0, then per segment (u64 offset, u64 length, u64 bytes that
  * must arrive), then the app blob. Knowing what must arrive lets a receiver close by itself.
@@ -27,7 +29,7 @@
 #include <stdint.h>
 
 #define WIRE_MAGIC 0x7032
-#define WIRE_VERSION 2
+#define WIRE_VERSION 3  /* 3: tags cover the destination; per-job keys and job hash */
 #define WIRE_HDR 56
 #define WIRE_TAG_AT 40
 #define WIRE_TAG 16
@@ -70,6 +72,14 @@ struct join_body { uint32_t group; uint16_t port; }; /* group in network order, 
 void wire_put_hdr(uint8_t *out, const struct wire_hdr *h);
 /* Parses and checks magic/version/type; returns 0 or a negative reason (see engine counters). */
 int wire_get_hdr(const uint8_t *in, size_t len, struct wire_hdr *h);
+
+/* Checks a message's meta (meta_len bytes at p) against its geometry: cap = chunk count * chunk size,
+ * total = its length if known (from its last chunk), else 0. Returns the segment count and sets
+ * *data_len, or -1 when the table is invalid (segments out of order, overlapping, outside the data,
+ * not 8-byte aligned, needing more than they hold; the app blob outside the meta; a length the
+ * chunks disagree with). */
+int64_t wire_parse_meta(const uint8_t *p, uint32_t meta_len, uint64_t cap, uint32_t chunk, uint64_t total,
+                        uint64_t *data_len);
 
 void wire_put_ack(uint8_t *out, const struct ack_body *a);
 void wire_get_ack(const uint8_t *in, struct ack_body *a);

@@ -2,7 +2,9 @@
 
 The control plane (HMAC-SHA256 over every frame) and the data plane (AES-256-GMAC tags on every
 datagram) never use the secret itself: each gets its own key from HKDF-SHA256 (RFC 5869) with a
-label of its own, so a key recovered from one plane says nothing about the other.
+label of its own, so a key recovered from one plane says nothing about the other. The data key
+also mixes in the full job id: two jobs that share a secret (one ``P2PLEARN_JOB_KEY`` for a user's
+Slurm jobs, say) refuse each other's datagrams.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import hashlib
 import hmac
 
 CONTROL_LABEL = b"p2plearn control v1"
-DATA_LABEL = b"p2plearn data v2"
+DATA_LABEL = b"p2plearn data v3"
 _SALT = b"p2plearn job key"
 
 
@@ -40,6 +42,12 @@ def control_key(secret: str | bytes) -> bytes:
     return hkdf(secret, CONTROL_LABEL, 32)
 
 
-def data_key(secret: str | bytes) -> bytes:
-    """The 256-bit AES-GMAC key of data-plane datagrams."""
-    return hkdf(secret, DATA_LABEL, 32)
+def data_key(secret: str | bytes, job_id: str) -> bytes:
+    """The 256-bit AES-GMAC key of one job's datagrams (give `Channel` the same ``job_id``)."""
+    return hkdf(secret, DATA_LABEL + b"\0" + job_id.encode(), 32)
+
+
+def job_tag(job_id: str) -> int:
+    """The 32-bit job field of every datagram: from a hash of the whole job id (not its first
+    bytes, which jobs 1234567 and 1234599 share), so that jobs without tags stay apart too."""
+    return int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:4], "little")

@@ -37,7 +37,7 @@ def main(argv: list[str]) -> None:
     sim = None
     message = np.zeros(size, dtype=np.uint8)
     with Channel(host=hosts[rank], port=port, sender_id=rank,
-                 key=data_key(os.environ["P2PLEARN_JOB_KEY"])) as channel:
+                 key=data_key(os.environ["P2PLEARN_JOB_KEY"], job_id="")) as channel:  # the Channel's default job
         print("ready", flush=True)
         for _ in range(rounds):
             command = sys.stdin.readline().split()

@@ -41,7 +41,7 @@ from p2plearn.filter import make_filter
 from p2plearn.keys import data_key
 from p2plearn.tolerance import Layer, TolerancePolicy, make_tolerance
 from p2plearn.train.reach import MulticastReach
-from p2plearn.transport import Channel
+from p2plearn.transport import CHUNK_CLAIM, Channel, message_bytes
 
 log = logging.getLogger("p2plearn.train")
 ASK_AGAIN_S = 10.0  # a joiner without its state after this long asks for another donation
@@ -296,10 +296,16 @@ class DecentralizedOptimizer(Optimizer):
         if self.options.transport_mode != "unicast":
             kwargs.update(transport_mode=self.options.transport_mode, mcast_port=self.options.mcast_port,
                           mcast_groups=self.options.mcast_groups, mcast_ttl=self.options.mcast_ttl)
-        secret = self.runtime.secret
-        job = int.from_bytes(self.runtime.job_id.encode()[:4].ljust(4, b"\0"), "little")
+        # What a key holder can make this peer allocate, bounded by what the job sends: its largest
+        # message (the model; with the value filter every tensor as float32, plus its header and an
+        # index array per layer), and a few of them from every member at once (rounds in flight, or
+        # the root of the final average, which takes one from each).
+        widest = [np.broadcast_to(np.float32(0), a.shape) for a in self._arrays]
+        largest = max(message_bytes(self._arrays), message_bytes(widest)) + 64 * (2 * len(widest) + 1) + 4096
+        secret, job = self.runtime.secret, self.runtime.job_id
         return Channel(host=host, sender_id=self.runtime.rank, job_id=job,
-                       key=data_key(secret.value) if secret else None, **kwargs)
+                       key=data_key(secret.value, job) if secret else None, max_message_bytes=largest,
+                       max_partial_bytes=3 * max(self.runtime.world_size, 2) * (largest + CHUNK_CLAIM), **kwargs)
 
     def step(self, closure: Any = None, loss: torch.Tensor | float | None = None) -> Any:
         """A local step of the wrapped optimizer and, every `period` steps, a communication round;

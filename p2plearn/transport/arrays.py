@@ -30,29 +30,52 @@ def encode_descriptor(arrays: Sequence[np.ndarray]) -> bytes:
     return json.dumps([[a.dtype.str, list(a.shape)] for a in arrays], separators=(",", ":")).encode()
 
 
-NUMERIC_KINDS = "biufc"  # an object or structured dtype from the network would be read as pointers
+def message_bytes(arrays: Sequence[np.ndarray]) -> int:
+    """The bytes a message of these arrays claims at its receiver (meta with the descriptor, then
+    each array 8-byte aligned, as the engine lays them out). A receiver whose ``max_message_bytes``
+    is at least this takes the message. Reads only dtypes and shapes: size a message that is never
+    made with zero-stride views, e.g. ``np.broadcast_to(np.float32(0), shape)``."""
+    size = (24 + 24 * len(arrays) + len(encode_descriptor(arrays)) + 7) // 8 * 8
+    for a in arrays:
+        size = (size + 7) // 8 * 8 + a.nbytes
+    return size
+
+
+# The dtypes a descriptor may name: numeric ones, as `encode_descriptor` writes them (an object or
+# structured dtype from the network would be read as pointers; a name outside the list never reaches np.dtype).
+NUMERIC_DTYPES = frozenset(np.dtype(code).newbyteorder(order).str
+                           for code in "?" + np.typecodes["AllInteger"] + np.typecodes["AllFloat"] for order in "<>")
 MAX_DIMS = 32  # numpy's own limit
+# A zero-size array's other dimensions still count for numpy, which refuses a shape whose nonzero
+# dimensions overflow its index type; no real array comes near this, and numpy makes any shape below it.
+MAX_SHAPE_BYTES = 1 << 48
 
 
 def decode_descriptor(blob: bytes, seg_lens: Sequence[int]) -> list[tuple[np.dtype, tuple[int, ...]]] | None:
     """The (dtype, shape) list, or None when the blob is not a descriptor of numeric arrays whose
-    sizes are exactly ``seg_lens`` bytes (the blob comes from the network: anything may be in it)."""
+    sizes are exactly ``seg_lens`` bytes and that numpy can make (the blob comes from the network:
+    anything may be in it; whatever this returns, `np.ndarray(shape, dtype, buffer)` works)."""
     try:
         items = json.loads(blob.decode())
-        if not isinstance(items, list) or len(items) != len(seg_lens):
-            return None
-        out = []
-        for (name, shape), nbytes in zip(items, seg_lens):
-            if not isinstance(name, str) or not isinstance(shape, list) or len(shape) > MAX_DIMS:
-                return None
-            dtype = np.dtype(name)
-            if dtype.kind not in NUMERIC_KINDS or any(type(n) is not int or n < 0 for n in shape):
-                return None
-            if math.prod(shape) * dtype.itemsize != nbytes:
-                return None
-            out.append((dtype, tuple(shape)))
-    except (ValueError, TypeError, UnicodeDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # bad UTF-8 or JSON, an int past the digit limit; too deep
         return None
+    if not isinstance(items, list) or len(items) != len(seg_lens):
+        return None
+    out = []
+    for item, nbytes in zip(items, seg_lens):
+        if not isinstance(item, list) or len(item) != 2:
+            return None
+        name, shape = item
+        if not isinstance(name, str) or name not in NUMERIC_DTYPES or not isinstance(shape, list):
+            return None
+        if len(shape) > MAX_DIMS or any(type(n) is not int or n < 0 for n in shape):
+            return None
+        dtype = np.dtype(name)
+        if math.prod(shape) * dtype.itemsize != nbytes:
+            return None
+        if math.prod(n for n in shape if n) * dtype.itemsize > MAX_SHAPE_BYTES:
+            return None
+        out.append((dtype, tuple(shape)))
     return out
 
 

@@ -24,11 +24,14 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from p2plearn.keys import job_tag
 from p2plearn.transport._native import TransportError, check, ffi, lib
 from p2plearn.transport.arrays import EngineMemory, as_numpy, decode_descriptor, encode_descriptor
 from p2plearn.transport.delivery import Delivery, Reason
 
 KEY_BYTES = 32  # the data key: AES-256 (native/auth.h)
+# An incoming message claims whole chunks: memory for up to this many bytes more than it holds.
+CHUNK_CLAIM = lib.P2P_MAX_CHUNK
 TRANSPORT_MODES = ("unicast", "multicast", "auto")
 # probe_multicast's messages carry this in place of an array descriptor (recv never returns them),
 # under ids of their own, two fresh ones per probe (a receiver refuses an id it delivered from this
@@ -129,20 +132,27 @@ class Channel:
     Args (tuning):
         host, port: where to bind (IPv4); port 0 picks a free one (see `address`).
         sender_id: this peer's id (its rank); receivers see it as `Delivery.sender`.
-        job_id, key: datagrams carry the job id and an AES-256-GMAC tag keyed with `key` (32 bytes,
-            `p2plearn.keys.data_key`); others' datagrams, and any datagram received before, are
+        job_id, key: the job's id (its text: the launcher's job id) and its data key (32 bytes,
+            ``p2plearn.keys.data_key(secret, job_id)``). Datagrams carry a hash of the job id and an
+            AES-256-GMAC tag under the key over the datagram and its destination (the receiver's
+            address and port as the sender addressed it, or the multicast group): another job's
+            datagrams, a datagram sent to another receiver, and any datagram received before are
             dropped and counted. key=None turns tags off (no authentication; jobs stay apart).
         max_datagram: UDP payload per datagram; None = from each path's MTU (1472 on 1500-byte
             links, ~64 KiB on loopback). Lower it if a path has a smaller MTU than its interface.
         window_bytes: unacknowledged bytes in flight per receiver. Raise on long fat paths; lower if
             receivers overflow their socket buffer (shows as loss without a shaped link).
         rx_idle: seconds without a datagram after which a partial message is handed over as EXPIRED.
-        max_message_bytes: largest incoming message accepted (memory bound against bad peers).
+        max_message_bytes: largest incoming message accepted; a larger one is refused, counted as
+            ``drop_too_large``. It bounds what a key holder can make this peer allocate: set it to
+            the largest message the job sends (`p2plearn.transport.message_bytes` of its arrays).
         max_partial_messages, max_partial_per_source, max_partial_bytes: quotas on incoming
             messages still being received (all sources; one address and port; the bytes they
-            claim together). A new message that would exceed one drops the oldest partial message
-            (that source's first), counted as ``drop_evicted``. Raise them only for a peer that
-            receives from hundreds of peers at once, or more than 16 GiB at once.
+            claim together, each up to CHUNK_CLAIM more than its bytes; None = 4 messages of
+            max_message_bytes). A new message that would exceed one drops the oldest partial
+            message (that source's first), counted as ``drop_evicted``. Size max_partial_bytes for
+            what arrives at once: a few messages from each peer that sends to this one (every
+            member, at the end of a job's final average).
         uplink_rate: bytes/s this peer may send in total (its uplink); 0 = unpaced. Per-receiver
             rates are given with each send.
         drop_prob, seed: drop incoming data datagrams with this probability (loss injection for
@@ -166,10 +176,10 @@ class Channel:
             rest by unicast. Keep it under the kernel's net.ipv4.igmp_max_memberships (20).
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, sender_id: int = 0, job_id: int = 0,
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, sender_id: int = 0, job_id: str | int = "",
                  key: bytes | None = None, max_datagram: int | None = None, window_bytes: int = 8 << 20,
                  rx_idle: float = 5.0, max_message_bytes: int = 4 << 30, max_partial_messages: int = 1024,
-                 max_partial_per_source: int = 64, max_partial_bytes: int = 16 << 30, uplink_rate: float = 0.0,
+                 max_partial_per_source: int = 64, max_partial_bytes: int | None = None, uplink_rate: float = 0.0,
                  drop_prob: float = 0.0, seed: int = 0, socket_buffer: int = 32 << 20, gso: bool = True,
                  transport_mode: str = "unicast", mcast_port: int = 0, mcast_groups: str = "239.77.0.0/16",
                  mcast_ttl: int = 1, mcast_max_joined: int = 16):
@@ -192,7 +202,7 @@ class Channel:
         cfg.host = host_c
         cfg.port = port
         cfg.sender_id = sender_id
-        cfg.job_id = job_id & 0xFFFFFFFF
+        cfg.job_id = job_tag(str(job_id))
         if key:
             ffi.memmove(cfg.key, key, KEY_BYTES)
         cfg.max_datagram = max_datagram or 0
@@ -201,6 +211,8 @@ class Channel:
         cfg.max_message_bytes = max_message_bytes
         cfg.max_partial_messages = max_partial_messages
         cfg.max_partial_per_source = max_partial_per_source
+        if max_partial_bytes is None:
+            max_partial_bytes = 4 * (max_message_bytes + CHUNK_CLAIM)
         cfg.max_partial_bytes = max_partial_bytes
         cfg.uplink_rate = uplink_rate
         cfg.drop_prob = drop_prob
@@ -224,6 +236,7 @@ class Channel:
         self.transport_mode = transport_mode
         self.multicast_reach: set[tuple[str, int]] = set()  # receivers probe_multicast found reachable
         self._probe_ids = itertools.cycle(PROBE_MSG_IDS)
+        self._bad_descriptors = 0  # messages recv refused (stats)
         h, p = ffi.new("char[16]"), ffi.new("uint16_t *")
         lib.p2p_engine_address(self._eng, h, p)
         self.address: tuple[str, int] = (ffi.string(h).decode(), p[0])
@@ -326,7 +339,10 @@ class Channel:
         return reached
 
     def recv(self, timeout: float | None = None) -> Delivery | None:
-        """The next delivered message, or None if none arrives within `timeout` seconds."""
+        """The next delivered message, or None if none arrives within `timeout` seconds. A message
+        whose descriptor does not describe its segments (a member's bug or a hostile key holder)
+        comes without arrays, as one whose layout never arrived, and is counted
+        (``drop_bad_descriptor`` in `stats`)."""
         out = ffi.new("p2p_delivery **")
         ms = -1 if timeout is None else max(0, int(timeout * 1000))
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -335,20 +351,22 @@ class Channel:
                 if check(lib.p2p_recv(eng, ms, out)) == 1:
                     return None
             d = ffi.gc(out[0], lib.p2p_delivery_free)
-            if not d.layout_known or bytes(ffi.buffer(d.app, d.app_len)) != PROBE_DESCRIPTOR:
-                return self._wrap(d)
-            if deadline is not None:  # another peer's multicast probe: wait on for a message
+            app = bytes(ffi.buffer(d.app, d.app_len)) if d.layout_known else None
+            if app != PROBE_DESCRIPTOR:  # (else another peer's multicast probe: wait on for a message)
+                layout = None if app is None else decode_descriptor(app, [d.seg_len[i] for i in range(d.nseg)])
+                if app is not None and layout is None:
+                    self._bad_descriptors += 1
+                return self._wrap(d, layout)
+            if deadline is not None:
                 ms = max(0, int((deadline - time.monotonic()) * 1000))
 
     @staticmethod
-    def _wrap(d: Any) -> Delivery:
+    def _wrap(d: Any, layout: list[tuple[np.dtype, tuple[int, ...]]] | None) -> Delivery:
+        """The delivery with its arrays (numpy views of engine memory, per `layout`), or without."""
         mask = np.unpackbits(np.frombuffer(ffi.buffer(d.chunk_mask, (d.nchunks + 7) // 8), dtype=np.uint8),
                              bitorder="little")[:d.nchunks].astype(bool)
         source = (ffi.string(d.src_host).decode(), d.src_port)
         arrays, offsets, fractions = None, [], []
-        layout = None
-        if d.layout_known:
-            layout = decode_descriptor(bytes(ffi.buffer(d.app, d.app_len)), [d.seg_len[i] for i in range(d.nseg)])
         if layout is not None:
             raw = np.asarray(EngineMemory(d, int(ffi.cast("uintptr_t", d.data)), d.data_len))
             offsets = [d.seg_off[i] for i in range(d.nseg)]
@@ -395,11 +413,13 @@ class Channel:
         return delivery
 
     def stats(self) -> dict[str, int]:
-        """Engine counters: bytes and datagrams each way, retransmissions, drops by reason."""
+        """Engine counters: bytes and datagrams each way, retransmissions, drops by reason; and
+        ``drop_bad_descriptor``, messages `recv` refused."""
         c = ffi.new("p2p_counters *")
         with self._held() as eng:
             lib.p2p_engine_counters(eng, c)
-        return {name: getattr(c, name) for name, _ in ffi.typeof("p2p_counters").fields}
+        return {**{name: getattr(c, name) for name, _ in ffi.typeof("p2p_counters").fields},
+                "drop_bad_descriptor": self._bad_descriptors}
 
     def close(self) -> None:
         """Stop the engine; sends in flight end as "cancelled". Received arrays stay valid."""

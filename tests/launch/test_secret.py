@@ -32,7 +32,7 @@ def test_hkdf_matches_rfc5869_test_case_1():
 
 def test_control_and_data_keys_are_distinct_and_not_the_secret():
     secret_hex = "ab" * 32
-    control, data = control_key(secret_hex), data_key(secret_hex)
+    control, data = control_key(secret_hex), data_key(secret_hex, "j")
     assert len(control) == 32 and len(data) == 32
     assert data != control and bytes.fromhex(secret_hex) not in (control, data)
     assert control_key(bytes.fromhex(secret_hex)) == control  # hex text and its bytes are one secret

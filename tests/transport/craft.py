@@ -8,7 +8,9 @@ import struct
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-MAGIC, VERSION = 0x7032, 2
+from p2plearn.keys import job_tag
+
+MAGIC, VERSION = 0x7032, 3
 DATA, ACK, PROBE, CLOSE, DONE = 1, 2, 3, 4, 5
 HDR = struct.Struct("<HBBHHIIIHHQII16s")  # 56 bytes
 TAG_AT = 40
@@ -20,17 +22,24 @@ def gmac(key: bytes, iv: bytes, data: bytes) -> bytes:
     return AESGCM(key).encrypt(iv, b"", data)
 
 
+def destination(to: tuple[str, int]) -> bytes:
+    """What a tag covers of where a datagram goes (native/auth.c): address, port (little-endian), 0."""
+    return socket.inet_aton(to[0]) + struct.pack("<HH", to[1], 0)
+
+
 def datagram(type_: int, *, sender: int = 1, msg: int = 1, chunk: int = 0, nchunks: int = 1, chunk_size: int = 1440,
-             meta_len: int = 24, pass_: int = 0, body: bytes = b"", job: int = 0, key: bytes | None = None,
-             session: int = 0x5E55, counter: int | None = None, magic: int = MAGIC, version: int = VERSION) -> bytes:
-    """One datagram as a sender with `session` makes it; each call takes the session's next counter
-    unless `counter` is given, so that repeated calls are not refused as replays."""
+             meta_len: int = 24, pass_: int = 0, body: bytes = b"", job: str | int = "", key: bytes | None = None,
+             to: tuple[str, int] = ("0.0.0.0", 0), session: int = 0x5E55, counter: int | None = None,
+             magic: int = MAGIC, version: int = VERSION) -> bytes:
+    """One datagram of job `job` as a sender with `session` makes it for receiver `to` (its tag covers
+    that address); each call takes the session's next counter unless `counter` is given, so that
+    repeated calls are not refused as replays."""
     if counter is None:
         counter = _counters.get(session, 0)
         _counters[session] = counter + 1
     hdr = HDR.pack(magic, version, type_, sender, pass_, msg, chunk, nchunks, chunk_size // 8, meta_len // 8,
-                   session, counter, job, bytes(16))
-    tag = bytes(16) if key is None else gmac(key, hdr[24:36], hdr[:TAG_AT] + body)
+                   session, counter, job_tag(str(job)), bytes(16))
+    tag = bytes(16) if key is None else gmac(key, hdr[24:36], destination(to) + hdr[:TAG_AT] + body)
     return hdr[:TAG_AT] + tag + body
 
 

@@ -323,10 +323,10 @@ def test_wrong_key_or_job_is_rejected(channels):
     c = channels(key=k1, job_id=6)
     ok = channels(key=k1, job_id=5)
     x = np.ones(10_000, np.float32)
-    for dst in (b, c):
+    for dst, counted in ((b, "drop_bad_tag"), (c, "drop_other_job")):
         a.send(1, [x], [dst.address], deadline=0.3)
         assert dst.recv(timeout=0.5) is None
-        assert dst.stats()["drop_bad_tag"] > 0
+        assert dst.stats()[counted] > 0
     a.send(2, [x], [ok.address])
     np.testing.assert_array_equal(recv_one(ok).arrays[0], x)
 
@@ -339,7 +339,7 @@ def test_python_gmac_agrees_with_the_engine(channels, raw_peer):
     x = np.arange(100, dtype=np.int16)
     (chunk,), meta_len = message_chunks([x.tobytes()], [["<i2", [100]]], CHUNK)
     raw_peer.send(datagram(DATA, sender=2, msg=1, chunk=0, nchunks=1, chunk_size=CHUNK, meta_len=meta_len,
-                           body=chunk, job=99, key=key), b.address)
+                           body=chunk, job=99, key=key, to=b.address), b.address)
     np.testing.assert_array_equal(recv_one(b).arrays[0], x)
 
 
@@ -380,7 +380,8 @@ def test_a_valid_message_with_a_hostile_descriptor_arrives_without_arrays(channe
         raw_peer.send(datagram(DATA, sender=9, msg=5, chunk=k, nchunks=len(chunks), chunk_size=CHUNK,
                                meta_len=meta_len, body=chunk), b.address)
     d = recv_one(b)
-    assert (d.sender, d.msg_id, d.arrays) == (9, 5, None)  # delivered and counted, never decoded into arrays
+    assert (d.sender, d.msg_id, d.arrays) == (9, 5, None)  # delivered, never decoded into arrays
+    assert b.stats()["drop_bad_descriptor"] == 1
     good, meta_len = message_chunks([np.arange(1250, dtype=np.float32).tobytes()], [["<f4", [1250]]], CHUNK)
     for k, chunk in enumerate(good):  # the peer still works
         raw_peer.send(datagram(DATA, sender=9, msg=6, chunk=k, nchunks=len(good), chunk_size=CHUNK,

@@ -10,16 +10,18 @@ import time
 import numpy as np
 import pytest
 
+from p2plearn.transport import CHUNK_CLAIM
 from tests.transport.craft import ACK, CLOSE, DATA, DONE, HDR, PROBE, VERSION, datagram
 
-DROPS = ("drop_bad_length", "drop_bad_magic", "drop_bad_version", "drop_bad_type", "drop_bad_tag", "drop_replayed",
-         "drop_bad_index", "drop_bad_meta", "drop_unknown", "drop_stale", "drop_too_large")
+DROPS = ("drop_bad_length", "drop_bad_magic", "drop_bad_version", "drop_bad_type", "drop_other_job", "drop_bad_tag",
+         "drop_replayed", "drop_bad_index", "drop_bad_meta", "drop_unknown", "drop_stale", "drop_too_large")
 
 
-def invalid_datagrams(rng: random.Random, job: int, key: bytes | None = None):
+def invalid_datagrams(rng: random.Random, job: int, to: tuple[str, int], key: bytes | None = None):
     """Yields datagrams each of which breaks at least one rule the engine checks (signed with
-    ``key`` when given, so that they reach the checks behind the tag)."""
-    ok = dict(sender=1, msg=rng.randrange(1 << 32), chunk=0, nchunks=4, chunk_size=1440, meta_len=48, job=job, key=key)
+    ``key`` for receiver `to` when given, so that they reach the checks behind the tag)."""
+    ok = dict(sender=1, msg=rng.randrange(1 << 32), chunk=0, nchunks=4, chunk_size=1440, meta_len=48, job=job, key=key,
+              to=to)
     kind = rng.randrange(16)
     if kind == 0:  # random bytes that do not start with the magic
         n = rng.randrange(0, 1600)
@@ -39,8 +41,9 @@ def invalid_datagrams(rng: random.Random, job: int, key: bytes | None = None):
         return datagram(DATA, body=b"x", **{**ok, rng.choice(["chunk_size", "nchunks"]): 0})
     if kind == 6:  # meta longer than the message, or shorter than its fixed part
         return datagram(DATA, body=b"x" * 1440, **{**ok, "meta_len": rng.choice([8, 16, 8 * 1000])})
-    if kind == 7:  # claims a message larger than allowed
-        return datagram(DATA, body=b"x" * 1440, **{**ok, "nchunks": 0xFFFFFFFF, "chunk_size": 65528})
+    if kind == 7:  # claims a message larger than allowed, or chunks larger than a datagram carries
+        return datagram(DATA, body=b"x" * 1440, **{**ok, "nchunks": 0xFFFFFFFF,
+                                                   "chunk_size": rng.choice([CHUNK_CLAIM, CHUNK_CLAIM + 8, 65528])})
     if kind == 8:  # wrong magic or version
         b = bytearray(datagram(DATA, body=b"x" * 1440, **ok))
         b[rng.choice([0, 1, 2])] ^= 1 + rng.randrange(255)
@@ -56,8 +59,9 @@ def invalid_datagrams(rng: random.Random, job: int, key: bytes | None = None):
         return datagram(rng.choice([PROBE, CLOSE]), body=rng.randbytes(5 + rng.randrange(100)), **ok)
     if kind == 12:  # the last chunk ends inside the meta
         return datagram(DATA, body=b"x" * 8, **{**ok, "chunk": 0, "nchunks": 1, "meta_len": 64})
-    if kind == 13:  # wrong job id
-        return datagram(DATA, body=b"x" * 1440, **{**ok, "job": job + 1})
+    if kind == 13:  # another job's, or (signed) for another receiver
+        other = {"job": job + 1} if key is None or rng.random() < 0.5 else {"to": (to[0], to[1] + 1)}
+        return datagram(DATA, body=b"x" * 1440, **{**ok, **other})
     if kind == 14:  # a valid datagram with one byte of its job id flipped, or with a key, of its session,
         b = bytearray(datagram(DATA, body=b"x" * 1440, **ok))  # counter, job id or tag
         b[rng.randrange(24, HDR.size) if key else rng.randrange(36, 40)] ^= 1 + rng.randrange(255)
@@ -87,7 +91,7 @@ def test_fuzz_hundred_thousand_datagrams_while_legitimate_messages_flow(channels
     rx = channels(job_id=job, key=key)  # the default caps
     tx = channels(sender_id=8, job_id=job, key=key)
     rng = random.Random(0)
-    pool = [invalid_datagrams(rng, job, key) for _ in range(20_000)]
+    pool = [invalid_datagrams(rng, job, rx.address, key) for _ in range(20_000)]
     stop, legit, errors = threading.Event(), [], []
 
     def flow() -> None:  # legitimate messages the whole time; each must arrive intact
@@ -123,7 +127,9 @@ def test_fuzz_hundred_thousand_datagrams_while_legitimate_messages_flow(channels
     assert st["messages_delivered"] == len(legit) and st["messages_expired"] == 0
     assert rx.recv(timeout=0.05) is None
     behind_the_tag = ("drop_bad_length", "drop_bad_index", "drop_unknown", "drop_too_large")
-    for k in ("drop_bad_magic", "drop_bad_version", "drop_bad_type", "drop_bad_tag", "drop_replayed", *behind_the_tag):
+    tag = ("drop_bad_tag",) if key else ()  # without tags, nothing fails one
+    for k in ("drop_bad_magic", "drop_bad_version", "drop_bad_type", "drop_other_job", *tag, "drop_replayed",
+              *behind_the_tag):
         assert st[k] > 0, f"no datagram exercised {k}"
 
 
@@ -135,7 +141,8 @@ def test_fuzz_with_authentication_rejects_forgeries_by_tag(channels, raw_peer):
     for _ in range(n):  # well-formed headers, but nobody outside the job knows the key
         t = rng.choice([DATA, ACK, PROBE, CLOSE, DONE])
         raw_peer.send(datagram(t, body=rng.randbytes(rng.randrange(0, 1440)), job=7, msg=rng.randrange(9),
-                               nchunks=rng.randrange(1, 9), key=bytes(32 - i for i in range(32))), rx.address)
+                               nchunks=rng.randrange(1, 9), key=bytes(32 - i for i in range(32)), to=rx.address),
+                      rx.address)
     wait_until(lambda: rx.stats()["datagrams_received"] >= n)
     assert rx.stats()["drop_bad_tag"] == n
     assert rx.recv(timeout=0.05) is None

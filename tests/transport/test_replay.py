@@ -1,5 +1,6 @@
 """Replay refusal: every datagram carries its sender's session and counter under the tag, and a
-receiver takes each (sender, session, counter) once (native/replay.c)."""
+receiver takes each (sender, session, counter) once (native/replay.c); the tag also covers the
+datagram's destination, so that a datagram is good at the one receiver it was sent to."""
 from __future__ import annotations
 
 import random
@@ -13,6 +14,24 @@ from p2plearn.transport import Reason
 from tests.transport.craft import ACK, DATA, HDR, datagram
 
 KEY, JOB = bytes(range(32)), 41
+
+
+def captured_message(sender, x: np.ndarray) -> tuple[list[bytes], tuple[str, int]]:
+    """Message 5 as `sender` sends it to a wiretap socket, and the wiretap's address (free again, for
+    the receiver the capture was meant for, once the sender gave up)."""
+    wiretap = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        wiretap.bind(("127.0.0.1", 0))
+        handle = sender.send(5, [x], [wiretap.getsockname()], deadline=0.5)
+        captured = capture(wiretap, time.monotonic() + 0.3)
+        handle.wait(10)
+        captured += capture(wiretap, time.monotonic() + 0.1)
+        address = wiretap.getsockname()
+    finally:
+        wiretap.close()
+    data = [HDR.unpack(d[:HDR.size]) for d in captured if HDR.unpack(d[:HDR.size])[2] == DATA]
+    assert {h[6] for h in data} == set(range(data[0][7])), "the first pass was not captured whole"
+    return captured, address
 
 
 def capture(sock: socket.socket, until: float) -> list[bytes]:
@@ -47,17 +66,10 @@ def settled(ch) -> dict[str, int]:
 
 @pytest.mark.parametrize("key", [KEY, None], ids=["tags-on", "tags-off"])
 def test_captured_datagrams_replayed_from_another_port_deliver_nothing(channels, raw_peer, key):
-    a, b = channels(sender_id=3, key=key, job_id=JOB), channels(key=key, job_id=JOB)
-    wiretap = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        wiretap.bind(("127.0.0.1", 0))
-        x = np.random.default_rng(0).random(20_000).astype(np.float32)
-        a.send(5, [x], [wiretap.getsockname()], deadline=0.5)
-        captured = capture(wiretap, time.monotonic() + 0.3)
-    finally:
-        wiretap.close()
-    data = [HDR.unpack(d[:HDR.size]) + (d,) for d in captured if HDR.unpack(d[:HDR.size])[2] == DATA]
-    assert {h[6] for h in data} == set(range(data[0][7])), "the first pass was not captured whole"
+    a = channels(sender_id=3, key=key, job_id=JOB)
+    x = np.random.default_rng(0).random(20_000).astype(np.float32)
+    captured, meant_for = captured_message(a, x)
+    b = channels(host=meant_for[0], port=meant_for[1], key=key, job_id=JOB)  # the receiver it was sent to
 
     for d in captured:  # the attacker forwards what it saw: the message arrives once, intact
         raw_peer.send(d, b.address)
@@ -84,7 +96,8 @@ def test_reordering_within_the_window_is_accepted_and_older_is_refused(channels,
     b = channels(key=KEY, job_id=JOB)
 
     def ack(counter: int, session: int = 7) -> None:  # an ACK for no message: counted drop_unknown if taken
-        raw_peer.send(datagram(ACK, body=bytes(24), job=JOB, key=KEY, session=session, counter=counter), b.address)
+        raw_peer.send(datagram(ACK, body=bytes(24), job=JOB, key=KEY, to=b.address, session=session, counter=counter),
+                      b.address)
 
     def outcome(counter: int, session: int = 7) -> str:
         before = b.stats()
@@ -112,9 +125,33 @@ def test_reordering_within_the_window_is_accepted_and_older_is_refused(channels,
 def test_a_forged_tag_does_not_move_the_window(channels, raw_peer):
     """Only authentic datagrams reach the window: an outsider cannot push a sender's window ahead."""
     b = channels(key=KEY, job_id=JOB)
-    forged = datagram(ACK, body=bytes(24), job=JOB, key=bytes(32), session=7, counter=1 << 31)
+    forged = datagram(ACK, body=bytes(24), job=JOB, key=bytes(32), to=b.address, session=7, counter=1 << 31)
     raw_peer.send(forged, b.address)
-    raw_peer.send(datagram(ACK, body=bytes(24), job=JOB, key=KEY, session=7, counter=1), b.address)
+    raw_peer.send(datagram(ACK, body=bytes(24), job=JOB, key=KEY, to=b.address, session=7, counter=1), b.address)
     wait_for(lambda: sum(b.stats()[k] for k in ("drop_bad_tag", "drop_unknown", "drop_replayed")) >= 2)
     st = b.stats()
     assert (st["drop_bad_tag"], st["drop_unknown"], st["drop_replayed"]) == (1, 1, 0)
+
+
+def test_a_message_replayed_to_another_receiver_is_refused_by_tag(channels):
+    """An eavesdropper without the key captures a message meant for one peer and replays it to
+    another (whose replay window never saw it): the tag covers the destination, so nothing of it
+    is delivered or answered there, and each datagram is counted."""
+    a = channels(sender_id=3, key=KEY, job_id=JOB)
+    x = np.random.default_rng(1).random(20_000).astype(np.float32)
+    captured, meant_for = captured_message(a, x)
+    other = channels(key=KEY, job_id=JOB)  # another member, on the same host
+    elsewhere = channels(host="127.0.0.2", port=meant_for[1], key=KEY, job_id=JOB)  # same port, another address
+    attacker = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        for victim in (other, elsewhere):
+            for d in captured:
+                attacker.sendto(d, victim.address)
+            wait_for(lambda: victim.stats()["drop_bad_tag"] >= len(captured))
+    finally:
+        attacker.close()
+    for victim in (other, elsewhere):
+        st = settled(victim)
+        assert st["drop_bad_tag"] == st["datagrams_received"] == len(captured), st
+        assert st["datagrams_sent"] == 0, "a redirected replay drew an answer"
+        assert victim.recv(timeout=0.2) is None, "a redirected replay was delivered"
