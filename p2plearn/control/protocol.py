@@ -42,10 +42,73 @@ MEMBER = "member"        # join / leave / dead of one rank
 CLOCK = "clock"          # the slowest live peer's clock changed
 DONATE = "donate"        # ask a donor to send its state to a joiner
 MOVED = "moved"          # endpoint, term: a successor took over; go there
+ENDED = "ended"          # term: the coordinator stopped at the end of its job; look for no successor
+
+
+MAX_RANK = 1 << 20       # ranks, like every count of peers, are below this
+MAX_COUNT = 1 << 62      # clocks, terms, epochs, ids: non-negative integers below this
+MAX_RATE = 1.25e13       # bytes/s: 100 Tbit/s; a rate from a peer at or above it is not believed
 
 
 class AuthError(Exception):
     """A message failed authentication (wrong job key or job id)."""
+
+
+class BadField(ValueError):
+    """A field of an authenticated message is missing, mistyped or out of range: the message is
+    refused (counted, and answered with an error where a reply is due), never half-applied."""
+
+
+def integer(value: Any, name: str, low: int = 0, high: int = MAX_COUNT) -> int:
+    """``value`` as an int in [``low``, ``high``); JSON booleans and floats are refused."""
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value < high:
+        raise BadField(f"{name} must be an integer in [{low}, {high}), got {str(value)[:60]}")
+    return value
+
+
+def number(value: Any, name: str, low: float = 0.0, high: float = float("inf")) -> float:
+    """``value`` as a float in [``low``, ``high``) (so never NaN)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < high:
+        raise BadField(f"{name} must be a number in [{low:g}, {high:g}), got {str(value)[:60]}")
+    return float(value)
+
+
+def loss_value(value: Any) -> float | None:
+    """None, or any number: a diverged peer's loss is NaN or infinite, and is shown as it is."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise BadField(f"loss must be a number, got {str(value)[:60]}")
+    return None if value is None else float(value)
+
+
+def text(value: Any, name: str, limit: int = 256) -> str:
+    if not isinstance(value, str) or len(value) > limit:
+        raise BadField(f"{name} must be a string of at most {limit} characters, got {str(value)[:60]}")
+    return value
+
+
+def valid_endpoint(value: Any, name: str) -> str:
+    """``value`` if it is an endpoint a client can connect to: ``tcp://host:port`` (port 1-65535)
+    or ``ipc:///path``."""
+    ep = text(value, name)
+    scheme, sep, rest = ep.partition("://")
+    host, colon, port = rest.rpartition(":")
+    tcp_ok = scheme == "tcp" and colon and host and port.isdigit() and 0 < int(port) < 65536
+    ipc_ok = scheme == "ipc" and 1 < len(rest) <= 100  # a unix socket's path is at most ~107 bytes
+    if not sep or not (tcp_ok or ipc_ok) or any(c.isspace() for c in ep):
+        raise BadField(f"{name} must be tcp://host:port or ipc:///path, got {ep[:60]!r}")
+    return ep
+
+
+def engine_address(value: Any) -> tuple[str, int] | None:
+    """A data engine's ``[host, port]`` (None: not started yet)."""
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise BadField(f"engine must be [host, port], got {str(value)[:60]}")
+    host = text(value[0], "engine host")
+    if not host:
+        raise BadField("engine host is empty")
+    return host, integer(value[1], "engine port", 1, 65536)
 
 
 def _tag(key: bytes, body: bytes, blobs: list[bytes]) -> bytes:
