@@ -136,8 +136,9 @@ class Coordinator:
         self.registrations = 0  # registrations served, ever
         self._most_members = 0  # the most members at once, ever
         self._most_planned = 0  # the most receivers a published view planned, ever
-        self.errors = 0  # requests that failed validation (counted, answered with an error)
-        self.rejected: Counter[str] = Counter()  # those requests by type ("unknown": no such request)
+        # Requests refused as malformed, by type ("unknown": no such request); each was answered
+        # with an error, or (a step_down whose successor did not confirm) logged.
+        self.rejected: Counter[str] = Counter()
         self._successor_check: _SuccessorCheck | None = None  # a step_down's successor, asked to confirm
         self.moved_to: str | None = None  # set when a successor took over
         self._announce_end = False  # tell the clients that the job ended as it stops (``end``)
@@ -218,6 +219,11 @@ class Coordinator:
         self.stop()
 
     # -- what the launcher and tests read (thread-safe snapshots) ------------------------------
+
+    @property
+    def errors(self) -> int:
+        """Requests refused as malformed (``rejected`` says which)."""
+        return sum(self.rejected.values())
 
     def members(self) -> dict[int, Member]:
         with self._lock:
@@ -306,7 +312,6 @@ class Coordinator:
                 reply = handler(body, blobs)
                 self._note_connection(fd, body)  # after the handler: a registration makes the member
             except Exception as exc:  # a key holder's bad request must never kill the loop: answer and count it
-                self.errors += 1
                 self.rejected[kind if handler else "unknown"] += 1
                 reply = {"type": p.ERROR, "reason": f"bad {str(kind)[:60]} request: {exc}"}
         if reply is not None:
