@@ -487,8 +487,11 @@ class Client:
 
     def _open_streams(self) -> tuple[zmq.Socket, zmq.Socket, zmq.Socket, zmq.Poller]:
         """The SUB socket, the heartbeat DEALER, a monitor of the DEALER's connection, and their poller."""
-        sub = self._socket(zmq.SUB, self._pub_endpoint)
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        p.subscribe_encrypted(sub, self._secret)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(self._pub_endpoint)
         beat = self._ctx.socket(zmq.DEALER)
         beat.setsockopt(zmq.LINGER, 0)
         set_transport_heartbeat(beat, self.heartbeat)  # a paused or lost coordinator closes this connection

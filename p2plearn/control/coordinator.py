@@ -149,6 +149,7 @@ class Coordinator:
         self._pub = self._ctx.socket(zmq.PUB)
         for sock in (self._router, self._pub):
             sock.setsockopt(zmq.LINGER, 0)
+        p.encrypt_broadcasts(self._pub, key)  # anyone may subscribe: only key holders can read
         self._router.setsockopt(zmq.ROUTER_MANDATORY, 0)
         # Requests are small; libzmq drops the connection of anyone sending more, before we see it.
         self._router.setsockopt(zmq.MAXMSGSIZE, p.MAX_REQUEST_BYTES)

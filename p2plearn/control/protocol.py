@@ -10,6 +10,11 @@ A message is a list of frames ``[body, tag, *blobs]``:
 A message whose tag or job id does not match is refused. The tag authenticates membership
 in the job; it does not prevent replay of a captured message inside the same job (the
 control plane runs inside a trusted cluster; the key keeps other jobs and strangers out).
+
+The coordinator's broadcasts (PUB -> SUB: membership, clocks, loss, views) are also encrypted:
+anyone may connect to a PUB socket, so it is a CurveZMQ server whose key pair derives from the
+job's secret (``pub_keys``), and only a key holder, who can derive its public key, completes the
+handshake; a subscriber without the key receives nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +24,12 @@ import hmac
 import json
 from typing import Any
 
+import zmq
+from zmq.utils import z85
+
+from ..keys import hkdf
+
+PUB_LABEL = b"p2plearn control pub curve v1"  # HKDF label of the broadcasts' CurveZMQ key
 MAX_REQUEST_BYTES = 16 << 20  # a request (all frames) larger than this drops its connection
 
 # Requests (client -> coordinator, DEALER -> ROUTER).
@@ -139,6 +150,33 @@ def unpack(key: bytes, job: str, frames: list[bytes]) -> tuple[dict[str, Any], l
     if not isinstance(body, dict) or body.get("job") != job:
         raise AuthError("wrong job id")
     return body, blobs
+
+
+def pub_keys(secret: str | bytes) -> tuple[bytes, bytes]:
+    """The broadcasts' CurveZMQ key pair (public, secret; Z85) derived from the job's secret."""
+    private = z85.encode(hkdf(secret, PUB_LABEL, 32))
+    return zmq.curve_public(private), private
+
+
+def encrypt_broadcasts(pub: zmq.Socket, secret: str | bytes) -> None:
+    """Make ``pub`` (before it binds) a CurveZMQ server only key holders can subscribe to."""
+    _require_curve()
+    pub.curve_secretkey = pub_keys(secret)[1]
+    pub.curve_server = True
+
+
+def subscribe_encrypted(sub: zmq.Socket, secret: str | bytes) -> None:
+    """Make ``sub`` (before it connects) a CurveZMQ client of a PUB set up by ``encrypt_broadcasts``:
+    it authenticates the coordinator by the public key derived from the secret."""
+    _require_curve()
+    sub.curve_serverkey = pub_keys(secret)[0]
+    sub.curve_publickey, sub.curve_secretkey = zmq.curve_keypair()
+
+
+def _require_curve() -> None:
+    if not zmq.has("curve"):
+        raise RuntimeError(f"this libzmq ({zmq.zmq_version()}) was built without CURVE, which encrypts the "
+                           "control plane's broadcasts: install pyzmq's wheel (it bundles a libzmq with it)")
 
 
 def refusal(reason: str, request_id: Any) -> list[bytes]:
