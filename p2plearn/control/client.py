@@ -19,8 +19,6 @@ a client told so, or one that left or is closing, never looks for a successor.
 from __future__ import annotations
 
 import itertools
-from collections import Counter
-from contextlib import contextmanager
 import logging
 import os
 import queue
@@ -29,7 +27,9 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import zmq
@@ -423,6 +423,15 @@ class Client:
             self._check()
             return dict(self._members)
 
+    def wait_alone(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s until no other peer is a member (each left or was declared
+        dead), or the job ended; True if so. The peer that started the coordinator calls it after
+        ``leave()`` and before stopping the coordinator (a peer finishing a moment later still finds
+        it), and before ``close()``: a closed client's membership is no longer kept up to date."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: self._dead or self._ended or all(r == self.rank for r in self._members), timeout)
+
     def on_event(self, callback: Callable[[Event], None]) -> None:
         """Call ``callback(event)`` on the client's thread for each event; keep it short (hand
         long work, like sending state to a joiner, to another thread or poll ``events``)."""
@@ -551,7 +560,7 @@ class Client:
         elif kind == p.VIEW:
             self._add_view(GlobalView.from_blobs(body.get("view"), blobs))
         elif kind == p.DONATE:
-            to, rank = p.integer(body.get("to"), "to", 0, p.MAX_RANK), p.integer(body.get("rank"), "rank", 0, p.MAX_RANK)
+            to, rank = (p.integer(body.get(name), name, 0, p.MAX_RANK) for name in ("to", "rank"))
             engine, clock = p.engine_address(body.get("engine")), p.integer(body.get("clock"), "clock")
             if to == self.rank:
                 self._emit(Event("donate", rank=rank, engine=engine, clock=clock))
@@ -580,7 +589,8 @@ class Client:
                          engine=self.donor.engine if self.donor else None))
 
     def _on_member(self, body: dict) -> None:
-        member, epoch, event = Member.from_dict(body.get("member")), p.integer(body.get("epoch"), "epoch"), body.get("event")
+        member, event = Member.from_dict(body.get("member")), body.get("event")
+        epoch = p.integer(body.get("epoch"), "epoch")
         if event not in MEMBER_EVENTS:
             raise p.BadField(f"unknown member event {str(event)[:60]!r}")
         with self._cond:

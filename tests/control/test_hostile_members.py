@@ -138,9 +138,13 @@ def test_every_request_from_a_key_holder_leaves_the_coordinator_serving():
         check()
         time.sleep(0.5)  # ticks, reaps and views after the last one
         assert coord.serving and coord._thread.is_alive()
-        assert coord.errors > 0 and coord.rejected[p.STEP_DOWN] > 0
+        assert coord.errors > 0  # the malformed ones were counted
         member.fetch_view()
-        assert 0 in member.members  # the real member is still one
+        newcomer = Client(coord.address, JOB, KEY, rank=None, connect_timeout=5.0)
+        try:
+            newcomer.register(("127.0.0.1", 9100), join=True)  # still serving: a newcomer joins
+        finally:
+            newcomer.close()
     finally:
         sock.close()
         member.close()
@@ -157,7 +161,8 @@ def test_a_signed_step_down_naming_no_successor_leaves_the_coordinator_serving(c
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(coordinator.address)
     try:
-        for i, endpoint in enumerate([f"tcp://127.0.0.1:{_closed_port()}", "no endpoint", f"tcp://127.0.0.1:{_closed_port()}"]):
+        nobody = f"tcp://127.0.0.1:{_closed_port()}"
+        for i, endpoint in enumerate([nobody, "no endpoint", nobody]):
             sock.send_multipart(p.pack(control_key(key), JOB, {"type": p.STEP_DOWN, "term": 1, "endpoint": endpoint,
                                                                "id": i}))
             assert sock.poll(5000)
@@ -198,6 +203,7 @@ class FakeCoordinator:
     def __init__(self, key: str, hello: dict | None = None) -> None:
         ctx = zmq.Context.instance()
         self.router, self.pub = ctx.socket(zmq.ROUTER), ctx.socket(zmq.PUB)
+        p.encrypt_broadcasts(self.pub, key)
         for sock in (self.router, self.pub):
             sock.setsockopt(zmq.LINGER, 0)
             sock.bind("tcp://127.0.0.1:*")

@@ -42,6 +42,16 @@ def test_a_coordinator_ended_with_its_job_starts_no_successor(key):
         coord.stop()
 
 
+def test_the_peer_that_stops_the_coordinator_can_wait_until_it_is_alone(connect):
+    clients = [connect(r, ("127.0.0.1", 9000 + r)) for r in range(3)]
+    clients[0].wait_members(3, timeout=5)
+    clients[0].leave()
+    assert not clients[0].wait_alone(0.3)  # ranks 1 and 2 are still members
+    for c in clients[1:]:
+        c.leave()
+    assert clients[0].wait_alone(5)
+
+
 def test_a_client_that_left_starts_no_successor(key):
     """The coordinator vanishes (as a crash would) after rank 0 left: rank 0, which would host the
     successor, no longer takes part, so it starts none; rank 1, still in the job, does."""
