@@ -43,8 +43,8 @@ ANY = st.recursive(st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st
                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
                    max_leaves=8)
 RANK = st.integers(-2, 8) | st.sampled_from([2**20, 2**62, 2**64])
-ENDPOINT = st.sampled_from(["tcp://127.0.0.1:1", "tcp://:5", "ipc://", "tcp://127.0.0.1:99999", "tcp://h:0",
-                            "udp://127.0.0.1:5", "tcp://127.0.0.1", "tcp://a b:5"]) | st.builds(
+ENDPOINT = st.sampled_from(["tcp://127.0.0.1:1", "tcp://:5", "ipc://", "tcp://h:\u00b2", "tcp://127.0.0.1:99999",
+                            "tcp://h:0", "udp://127.0.0.1:5", "tcp://127.0.0.1", "tcp://a b:5"]) | st.builds(
     lambda port: f"tcp://127.0.0.1:{port}", st.just(0).map(lambda _: _closed_port()))
 ENGINE = st.tuples(st.sampled_from(["127.0.0.1", "", 5]), st.integers(-1, 70000)).map(list)
 MEMBER = st.fixed_dictionaries({"rank": RANK, "host": st.text(max_size=4)},
