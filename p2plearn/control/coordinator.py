@@ -731,8 +731,9 @@ def _links(value: Any) -> dict[int, dict[str, Any]]:
             continue
         rate, paced = flow.get("rate", 0.0), flow.get("paced", 0.0)
         if all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < p.MAX_RATE for x in (rate, paced)):
-            links[int(receiver)] = {"rate": float(rate), "paced": float(paced),
-                                    "probe": str(flow.get("probe", ""))[:32], "multicast": flow.get("multicast") is True}
+            probe = str(flow.get("probe", ""))[:32]
+            links[int(receiver)] = {"rate": float(rate), "paced": float(paced), "probe": probe,
+                                    "multicast": flow.get("multicast") is True}
     return links
 
 
