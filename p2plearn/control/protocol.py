@@ -103,9 +103,10 @@ def valid_endpoint(value: Any, name: str) -> str:
     ep = text(value, name)
     scheme, sep, rest = ep.partition("://")
     host, colon, port = rest.rpartition(":")
-    tcp_ok = scheme == "tcp" and colon and host and port.isascii() and port.isdigit() and 0 < int(port) < 65536
-    ipc_ok = scheme == "ipc" and 1 < len(rest) <= 100  # a unix socket's path is at most ~107 bytes
-    if not sep or not (tcp_ok or ipc_ok) or any(c.isspace() for c in ep):
+    tcp_ok = (scheme == "tcp" and colon and host and not any(c.isspace() for c in host)
+              and port.isascii() and port.isdigit() and 0 < int(port) < 65536)
+    ipc_ok = scheme == "ipc" and 1 < len(rest) <= 107  # the longest path a unix socket can bind
+    if not sep or not (tcp_ok or ipc_ok):
         raise BadField(f"{name} must be tcp://host:port or ipc:///path, got {ep[:60]!r}")
     return ep
 
