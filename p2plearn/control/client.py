@@ -400,10 +400,13 @@ class Client:
         ``receiving``, also until a view planned them all as receivers (their engines are known),
         so that every peer plans its first round from the same view. "Once were" counts since this
         client followed its coordinator: peers that finished and left meanwhile do not undo the
-        start. Returns the members now. ControlError on timeout."""
+        start, nor does the end of the job (the others trained and left). Returns the members now.
+        ControlError on timeout, or when the job ended before it started."""
+        def started() -> bool:
+            return self._most_members >= count and (not receiving or self._most_planned >= count)
+
         def ready() -> bool:
-            started = self._most_members >= count and (not receiving or self._most_planned >= count)
-            return self._dead or self._ended or started
+            return self._dead or self._ended or started()
 
         def awaited() -> str:
             missing = sorted(set(range(count)) - set(self._members))
@@ -420,7 +423,8 @@ class Client:
                     raise ControlError(f"still waiting for {awaited()} after {timeout:g} s")
                 if self.rank == 0:  # one line for the job, not one per rank
                     log.warning("p2plearn: waiting for %s after %.0f s", awaited(), waited)
-            self._check()
+            if self._dead or not started():
+                self._check()
             return dict(self._members)
 
     def wait_alone(self, timeout: float) -> bool:
@@ -569,8 +573,12 @@ class Client:
             if term > self._term:
                 self._moved_to = endpoint
         elif kind == p.ENDED and p.integer(body.get("term"), "term") >= self._term:
+            members, planned = (p.integer(body.get(name, 0), name, 0, p.MAX_RANK + 1)
+                                for name in ("most_members", "most_planned"))
             with self._cond:
                 self._ended = True
+                self._most_members = max(self._most_members, members)
+                self._most_planned = max(self._most_planned, planned)
                 self._cond.notify_all()
             self._emit(Event("job_ended"))
 

@@ -282,8 +282,9 @@ class Coordinator:
                     # to know that its subscription is live.
                     self._next_tick = now + (check if now < self._fast_ticks_until else self.heartbeat)
         if self.moved_to is None and self._announce_end:
-            with self._lock:
-                self._publish(p.ENDED, term=self.term)
+            with self._lock:  # with the most members ever at once: a peer still starting knows the job ran
+                self._publish(p.ENDED, term=self.term, most_members=self._most_members,
+                              most_planned=self._most_planned)
 
     def _try_take_over(self, now: float) -> None:
         """Bind the predecessor's endpoint (on the serving thread: sockets are not thread-safe)."""

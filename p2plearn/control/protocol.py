@@ -53,7 +53,7 @@ MEMBER = "member"        # join / leave / dead of one rank
 CLOCK = "clock"          # the slowest live peer's clock changed
 DONATE = "donate"        # ask a donor to send its state to a joiner
 MOVED = "moved"          # endpoint, term: a successor took over; go there
-ENDED = "ended"          # term: the coordinator stopped at the end of its job; look for no successor
+ENDED = "ended"          # term, most_members, most_planned: the coordinator stopped at the end of its job
 
 
 MAX_RANK = 1 << 20       # ranks, like every count of peers, are below this

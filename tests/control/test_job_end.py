@@ -42,6 +42,31 @@ def test_a_coordinator_ended_with_its_job_starts_no_successor(key):
         coord.stop()
 
 
+def test_a_peer_still_starting_when_its_job_ended_knows_that_the_job_ran(key):
+    """Rank 0 may end the job (and its coordinator) while a slow peer is still in its start-up wait,
+    its subscription having missed the joins: ENDED says how many members the job had at once, so
+    the peer's wait is over (it once failed its init with 'the job ended')."""
+    coord = Coordinator(JOB, key, world_size=3, heartbeat=0.2).start()
+    clients = [Client(coord.address, JOB, key, rank=r, connect_timeout=5.0) for r in range(3)]
+    try:
+        for c in clients:
+            c.register(("127.0.0.1", 9000 + c.rank))
+        clients[0].wait_members(3, timeout=5)
+        late = clients[2]
+        with late._cond:  # as if it had seen none of the joins
+            late._most_members = late._most_planned = 0
+        for c in clients[:2]:
+            c.leave()
+        coord.end()
+        assert sorted(late.wait_members(3, timeout=5, receiving=True)) == [2]
+        with pytest.raises(ControlError, match="job ended"):
+            late.wait_members(4, timeout=5)  # a job that never had 4 members did not start
+    finally:
+        for c in clients:
+            c.close()
+        coord.stop()
+
+
 def test_the_peer_that_stops_the_coordinator_can_wait_until_it_is_alone(connect):
     clients = [connect(r, ("127.0.0.1", 9000 + r)) for r in range(3)]
     clients[0].wait_members(3, timeout=5)
