@@ -11,6 +11,9 @@ new coordinator process at the ``standby`` endpoint it registered, every client 
 there (the first one hands over the membership and the view it held), and training goes on with
 the last view meanwhile. Only when no coordinator can be reached for ``give_up`` seconds does the
 client give up (``CoordinatorDead``).
+
+The end of a job is no fault: a coordinator stopped at the end of its job says so (``ENDED``), and
+a client told so, or one that left or is closing, never looks for a successor.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import zmq
@@ -40,8 +45,14 @@ from .view import GlobalView
 
 log = logging.getLogger("p2plearn.control")
 WAIT_NOTICE_S = 5.0  # start-up waits longer than this say what they wait for
+MESSAGES = (p.TICK, p.MEMBER, p.CLOCK, p.VIEW, p.DONATE, p.MOVED, p.ENDED, p.OK, p.ERROR)  # what a client is sent
+MEMBER_EVENTS = ("join", "update", "leave", "dead")
 VIEWS_KEPT = 16        # views held at once (a new one may apply a few rounds ahead)
 OLD_COORDINATOR_S = 1.0  # how long a suspected coordinator is asked again before looking for a successor
+# A successor this peer starts exits once no peer has been registered there for SUCCESSOR_LINGER_S
+# (the job ended), or if none registers within SUCCESSOR_GRACE_S (this peer re-registers at once).
+SUCCESSOR_LINGER_S = 1.0
+SUCCESSOR_GRACE_S = 10.0
 
 
 class ControlError(RuntimeError):
@@ -88,6 +99,7 @@ class Client:
         self.start_clock = 0
         self.dropped_reports = 0  # reports sent while no coordinator was reachable (lost, harmlessly)
         self.coordinator_changes = 0
+        self.rejected: Counter[str] = Counter()  # malformed messages from a key holder, by type, dropped
         self._standby = standby
         self._secret = key  # a successor this peer starts derives its keys from it too
         self._key = control_key(key)
@@ -98,9 +110,11 @@ class Client:
         self._rejoined_from_beat = 0  # expelled answers to heartbeats sent before a rejoin are stale
         self._callbacks: list[Callable[[Event], None]] = []
         self._members: dict[int, Member] = {}
-        # The most members, and receivers a view planned, seen at once since this client followed its
-        # coordinator: a start-up wait is over once they reached the job size, even if fast peers
-        # finished and left before this peer's thread looked (on a busy host it may sleep for seconds).
+        # The most members, and receivers a view planned, at once since this client followed its
+        # coordinator (as seen here, or as the coordinator's snapshots say: events published before
+        # this client's subscription was live never come): a start-up wait is over once they reached
+        # the job size, even if fast peers finished and left before this peer's thread looked (on a
+        # busy host it may sleep for seconds).
         self._most_members = 0
         self._most_planned = 0
         self._epoch = -1
@@ -115,6 +129,8 @@ class Client:
         self._moved_to: str | None = None
         self._spawned: Any = None  # the coordinator process this peer started as a successor
         self._dead = False
+        self._ended = False  # the coordinator said the job ended
+        self._left = False   # leave() was called: this peer is no longer part of the job
         self._closed = threading.Event()
         self._cond = threading.Condition()
         self._req_lock = threading.Lock()
@@ -126,10 +142,10 @@ class Client:
         except BaseException:
             self._req.close()
             raise
-        self.heartbeat = float(hello["heartbeat"])
-        self.world_size = int(hello["world_size"])
-        self._settings = {k: hello[k] for k in ("phi_threshold", "startup_grace") if k in hello}
-        self._term = int(hello.get("term", 0))
+        self.heartbeat = hello["heartbeat"]
+        self.world_size = hello["world_size"]
+        self._settings = {k: hello[k] for k in ("phi_threshold", "startup_grace")}
+        self._term = hello["term"]
         self._pub_endpoint = _reachable(hello["pub"], self._endpoint)
         self._detector = self._new_detector()
         self._subscribed = threading.Event()
@@ -146,7 +162,7 @@ class Client:
     def _new_detector(self) -> PhiAccrualDetector:
         # Ticks come from a process of its own, so no start-up grace beyond a few heartbeats; the
         # extra pause tolerated costs a failover a second, and saves one on a stall of this process.
-        return PhiAccrualDetector(self.heartbeat, threshold=float(self._settings.get("phi_threshold", 8.0)),
+        return PhiAccrualDetector(self.heartbeat, threshold=self._settings["phi_threshold"],
                                   acceptable_pause=max(2.0, 4 * self.heartbeat), grace=max(3.0, 6 * self.heartbeat))
 
     # -- requests ---------------------------------------------------------------------------
@@ -187,12 +203,13 @@ class Client:
         raise ControlError(f"no reply to {body['type']} from the coordinator at {self._endpoint} in {timeout:g} s")
 
     def _hello(self, connect_timeout: float, sock: zmq.Socket | None = None) -> dict:
-        """Reach the coordinator, retrying while it may still be starting."""
+        """Reach the coordinator, retrying while it may still be starting; its settings, checked."""
         start = time.monotonic()
         noticed = False
         while True:
             try:
-                return self._request({"type": p.HELLO}, timeout=min(self.timeout, 1.0), sock=sock)[0]
+                reply = self._request({"type": p.HELLO}, timeout=min(self.timeout, 1.0), sock=sock)[0]
+                break
             except Refused:
                 raise
             except ControlError:
@@ -203,11 +220,15 @@ class Client:
                     noticed = True
                     log.warning("p2plearn: waiting for the coordinator at %s (%.0f s so far; rank 0 starts it)",
                                 self._endpoint, waited)
+        with _checked("hello"):
+            return _hello_settings(reply)
 
     def _check(self) -> None:
         if self._dead:
             raise CoordinatorDead(f"no coordinator of job {self.job_id!r} answered for {self.give_up:g} s "
                                   f"(last at {self._endpoint}), and no successor could be started")
+        if self._ended:
+            raise ControlError(f"the coordinator of job {self.job_id!r} stopped: the job ended")
         if self._closed.is_set():
             raise ControlError("the control client is closed")
 
@@ -234,7 +255,8 @@ class Client:
         """
         self._engine = engine or self._engine
         reply, blobs = self._request(self._register_body(join))
-        self._apply_registration(reply, blobs, admitted=join or not self._registered)
+        with _checked("registration"):
+            self._apply_registration(reply, blobs, admitted=join or not self._registered)
         self._registered = True
         return self.members
 
@@ -245,19 +267,23 @@ class Client:
         return {**body, "resume": resume} if resume else body
 
     def _apply_registration(self, reply: dict, blobs: list[bytes], admitted: bool) -> None:
-        """``admitted``: this registration made the peer a member (not an update of its address)."""
-        self.rank = int(reply["rank"])
+        """``admitted``: this registration made the peer a member (not an update of its address).
+        Checked whole before any of it is applied (``protocol.BadField``)."""
+        rank, clock = p.integer(reply.get("rank"), "rank", 0, p.MAX_RANK), p.integer(reply.get("clock"), "clock")
+        donor = Member.from_dict(reply["donor"]) if reply.get("donor") else None
+        snapshot, view = _snapshot(reply), GlobalView.from_blobs(reply.get("view"), blobs)
+        self.rank = rank
         if admitted:
-            self.start_clock = int(reply["clock"])
-            self.donor = Member.from_dict(reply["donor"]) if reply.get("donor") else None
-        self._apply_snapshot(reply)
-        self._add_view(GlobalView.from_blobs(reply["view"], blobs))
+            self.start_clock, self.donor = clock, donor
+        self._apply_snapshot(*snapshot)
+        self._add_view(view)
 
     def ask_for_state(self) -> Member | None:
         """Ask the coordinator for a donor again (the state from the last one did not come);
         returns the new donor (None: no live peer holds a state)."""
         reply, _ = self._request({"type": p.STATE, "rank": self.rank})
-        self.donor = Member.from_dict(reply["donor"]) if reply.get("donor") else None
+        with _checked("donor"):
+            self.donor = Member.from_dict(reply["donor"]) if reply.get("donor") else None
         return self.donor
 
     def report(self, clock: int, *, loss: float | None = None, step_time: float | None = None,
@@ -274,6 +300,9 @@ class Client:
         ``in_flight_msgs`` (see ``GlobalView``); ``message_bytes``: the size of this peer's
         message (the plans weigh it).
         """
+        if self._ended:
+            self.dropped_reports += 1  # nobody collects reports once the job's coordinator stopped
+            return
         self._check()
         self._clock = max(self._clock, int(clock))
         body = {"type": p.REPORT, "rank": self.rank, "session": self._session, "clock": int(clock),
@@ -295,15 +324,18 @@ class Client:
         self._request({"type": p.REACH, "rank": self.rank, "reached": sorted(int(j) for j in reached)})
 
     def leave(self) -> None:
-        """Deregister cleanly; the others are told at once."""
-        if self._registered and not self._dead:
+        """Deregister cleanly; the others are told at once. From now on this client starts no
+        successor, should the coordinator go quiet (it stops at the end of the job)."""
+        self._left = True
+        if self._registered and not self._dead and not self._ended:
             self._request({"type": p.LEAVE, "rank": self.rank})
         self._registered = False
 
     def fetch_view(self, timeout: float | None = None) -> GlobalView:
         """Ask for the current GlobalView (``view`` holds the newest one pushed)."""
         reply, blobs = self._request({"type": p.VIEW}, timeout)
-        view = GlobalView.from_blobs(reply["view"], blobs)
+        with _checked("view"):
+            view = GlobalView.from_blobs(reply.get("view"), blobs)
         self._add_view(view)
         return view
 
@@ -340,8 +372,13 @@ class Client:
 
     @property
     def following(self) -> bool:
-        """False while the client is looking for a (new) coordinator."""
-        return not self._failing_over and not self._dead
+        """False while the client is looking for a (new) coordinator, and once the job ended."""
+        return not self._failing_over and not self._dead and not self._ended
+
+    @property
+    def ended(self) -> bool:
+        """Whether the coordinator said the job ended (it stopped; no successor follows)."""
+        return self._ended
 
     @property
     def clock_current(self) -> bool:
@@ -354,7 +391,7 @@ class Client:
         """Wait until the slowest live clock reaches ``target``; False on timeout (SSP decides
         what to do then), CoordinatorDead once the client gave up on every coordinator."""
         with self._cond:
-            self._cond.wait_for(lambda: self._min_clock >= target or self._dead, timeout)
+            self._cond.wait_for(lambda: self._min_clock >= target or self._dead or self._ended, timeout)
             self._check()
             return self._min_clock >= target
 
@@ -363,9 +400,13 @@ class Client:
         ``receiving``, also until a view planned them all as receivers (their engines are known),
         so that every peer plans its first round from the same view. "Once were" counts since this
         client followed its coordinator: peers that finished and left meanwhile do not undo the
-        start. Returns the members now. ControlError on timeout."""
+        start, nor does the end of the job (the others trained and left). Returns the members now.
+        ControlError on timeout, or when the job ended before it started."""
+        def started() -> bool:
+            return self._most_members >= count and (not receiving or self._most_planned >= count)
+
         def ready() -> bool:
-            return self._dead or (self._most_members >= count and (not receiving or self._most_planned >= count))
+            return self._dead or self._ended or started()
 
         def awaited() -> str:
             missing = sorted(set(range(count)) - set(self._members))
@@ -382,8 +423,18 @@ class Client:
                     raise ControlError(f"still waiting for {awaited()} after {timeout:g} s")
                 if self.rank == 0:  # one line for the job, not one per rank
                     log.warning("p2plearn: waiting for %s after %.0f s", awaited(), waited)
-            self._check()
+            if self._dead or not started():
+                self._check()
             return dict(self._members)
+
+    def wait_alone(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s until no other peer is a member (each left or was declared
+        dead), or the job ended; True if so. The peer that started the coordinator calls it after
+        ``leave()`` and before stopping the coordinator (a peer finishing a moment later still finds
+        it), and before ``close()``: a closed client's membership is no longer kept up to date."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: self._dead or self._ended or all(r == self.rank for r in self._members), timeout)
 
     def on_event(self, callback: Callable[[Event], None]) -> None:
         """Call ``callback(event)`` on the client's thread for each event; keep it short (hand
@@ -431,8 +482,8 @@ class Client:
                 if self._moved_to or self._detector.suspected(now):
                     _close(streams)
                     streams = None
-                    if not self._failover():
-                        return
+                    if not self._in_job() or not self._failover():
+                        return  # a peer that left, or whose job ended, follows no coordinator
                     streams = self._open_streams()
                     continue
                 if now >= next_beat:
@@ -443,10 +494,17 @@ class Client:
             if streams:
                 _close(streams)
 
+    def _in_job(self) -> bool:
+        """Whether this client still takes part in the job (it may start or follow a successor)."""
+        return not (self._closed.is_set() or self._left or self._ended)
+
     def _open_streams(self) -> tuple[zmq.Socket, zmq.Socket, zmq.Socket, zmq.Poller]:
         """The SUB socket, the heartbeat DEALER, a monitor of the DEALER's connection, and their poller."""
-        sub = self._socket(zmq.SUB, self._pub_endpoint)
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        p.subscribe_encrypted(sub, self._secret)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(self._pub_endpoint)
         beat = self._ctx.socket(zmq.DEALER)
         beat.setsockopt(zmq.LINGER, 0)
         set_transport_heartbeat(beat, self.heartbeat)  # a paused or lost coordinator closes this connection
@@ -473,41 +531,56 @@ class Client:
         kind = body.get("type")
         try:
             self._on_message(kind, body, blobs, beat)
-        except (KeyError, TypeError, ValueError):
-            return  # a malformed message from a key holder: as if it never came
+        except Exception:  # a key holder's malformed message: as if it never came, counted
+            self.rejected[kind if kind in MESSAGES else "unknown"] += 1
 
     def _on_message(self, kind: str, body: dict, blobs: list[bytes], beat: zmq.Socket) -> None:
+        """Apply one pushed event or late reply; every field is checked first (``protocol.BadField``)."""
         if kind == p.TICK:
+            epoch, min_clock = p.integer(body.get("epoch"), "epoch"), p.integer(body.get("min_clock"), "min_clock")
+            progress = Progress.from_dict(body["progress"]) if body.get("progress") else None
             self._detector.heartbeat()
             self._subscribed.set()
             with self._cond:
-                stale = self._gap or body["epoch"] > self._epoch
-                self._set_clock(body["min_clock"])
-                if body.get("progress"):
-                    self._progress = Progress(**body["progress"])
+                stale = self._gap or epoch > self._epoch
+                self._set_clock(min_clock)
+                self._progress = progress or self._progress
             if stale:  # a pushed membership event was missed (or none was ever had): resync
                 try:
                     self._send(beat, {"type": p.MEMBERS})
                 except zmq.Again:
                     pass
         elif kind == p.OK and "members" in body:
-            self._apply_snapshot(body)
-        elif kind == p.ERROR and body.get("expelled") and self._registered:
-            if int(body.get("id") or 0) >= self._rejoined_from_beat:
+            self._apply_snapshot(*_snapshot(body))
+        elif kind == p.ERROR and body.get("expelled") is True and self._registered:
+            if p.integer(body.get("id") or 0, "id") >= self._rejoined_from_beat:
                 self._rejoin()
         elif kind == p.MEMBER:
             self._on_member(body)
         elif kind == p.CLOCK:
+            min_clock = p.integer(body.get("min_clock"), "min_clock")
             with self._cond:
-                self._set_clock(body["min_clock"])
+                self._set_clock(min_clock)
         elif kind == p.VIEW:
-            self._add_view(GlobalView.from_blobs(body["view"], blobs))
-        elif kind == p.DONATE and body["to"] == self.rank:
-            engine = body.get("engine")
-            self._emit(Event("donate", rank=body["rank"], engine=tuple(engine) if engine else None,
-                             clock=body["clock"]))
-        elif kind == p.MOVED and int(body["term"]) > self._term:
-            self._moved_to = str(body["endpoint"])
+            self._add_view(GlobalView.from_blobs(body.get("view"), blobs))
+        elif kind == p.DONATE:
+            to, rank = (p.integer(body.get(name), name, 0, p.MAX_RANK) for name in ("to", "rank"))
+            engine, clock = p.engine_address(body.get("engine")), p.integer(body.get("clock"), "clock")
+            if to == self.rank:
+                self._emit(Event("donate", rank=rank, engine=engine, clock=clock))
+        elif kind == p.MOVED:
+            term, endpoint = p.integer(body.get("term"), "term"), p.valid_endpoint(body.get("endpoint"), "endpoint")
+            if term > self._term:
+                self._moved_to = endpoint
+        elif kind == p.ENDED and p.integer(body.get("term"), "term") >= self._term:
+            members, planned = (p.integer(body.get(name, 0), name, 0, p.MAX_RANK + 1)
+                                for name in ("most_members", "most_planned"))
+            with self._cond:
+                self._ended = True
+                self._most_members = max(self._most_members, members)
+                self._most_planned = max(self._most_planned, planned)
+                self._cond.notify_all()
+            self._emit(Event("job_ended"))
 
     def _rejoin(self) -> None:
         """Declared dead, but alive (a pause, a stall): register again as a joiner of the same
@@ -524,30 +597,36 @@ class Client:
                          engine=self.donor.engine if self.donor else None))
 
     def _on_member(self, body: dict) -> None:
-        member = Member.from_dict(body["member"])
+        member, event = Member.from_dict(body.get("member")), body.get("event")
+        epoch = p.integer(body.get("epoch"), "epoch")
+        if event not in MEMBER_EVENTS:
+            raise p.BadField(f"unknown member event {str(event)[:60]!r}")
         with self._cond:
-            if body["epoch"] <= self._epoch:
+            if epoch <= self._epoch:
                 return  # already in a snapshot
             # An event was missed in between: the next tick resyncs the whole membership.
-            self._gap = self._gap or body["epoch"] != self._epoch + 1
-            self._epoch = body["epoch"]
-            if body["event"] in ("join", "update"):
+            self._gap = self._gap or epoch != self._epoch + 1
+            self._epoch = epoch
+            if event in ("join", "update"):
                 self._members[member.rank] = member
             else:
                 self._members.pop(member.rank, None)
             self._most_members = max(self._most_members, len(self._members))
             self._cond.notify_all()
-        self._emit(Event(body["event"], rank=member.rank, engine=member.engine, clock=member.clock))
+        self._emit(Event(event, rank=member.rank, engine=member.engine, clock=member.clock))
 
-    def _apply_snapshot(self, body: dict) -> None:
+    def _apply_snapshot(self, members: dict[int, Member], epoch: int, min_clock: int, most_members: int,
+                        most_planned: int) -> None:
+        """A membership snapshot (``_snapshot`` checks one from the wire)."""
         with self._cond:
-            if body["epoch"] < self._epoch:
+            if epoch < self._epoch:
                 return
-            self._epoch = body["epoch"]
+            self._epoch = epoch
             self._gap = False
-            self._members = {m.rank: m for m in map(Member.from_dict, body["members"])}
-            self._most_members = max(self._most_members, len(self._members))
-            self._set_clock(body["min_clock"])
+            self._members = members
+            self._most_members = max(self._most_members, len(self._members), most_members)
+            self._most_planned = max(self._most_planned, most_planned)
+            self._set_clock(min_clock)
             self._cond.notify_all()
 
     def _add_view(self, view: GlobalView) -> None:
@@ -574,17 +653,17 @@ class Client:
         self._moved_to = None
         started = time.monotonic()
         try:
-            while not self._closed.is_set():
+            while self._in_job():
                 for endpoint, wait in self._candidates(old, moved):
                     hello = self._try_hello(endpoint, wait)
-                    newer = hello is not None and int(hello.get("term", 0)) > self._term
+                    newer = hello is not None and hello["term"] > self._term
                     if hello is not None and (endpoint == old or newer):
                         # A later term at the old endpoint is a successor that took it over: hand over too.
                         self._follow(endpoint, hello, resumed=endpoint != old or newer)
                         return True
                     if time.monotonic() - started > self.give_up:
                         break
-                    if self._closed.is_set():
+                    if not self._in_job():
                         return False
                 moved = None
                 if time.monotonic() - started > self.give_up:
@@ -605,7 +684,7 @@ class Client:
             yield moved, self.successor_wait
         yield old, OLD_COORDINATOR_S
         for member in sorted(self.members.values(), key=lambda m: m.rank):
-            if member.rank == self.rank and self._registered:
+            if member.rank == self.rank and self._registered and self._in_job():
                 if self._start_successor(old):
                     yield self.standby, self.successor_wait
             elif member.standby:
@@ -619,14 +698,18 @@ class Client:
         try:
             self._spawned = spawn(self.job_id, self._secret, bind=self.standby, world_size=self.world_size,
                                   heartbeat=self.heartbeat, term=self._term + 1, previous=old,
-                                  **{k: float(v) for k, v in self._settings.items()})
+                                  linger=SUCCESSOR_LINGER_S, startup_timeout=SUCCESSOR_GRACE_S,
+                                  **self._settings)
         except RuntimeError as exc:  # e.g. the standby port was taken since: the next candidate serves
             self._emit(Event("successor_failed", rank=self.rank, endpoint=str(exc)))
             return False
         return True
 
     def _try_hello(self, endpoint: str, wait: float) -> dict | None:
-        sock = self._socket(zmq.DEALER, endpoint)
+        try:
+            sock = self._socket(zmq.DEALER, endpoint)
+        except zmq.ZMQError:
+            return None  # an endpoint libzmq cannot connect to (a host name it cannot resolve, say)
         try:
             return self._hello(wait, sock=sock)
         except ControlError:
@@ -642,7 +725,7 @@ class Client:
             self._req = self._socket(zmq.DEALER, endpoint)
         self._endpoint = endpoint
         self._pub_endpoint = _reachable(hello["pub"], endpoint)
-        self._term = max(self._term, int(hello.get("term", 0)))
+        self._term = max(self._term, hello["term"])
         self._detector = self._new_detector()
         if resumed:
             # Said once per failover: where to point a peer restarted on a host without this one.
@@ -662,10 +745,11 @@ class Client:
                   "members": [m.to_dict() for m in self.members.values()]}
         try:
             reply, blobs_in = self._request(self._register_body(join=False, resume=resume), blobs=blobs)
+            behind = bool(reply.get("donor"))  # the successor found this peer behind the job: take a state
+            with _checked("registration"):
+                self._apply_registration(reply, blobs_in, admitted=behind)
         except ControlError:
             return  # the detector notices a successor that does not answer
-        behind = bool(reply.get("donor"))  # the successor found this peer behind the job: take a state
-        self._apply_registration(reply, blobs_in, admitted=behind)
         if behind:
             self._emit(Event("readmitted", rank=self.rank, clock=self.start_clock, engine=self.donor.engine))
 
@@ -673,6 +757,35 @@ class Client:
         self.events.put(event)
         for callback in self._callbacks:
             callback(event)
+
+
+def _hello_settings(hello: dict) -> dict[str, Any]:
+    """A coordinator's hello, checked: settings a client can run with, or ``protocol.BadField``."""
+    return {"heartbeat": p.number(hello.get("heartbeat"), "heartbeat", 0.001, 60.0),
+            "world_size": p.integer(hello.get("world_size"), "world_size", 0, p.MAX_RANK + 1),
+            "pub": p.valid_endpoint(hello.get("pub"), "pub"), "term": p.integer(hello.get("term", 0), "term"),
+            "phi_threshold": p.number(hello.get("phi_threshold", 8.0), "phi_threshold", 0.1, 1000.0),
+            "startup_grace": p.number(hello.get("startup_grace", 60.0), "startup_grace", 0.0, 1e6)}
+
+
+def _snapshot(body: dict) -> tuple[dict[int, Member], int, int, int, int]:
+    """A membership snapshot from the wire, checked: (members by rank, epoch, min clock, the most
+    members and planned receivers the coordinator ever had at once)."""
+    members = body.get("members")
+    if not isinstance(members, list):
+        raise p.BadField("members must be a list")
+    return ({m.rank: m for m in map(Member.from_dict, members)}, p.integer(body.get("epoch"), "epoch"),
+            p.integer(body.get("min_clock"), "min_clock"),
+            *(p.integer(body.get(name, 0), name, 0, p.MAX_RANK + 1) for name in ("most_members", "most_planned")))
+
+
+@contextmanager
+def _checked(what: str) -> Iterator[None]:
+    """A malformed reply is the coordinator's fault: ControlError, as a refusal would be."""
+    try:
+        yield
+    except p.BadField as exc:
+        raise ControlError(f"malformed {what} from the coordinator: {exc}") from None
 
 
 def _close(streams: tuple[zmq.Socket, zmq.Socket, zmq.Socket, zmq.Poller]) -> None:

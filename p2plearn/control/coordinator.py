@@ -9,7 +9,8 @@ Everything it knows is rebuilt from the peers: when it dies, a successor (see ``
 with ``term`` + 1, and the first peer to re-register hands it the membership and the view it held
 (``resume``); the others re-register within a few heartbeats, and a presumed member that does not
 is declared dead by the usual detector. A coordinator told of a successor (``STEP_DOWN``) tells its
-clients where to go and stops.
+clients where to go and stops; one stopped at the end of its job tells them so (``ENDED``), and
+none of them looks for a successor.
 
 It normally runs in a process of its own (``p2plearn.control.server``), so that a peer's imports
 or compute cannot starve it; as a thread (``start()``) it serves tests and embedding programs.
@@ -21,6 +22,7 @@ import json
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -39,6 +41,10 @@ from .view import FLOOR, PLANNING_INPUTS, GlobalView, domains_from_reach, reach_
 log = logging.getLogger("p2plearn.control")
 
 VIEW_LEAD = 2        # a new view applies this many rounds after the fastest reported clock
+REQUESTS = (p.HELLO, p.REGISTER, p.HEARTBEAT, p.REPORT, p.MEMBERS, p.VIEW, p.LEAVE, p.STEP_DOWN, p.STATE, p.REACH)
+SUCCESSOR_CHECK_S = 5.0  # how long a successor named by a step_down has to answer, signed, with its term
+RANK_HEADROOM = 1024  # a new rank may exceed the job's size by at most this (the view has an entry per rank)
+ENDED_LINGER_MS = 500  # how long a stopped coordinator's PUB socket may take to deliver ENDED
 LOAD = ("compute_s", "merge_s", "backlog", "in_flight_bytes", "in_flight_msgs")  # per peer, from its reports
 
 
@@ -57,6 +63,17 @@ class Progress:
     def to_dict(self) -> dict[str, Any]:
         return {"min_clock": self.min_clock, "max_clock": self.max_clock, "alive": self.alive,
                 "loss": self.loss, "slowest": self.slowest}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Progress:
+        """From a tick; raises ``protocol.BadField`` on anything malformed."""
+        if not isinstance(d, dict):
+            raise p.BadField(f"progress must be an object, got {str(d)[:60]}")
+        slowest = d.get("slowest")
+        return cls(min_clock=p.integer(d.get("min_clock"), "min_clock"),
+                   max_clock=p.integer(d.get("max_clock"), "max_clock"),
+                   alive=p.integer(d.get("alive"), "alive", 0, p.MAX_RANK + 1), loss=p.loss_value(d.get("loss")),
+                   slowest=None if slowest is None else p.integer(slowest, "slowest", 0, p.MAX_RANK))
 
 
 class Coordinator:
@@ -116,8 +133,15 @@ class Coordinator:
         self._take_over_until = 0.0
         self._next_take_over = 0.0
         self._next_tick = 0.0
-        self.errors = 0  # requests that failed validation (counted, answered with an error)
+        self.registrations = 0  # registrations served, ever
+        self._most_members = 0  # the most members at once, ever
+        self._most_planned = 0  # the most receivers a published view planned, ever
+        # Requests refused as malformed, by type ("unknown": no such request); each was answered
+        # with an error, or (a step_down whose successor did not confirm) logged.
+        self.rejected: Counter[str] = Counter()
+        self._successor_check: _SuccessorCheck | None = None  # a step_down's successor, asked to confirm
         self.moved_to: str | None = None  # set when a successor took over
+        self._announce_end = False  # tell the clients that the job ended as it stops (``end``)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._ctx = zmq.Context.instance()
@@ -125,6 +149,7 @@ class Coordinator:
         self._pub = self._ctx.socket(zmq.PUB)
         for sock in (self._router, self._pub):
             sock.setsockopt(zmq.LINGER, 0)
+        p.encrypt_broadcasts(self._pub, key)  # anyone may subscribe: only key holders can read
         self._router.setsockopt(zmq.ROUTER_MANDATORY, 0)
         # Requests are small; libzmq drops the connection of anyone sending more, before we see it.
         self._router.setsockopt(zmq.MAXMSGSIZE, p.MAX_REQUEST_BYTES)
@@ -164,8 +189,15 @@ class Coordinator:
         self._thread.start()
         return self
 
+    def end(self) -> None:
+        """Stop serving at the end of the job: the clients are told (``ENDED``), and none of them
+        looks for a successor (the server process ends its coordinator so)."""
+        self._announce_end = True
+        self.stop()
+
     def stop(self) -> None:
-        """Stop serving; clients look for a successor once they suspect it."""
+        """Stop serving, as a crash would: clients look for a successor once they suspect it
+        (``end`` tells them the job ended instead)."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=2.0)
@@ -174,7 +206,8 @@ class Coordinator:
         self._router.disable_monitor()
         self._monitor.close()
         self._router.close()
-        self._pub.close()
+        # A moment for ENDED to reach the subscribers (libzmq sends it on its own threads).
+        self._pub.close(linger=ENDED_LINGER_MS)
 
     @property
     def serving(self) -> bool:
@@ -188,9 +221,20 @@ class Coordinator:
 
     # -- what the launcher and tests read (thread-safe snapshots) ------------------------------
 
+    @property
+    def errors(self) -> int:
+        """Requests refused as malformed (``rejected`` says which)."""
+        return sum(self.rejected.values())
+
     def members(self) -> dict[int, Member]:
         with self._lock:
             return {r: Member(**m.to_dict()) for r, m in self._members.items()}
+
+    def registered(self) -> int:
+        """Members that registered here themselves; members presumed from a successor's hand-over
+        (not re-registered yet) are not counted: once every peer that did has left, the job is over."""
+        with self._lock:
+            return sum(session is not None for session in self._sessions.values())
 
     def view(self) -> GlobalView:
         with self._lock:
@@ -221,6 +265,8 @@ class Coordinator:
                     frames = self._router.recv_multipart(copy=False)
                     self._handle(frames[0].get(zmq.SRCFD), [f.bytes for f in frames])
             now = time.monotonic()
+            if self._successor_check is not None:
+                self._check_successor(now)
             if self._take_over and now >= self._next_take_over:
                 self._try_take_over(now)
             with self._lock:
@@ -235,6 +281,10 @@ class Coordinator:
                     # Tick faster for a moment after a hello: a new client waits for its first tick
                     # to know that its subscription is live.
                     self._next_tick = now + (check if now < self._fast_ticks_until else self.heartbeat)
+        if self.moved_to is None and self._announce_end:
+            with self._lock:  # with the most members ever at once: a peer still starting knows the job ran
+                self._publish(p.ENDED, term=self.term, most_members=self._most_members,
+                              most_planned=self._most_planned)
 
     def _try_take_over(self, now: float) -> None:
         """Bind the predecessor's endpoint (on the serving thread: sockets are not thread-safe)."""
@@ -256,14 +306,16 @@ class Coordinator:
             self._router.send_multipart([ident, *p.refusal(str(exc), _untrusted_id(msg))])
             return
         kind = body.get("type")
-        handler = getattr(self, f"_on_{kind}", None) if isinstance(kind, str) else None
+        handler = getattr(self, f"_on_{kind}", None) if kind in REQUESTS else None
         with self._lock:
             try:
-                reply = handler(body, blobs) if handler else {"type": p.ERROR, "reason": f"unknown request {kind!r}"}
+                if handler is None:
+                    raise p.BadField(f"unknown request {str(kind)[:60]!r}")
+                reply = handler(body, blobs)
                 self._note_connection(fd, body)  # after the handler: a registration makes the member
-            except Exception as exc:  # untrusted input must never kill the loop: answer and count it
-                self.errors += 1
-                reply = {"type": p.ERROR, "reason": f"bad {kind} request: {exc!r}"}
+            except Exception as exc:  # a key holder's bad request must never kill the loop: answer and count it
+                self.rejected[kind if handler else "unknown"] += 1
+                reply = {"type": p.ERROR, "reason": f"bad {str(kind)[:60]} request: {exc}"}
         if reply is not None:
             out_blobs = reply.pop("_blobs", None)
             self._router.send_multipart([ident, *p.pack(self._key, self.job_id, {**reply, "id": body.get("id")},
@@ -294,43 +346,46 @@ class Coordinator:
                 "term": self.term, "phi_threshold": self.phi_threshold, "startup_grace": self.startup_grace}
 
     def _on_register(self, body: dict, blobs: list[bytes]) -> dict:
-        rank, join, session = body.get("rank"), bool(body.get("join")), str(body["session"])
-        if body.get("resume") and not self._resumed:
-            self._adopt(body["resume"], blobs)
+        # Every field is checked before anything changes: a bad one refuses the whole request.
+        rank, join, session = body.get("rank"), body.get("join") is True, p.text(body.get("session"), "session", 64)
+        host, engine = p.text(body.get("host", ""), "host"), p.engine_address(body.get("engine"))
+        standby = None if body.get("standby") is None else p.valid_endpoint(body["standby"], "standby")
+        own_clock = p.integer(body.get("clock", 0), "clock")
+        resume = _resume(body.get("resume"), blobs)
         if rank is None:
             if not join:
                 return {"type": p.ERROR, "reason": "register needs a rank (only a joining peer may ask for one)"}
+        elif _rank(rank) not in self._members and rank >= max(self._size, self.world_size) + RANK_HEADROOM:
+            return {"type": p.ERROR, "reason": f"rank {rank} is far beyond the job's {self._size} ranks"}
+        if resume and not self._resumed:
+            self._adopt(*resume)
+        if rank is None:
             rank = next(r for r in range(len(self._members) + 1) if r not in self._members)
-        rank = _rank(rank)
         if rank in self._members and self._sessions[rank] not in (None, session):
             return {"type": p.ERROR, "reason": f"rank {rank} is already registered by another process"}
-        engine = _engine(body.get("engine"))
         self._estimator.seed_link(rank, _link_rate(body.get("link_rate")))  # sent with the engine's address
-        standby = body.get("standby")
         known = self._members.get(rank)
-        if known is not None and self._sessions[rank] is None and not body.get("resume"):
+        if known is not None and self._sessions[rank] is None and not resume:
             # Presumed from a hand-over, but this is a new process (restarted): the one presumed is gone.
             self._remove(rank, "dead")
             known = None
         donor = None
+        resumed = resume[0]["clock"] if resume else None
         if known is None:
-            resumed_clock = body.get("resume", {}).get("clock") if body.get("resume") else None
             # A process that registers a rank the job does not know once rounds have been made (a
             # restarted peer) holds no current model: like a joiner, it gets one from a donor.
-            join = join or (resumed_clock is None and self._max_clock > 0)
+            join = join or (resumed is None and self._max_clock > 0)
             if join:
-                own = int(body.get("clock") or 0)  # a rejoining peer's own progress
                 donor = self._donor(exclude=rank)
-                if donor is not None and donor.clock <= own:
+                if donor is not None and donor.clock <= own_clock:
                     donor = None  # it misses nothing (a false death at start-up, say): no state to send
-                clock = donor.clock if donor else max(own, self._min_clock)
+                clock = donor.clock if donor else max(own_clock, self._min_clock)
             else:
-                clock = int(resumed_clock) if resumed_clock is not None else self._min_clock
-            self._admit(Member(rank=rank, host=str(body.get("host", "")), engine=engine, clock=clock,
-                               standby=str(standby) if standby else None), session, "join", donor)
+                clock = resumed if resumed is not None else self._min_clock
+            self._admit(Member(rank=rank, host=host, engine=engine, clock=clock, standby=standby), session, "join",
+                        donor)
         else:
             self._sessions[rank] = session
-            resumed = int(body["resume"].get("clock", 0)) if body.get("resume") else None
             if resumed is not None and resumed < self._min_clock:
                 # Behind every other member: a process restarted while the job failed over, which
                 # registered at a stale coordinator and followed it here. Its model is not the job's.
@@ -351,11 +406,12 @@ class Coordinator:
                 if engine and engine != known.engine:
                     self._forget_reach(rank)  # the others' probes reached its old engine
                 known.engine = engine or known.engine
-                known.standby = str(standby) if standby else known.standby
+                known.standby = standby or known.standby
                 self._epoch += 1
                 self._publish(p.MEMBER, event="update", epoch=self._epoch, member=known.to_dict())
                 self._publish_view()  # after the member: whoever plans with it knows where it receives
         self._detectors[rank].heartbeat()
+        self.registrations += 1
         header, view_blobs = self._view().to_blobs()
         return {"type": p.OK, "rank": rank, "clock": self._members[rank].clock, **self._snapshot(),
                 "donor": donor.to_dict() if donor else None, "view": header, "_blobs": view_blobs}
@@ -365,6 +421,7 @@ class Coordinator:
         rank = member.rank
         self._members[rank] = member
         self._sessions[rank] = session
+        self._most_members = max(self._most_members, len(self._members))
         # In its grace period until it reports a round: its first imports may stall it for seconds.
         self._detectors[rank] = PhiAccrualDetector(self.heartbeat, threshold=self.phi_threshold,
                                                    acceptable_pause=self._acceptable_pause(),
@@ -383,18 +440,17 @@ class Coordinator:
         candidates = (m for m in self._members.values() if m.rank != exclude)
         return max(candidates, key=lambda m: (m.rank not in self._awaiting_state, m.clock, -m.rank), default=None)
 
-    def _adopt(self, resume: dict, blobs: list[bytes]) -> None:
-        """A successor's first re-registration: the membership and the view its sender held."""
+    def _adopt(self, resume: dict, members: list[Member], view: GlobalView | None) -> None:
+        """A successor's first re-registration: the membership and the view its sender held
+        (checked by ``_resume``)."""
         self._resumed = True
-        view = GlobalView.from_blobs(resume["view"], blobs) if resume.get("view") else None
         if view is not None:
             self._estimator.seed({name: getattr(view, name) for name in
                                   ("uplink", "downlink", "uplink_target", "downlink_target")})
             self._size = max(self._size, view.size)
             self._message_bytes.update({r: float(b) for r, b in enumerate(view.message_bytes) if b > 0})
             self._reach = reach_of(view.mcast_domain)  # until peers report again: what the domains say
-        for d in resume.get("members", []):
-            member = Member.from_dict(d)
+        for member in members:
             if member.rank not in self._members:
                 if view is not None and member.rank < view.size:
                     member.clock = max(member.clock, int(view.clock[member.rank]))  # members' clocks go stale
@@ -407,7 +463,7 @@ class Coordinator:
                                               acceptable_pause=self._acceptable_pause(), grace=grace, warmup=None)
                 self._detectors[member.rank] = detector
                 self._size = max(self._size, member.rank + 1)
-        self._epoch = max(self._epoch, int(resume.get("epoch", 0))) + 1
+        self._epoch = max(self._epoch, resume["epoch"]) + 1
         self._max_clock = max((m.clock for m in self._members.values()), default=0)
         self._min_clock = min((m.clock for m in self._members.values()), default=0)
         self._publish_view()
@@ -422,6 +478,10 @@ class Coordinator:
         return {"type": p.ERROR, "reason": "expelled", "expelled": True}
 
     def _on_report(self, body: dict, blobs: list[bytes]) -> dict | None:
+        clock, loss = p.integer(body.get("clock"), "clock"), p.loss_value(body.get("loss"))
+        step_time, size = (None if body.get(name) is None else p.number(body[name], name)
+                           for name in ("step_time", "message_bytes"))
+        links = _links(body.get("links"))
         reply = self._on_heartbeat(body, blobs)
         if reply is not None:
             return reply
@@ -429,19 +489,14 @@ class Coordinator:
         member = self._members[rank]
         self._detectors[rank].end_warmup()  # it is training: its heartbeats now come in rhythm
         self._awaiting_state.discard(rank)  # it reports rounds only once it holds a state
-        clock = int(body["clock"])
         member.clock = max(member.clock, clock)
         self._max_clock = max(self._max_clock, member.clock)
-        if body.get("loss") is not None:
-            member.loss = self._last_loss = float(body["loss"])
-        if body.get("step_time") is not None:
-            member.step_time = float(body["step_time"])
-        if body.get("message_bytes"):
-            self._message_bytes[rank] = float(body["message_bytes"])
-        links = body.get("links") or {}
-        if not isinstance(links, dict):
-            raise TypeError("links must be an object")
-        links = {_rank(j): s for j, s in links.items() if isinstance(s, dict)}
+        if loss is not None:
+            member.loss = self._last_loss = loss
+        if step_time is not None:
+            member.step_time = step_time
+        if size:
+            self._message_bytes[rank] = size
         self._estimator.observe(member.rank, clock, links)
         self._load[rank] = _load(body.get("load"))
         self._advance_clock()
@@ -497,20 +552,54 @@ class Coordinator:
         return {"type": p.OK}
 
     def _on_step_down(self, body: dict, blobs: list[bytes]) -> dict:
-        """A successor of a later term started: send every client there, then stop serving."""
-        term, endpoint = int(body["term"]), str(body["endpoint"])
+        """A successor of a later term says it started: ask it (a signed hello); once it answers
+        with that term (``_check_successor``), send every client there and stop serving. A name
+        that does not answer so (a bogus address, a stale term) costs nothing but the question."""
+        term, endpoint = p.integer(body.get("term"), "term"), p.valid_endpoint(body.get("endpoint"), "endpoint")
         if term <= self.term:
             return {"type": p.ERROR, "reason": f"term {term} is not after this coordinator's {self.term}"}
-        self.moved_to = endpoint
-        self._publish(p.MOVED, endpoint=endpoint, term=term)
-        self._stop.set()
+        if self._successor_check is not None:
+            return {"type": p.ERROR, "reason": f"already asking the successor at {self._successor_check.endpoint}"}
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint)  # checked: a valid endpoint (the connection itself is made in the background)
+        sock.send_multipart(p.pack(self._key, self.job_id, {"type": p.HELLO, "id": term, "session": "step-down"}),
+                            flags=zmq.NOBLOCK)
+        self._successor_check = _SuccessorCheck(sock, term, endpoint, time.monotonic() + SUCCESSOR_CHECK_S)
         return {"type": p.OK}
+
+    def _check_successor(self, now: float) -> None:
+        """Step down once the successor named by a step_down answered with its term (serving
+        thread); forget it if it has not within SUCCESSOR_CHECK_S."""
+        check = self._successor_check
+        confirmed = False
+        while not confirmed and check.sock.poll(0):
+            try:
+                reply, _ = p.unpack(self._key, self.job_id, check.sock.recv_multipart())
+            except p.AuthError:
+                continue
+            confirmed = reply.get("type") == p.OK and reply.get("term") == check.term and reply.get("id") == check.term
+        if not confirmed and now < check.deadline:
+            return
+        check.sock.close()
+        self._successor_check = None
+        if not confirmed:
+            self.rejected[p.STEP_DOWN] += 1
+            log.warning("a step_down named a successor at %s (term %d) that did not answer: still serving",
+                        check.endpoint, check.term)
+            return
+        with self._lock:
+            self.moved_to = check.endpoint
+            self._publish(p.MOVED, endpoint=check.endpoint, term=check.term)
+        self._stop.set()
 
     # -- membership, clocks and the view (lock held) -----------------------------------------------
 
     def _snapshot(self) -> dict:
+        """The membership, and the most members (and receivers a view planned) ever at once: a peer
+        that missed the joins of peers that came and left tells from these that the job started."""
         return {"members": [m.to_dict() for m in self._members.values()], "epoch": self._epoch,
-                "min_clock": self._min_clock}
+                "min_clock": self._min_clock, "most_members": self._most_members, "most_planned": self._most_planned}
 
     def _progress(self) -> Progress:
         ms = list(self._members.values())
@@ -549,6 +638,7 @@ class Coordinator:
             self._view_from = self._max_clock + VIEW_LEAD if self._max_clock or self._reach else 0
             view = self._view()
         self._published = view
+        self._most_planned = max(self._most_planned, int(view.alive.sum()))
         header, blobs = view.to_blobs()
         self._publish(p.VIEW, view=header, blobs=blobs)
 
@@ -600,10 +690,52 @@ def set_transport_heartbeat(sock: zmq.Socket, heartbeat: float) -> None:
 
 
 def _rank(value: Any) -> int:
-    rank = int(value)
-    if not 0 <= rank < 1 << 20:
-        raise ValueError(f"rank {rank} is out of range")
-    return rank
+    return p.integer(value, "rank", 0, p.MAX_RANK)
+
+
+@dataclass
+class _SuccessorCheck:
+    """A successor named by a step_down, asked (a signed hello on ``sock``) to confirm its term."""
+
+    sock: zmq.Socket
+    term: int
+    endpoint: str
+    deadline: float
+
+
+def _resume(value: Any, blobs: list[bytes]) -> tuple[dict[str, int], list[Member], GlobalView | None] | None:
+    """A re-registration's hand-over (``Client._resume``), checked whole before any of it is used:
+    its clock and epoch, the members and the view its sender held. None: no hand-over."""
+    if not value:
+        return None
+    if not isinstance(value, dict):
+        raise p.BadField(f"resume must be an object, got {str(value)[:60]}")
+    members = value.get("members", [])
+    if not isinstance(members, list) or len(members) > p.MAX_RANK:
+        raise p.BadField("resume members must be a list of members")
+    view = GlobalView.from_blobs(value["view"], blobs) if value.get("view") else None
+    counts = {name: p.integer(value.get(name, 0), f"resume {name}") for name in ("clock", "epoch")}
+    return counts, [Member.from_dict(d) for d in members], view
+
+
+def _links(value: Any) -> dict[int, dict[str, Any]]:
+    """A report's ``links`` (see ``Client.report``): the flows whose receiver is a rank and whose
+    ``rate`` and ``paced`` are numbers in [0, MAX_RATE); any other flow says nothing and is left
+    out, as ``_load`` leaves out a load it cannot use (the report's clock still counts)."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise p.BadField("links must be an object")
+    links = {}
+    for receiver, flow in value.items():
+        if not (receiver.isascii() and receiver.isdigit() and int(receiver) < p.MAX_RANK and isinstance(flow, dict)):
+            continue
+        rate, paced = flow.get("rate", 0.0), flow.get("paced", 0.0)
+        if all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 <= x < p.MAX_RATE for x in (rate, paced)):
+            probe = str(flow.get("probe", ""))[:32]
+            links[int(receiver)] = {"rate": float(rate), "paced": float(paced), "probe": probe,
+                                    "multicast": flow.get("multicast") is True}
+    return links
 
 
 def _load(value: Any) -> dict[str, float]:
@@ -616,7 +748,7 @@ def _load(value: Any) -> dict[str, float]:
     for name in LOAD:
         try:
             x = float((value or {}).get(name, 0.0))
-        except (TypeError, ValueError, AttributeError):
+        except (TypeError, ValueError, AttributeError, OverflowError):
             x = 0.0
         out[name] = x if FLOOR.get(name, 0.0) <= x < float("inf") else 0.0
     return out
@@ -626,16 +758,9 @@ def _link_rate(value: Any) -> float | None:
     """A registering peer's interface rate: bytes/s if a positive finite number (< 100 Tbit/s), else unknown."""
     try:
         rate = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
-    return rate if 0 < rate < 1.25e13 else None
-
-
-def _engine(value: Any) -> tuple[str, int] | None:
-    if not value:
-        return None
-    host, port = value
-    return str(host), int(port)
+    return rate if 0 < rate < p.MAX_RATE else None
 
 
 def _pub_endpoint(bind: str) -> str:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from . import protocol as p
+
 
 @dataclass
 class Member:
@@ -23,11 +25,16 @@ class Member:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Member:
-        engine = d.get("engine")
-        return cls(rank=int(d["rank"]), host=str(d["host"]), engine=tuple(engine) if engine else None,
-                   clock=int(d.get("clock", 0)), loss=d.get("loss"), step_time=d.get("step_time"),
-                   standby=d.get("standby"))
+    def from_dict(cls, d: Any) -> Member:
+        """A member from the wire; raises ``protocol.BadField`` on anything malformed."""
+        if not isinstance(d, dict):
+            raise p.BadField(f"a member must be an object, got {str(d)[:60]}")
+        step_time, standby = d.get("step_time"), d.get("standby")
+        return cls(rank=p.integer(d.get("rank"), "rank", 0, p.MAX_RANK), host=p.text(d.get("host"), "host"),
+                   engine=p.engine_address(d.get("engine")), clock=p.integer(d.get("clock", 0), "clock"),
+                   loss=p.loss_value(d.get("loss")),
+                   step_time=None if step_time is None else p.number(step_time, "step_time"),
+                   standby=None if standby is None else p.valid_endpoint(standby, "standby"))
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,8 @@ class Event:
       successor at ``endpoint``;
     - ``"coordinator_dead"``: no coordinator could be reached for the client's ``give_up``
       seconds, not even a successor; every later call raises.
+    - ``"job_ended"``: the coordinator stopped at the end of the job (its owner closed it, or no
+      member was left); the client looks for no successor, reports are dropped and requests raise.
     """
 
     kind: str

@@ -10,6 +10,11 @@ A message is a list of frames ``[body, tag, *blobs]``:
 A message whose tag or job id does not match is refused. The tag authenticates membership
 in the job; it does not prevent replay of a captured message inside the same job (the
 control plane runs inside a trusted cluster; the key keeps other jobs and strangers out).
+
+The coordinator's broadcasts (PUB -> SUB: membership, clocks, loss, views) are also encrypted:
+anyone may connect to a PUB socket, so it is a CurveZMQ server whose key pair derives from the
+job's secret (``pub_keys``), and only a key holder, who can derive its public key, completes the
+handshake; a subscriber without the key receives nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +24,12 @@ import hmac
 import json
 from typing import Any
 
+import zmq
+from zmq.utils import z85
+
+from ..keys import hkdf
+
+PUB_LABEL = b"p2plearn control pub curve v1"  # HKDF label of the broadcasts' CurveZMQ key
 MAX_REQUEST_BYTES = 16 << 20  # a request (all frames) larger than this drops its connection
 
 # Requests (client -> coordinator, DEALER -> ROUTER).
@@ -42,10 +53,74 @@ MEMBER = "member"        # join / leave / dead of one rank
 CLOCK = "clock"          # the slowest live peer's clock changed
 DONATE = "donate"        # ask a donor to send its state to a joiner
 MOVED = "moved"          # endpoint, term: a successor took over; go there
+ENDED = "ended"          # term, most_members, most_planned: the coordinator stopped at the end of its job
+
+
+MAX_RANK = 1 << 20       # ranks, like every count of peers, are below this
+MAX_COUNT = 1 << 62      # clocks, terms, epochs, ids: non-negative integers below this
+MAX_RATE = 1.25e13       # bytes/s: 100 Tbit/s; a rate from a peer at or above it is not believed
 
 
 class AuthError(Exception):
     """A message failed authentication (wrong job key or job id)."""
+
+
+class BadField(ValueError):
+    """A field of an authenticated message is missing, mistyped or out of range: the message is
+    refused (counted, and answered with an error where a reply is due), never half-applied."""
+
+
+def integer(value: Any, name: str, low: int = 0, high: int = MAX_COUNT) -> int:
+    """``value`` as an int in [``low``, ``high``); JSON booleans and floats are refused."""
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value < high:
+        raise BadField(f"{name} must be an integer in [{low}, {high}), got {str(value)[:60]}")
+    return value
+
+
+def number(value: Any, name: str, low: float = 0.0, high: float = float("inf")) -> float:
+    """``value`` as a float in [``low``, ``high``) (so never NaN)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < high:
+        raise BadField(f"{name} must be a number in [{low:g}, {high:g}), got {str(value)[:60]}")
+    return float(value)
+
+
+def loss_value(value: Any) -> float | None:
+    """None, or any number: a diverged peer's loss is NaN or infinite, and is shown as it is."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise BadField(f"loss must be a number, got {str(value)[:60]}")
+    return None if value is None else float(value)
+
+
+def text(value: Any, name: str, limit: int = 256) -> str:
+    if not isinstance(value, str) or len(value) > limit:
+        raise BadField(f"{name} must be a string of at most {limit} characters, got {str(value)[:60]}")
+    return value
+
+
+def valid_endpoint(value: Any, name: str) -> str:
+    """``value`` if it is an endpoint a client can connect to: ``tcp://host:port`` (port 1-65535)
+    or ``ipc:///path``."""
+    ep = text(value, name)
+    scheme, sep, rest = ep.partition("://")
+    host, colon, port = rest.rpartition(":")
+    tcp_ok = (scheme == "tcp" and colon and host and not any(c.isspace() for c in host)
+              and port.isascii() and port.isdigit() and 0 < int(port) < 65536)
+    ipc_ok = scheme == "ipc" and 1 < len(rest) <= 107  # the longest path a unix socket can bind
+    if not sep or not (tcp_ok or ipc_ok):
+        raise BadField(f"{name} must be tcp://host:port or ipc:///path, got {ep[:60]!r}")
+    return ep
+
+
+def engine_address(value: Any) -> tuple[str, int] | None:
+    """A data engine's ``[host, port]`` (None: not started yet)."""
+    if value is None:
+        return None
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
+        raise BadField(f"engine must be [host, port], got {str(value)[:60]}")
+    host = text(value[0], "engine host")
+    if not host:
+        raise BadField("engine host is empty")
+    return host, integer(value[1], "engine port", 1, 65536)
 
 
 def _tag(key: bytes, body: bytes, blobs: list[bytes]) -> bytes:
@@ -76,6 +151,33 @@ def unpack(key: bytes, job: str, frames: list[bytes]) -> tuple[dict[str, Any], l
     if not isinstance(body, dict) or body.get("job") != job:
         raise AuthError("wrong job id")
     return body, blobs
+
+
+def pub_keys(secret: str | bytes) -> tuple[bytes, bytes]:
+    """The broadcasts' CurveZMQ key pair (public, secret; Z85) derived from the job's secret."""
+    private = z85.encode(hkdf(secret, PUB_LABEL, 32))
+    return zmq.curve_public(private), private
+
+
+def encrypt_broadcasts(pub: zmq.Socket, secret: str | bytes) -> None:
+    """Make ``pub`` (before it binds) a CurveZMQ server only key holders can subscribe to."""
+    _require_curve()
+    pub.curve_secretkey = pub_keys(secret)[1]
+    pub.curve_server = True
+
+
+def subscribe_encrypted(sub: zmq.Socket, secret: str | bytes) -> None:
+    """Make ``sub`` (before it connects) a CurveZMQ client of a PUB set up by ``encrypt_broadcasts``:
+    it authenticates the coordinator by the public key derived from the secret."""
+    _require_curve()
+    sub.curve_serverkey = pub_keys(secret)[0]
+    sub.curve_publickey, sub.curve_secretkey = zmq.curve_keypair()
+
+
+def _require_curve() -> None:
+    if not zmq.has("curve"):
+        raise RuntimeError(f"this libzmq ({zmq.zmq_version()}) was built without CURVE, which encrypts the "
+                           "control plane's broadcasts: install pyzmq's wheel (it bundles a libzmq with it)")
 
 
 def refusal(reason: str, request_id: Any) -> list[bytes]:

@@ -7,8 +7,9 @@ it: a job whose rank 0 dies keeps its coordinator.
 
 The job key is read from ``P2PLEARN_JOB_KEY`` (never from the command line, which ``ps`` shows to
 every user). Once bound, the server prints one JSON line ``{"address": ..., "pub": ...}`` on
-stdout; then it serves until it is told of a successor, until the job has had no member for
-``--linger`` seconds, until nobody registered in ``--startup-timeout`` seconds, or until SIGTERM.
+stdout; then it serves until it is told of a successor, until the job has had no registered member
+for ``--linger`` seconds, until nobody registered in ``--startup-timeout`` seconds, or until
+SIGTERM; unless a successor took over, it tells its clients that the job ended as it stops.
 ``spawn()`` starts one and returns once it is bound.
 """
 
@@ -61,15 +62,18 @@ class ServerProcess:
 def spawn(job_id: str, key: str | bytes, *, bind: str, advertise: str | None = None, world_size: int = 0,
           heartbeat: float = 0.5, phi_threshold: float = 8.0, startup_grace: float = 60.0,
           topology: str | None = None, term: int = 0, previous: str | None = None, linger: float = 10.0,
-          timeout: float = 30.0) -> ServerProcess:
+          startup_timeout: float = 120.0, timeout: float = 30.0) -> ServerProcess:
     """Start a coordinator process and wait (up to ``timeout`` s) until it is bound.
 
-    ``previous``: the endpoint of the coordinator it succeeds, told to step down. Raises
-    RuntimeError with the process's own error when it fails to start (a port in use, say).
+    ``previous``: the endpoint of the coordinator it succeeds, told to step down. ``linger`` /
+    ``startup_timeout``: it exits once the job has had no registered member for ``linger`` s, or
+    when none registered within ``startup_timeout`` s. Raises RuntimeError with the process's own
+    error when it fails to start (a port in use, say).
     """
     argv = [sys.executable, "-m", "p2plearn.control", "--job-id", job_id, "--bind", bind,
             "--world-size", str(world_size), "--heartbeat", str(heartbeat), "--phi-threshold", str(phi_threshold),
-            "--startup-grace", str(startup_grace), "--term", str(term), "--linger", str(linger)]
+            "--startup-grace", str(startup_grace), "--term", str(term), "--linger", str(linger),
+            "--startup-timeout", str(startup_timeout)]
     for flag, value in (("--advertise", advertise), ("--topology", topology), ("--previous", previous)):
         if value:
             argv += [flag, value]
@@ -130,18 +134,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.previous:
         _step_down(args.previous, args.job_id, key, args.term, coordinator.address)
         coordinator.take_over(args.previous)
-    started = last_member = time.monotonic()
-    seen = False
     try:
-        while not stop.wait(0.2) and coordinator.serving:
-            now = time.monotonic()
-            if coordinator.members():
-                seen, last_member = True, now
-            elif (seen and now - last_member > args.linger) or (not seen and now - started > args.startup_timeout):
-                break
+        serve_while_needed(coordinator, stop, linger=args.linger, startup_timeout=args.startup_timeout)
     finally:
-        coordinator.stop()
+        coordinator.end()
     return 0
+
+
+def serve_while_needed(coordinator: Coordinator, stop: threading.Event, *, linger: float,
+                       startup_timeout: float) -> None:
+    """Return once ``stop`` is set, the coordinator stopped serving (it stepped down), the job has
+    had no registered member for ``linger`` seconds, or none registered within ``startup_timeout``.
+    Members a successor presumes from a hand-over do not count until they register themselves."""
+    started = last_member = time.monotonic()
+    while not stop.wait(0.1) and coordinator.serving:
+        now = time.monotonic()
+        if coordinator.registered():
+            last_member = now
+        elif coordinator.registrations and now - last_member >= linger:
+            return  # every peer that registered left (or died)
+        elif not coordinator.registrations and now - started >= startup_timeout:
+            return
 
 
 def _step_down(endpoint: str, job_id: str, key: str, term: int, successor: str) -> None:

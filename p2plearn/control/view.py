@@ -4,13 +4,17 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+
+from . import protocol as p
 
 _ARRAYS = ("uplink", "downlink", "uplink_target", "downlink_target", "uplink_age", "downlink_age",
            "uplink_noise", "downlink_noise", "compute_s", "merge_s", "backlog", "in_flight_bytes",
            "in_flight_msgs", "alive", "clock", "message_bytes", "mcast_domain")
 _DTYPES = {"alive": np.bool_, "clock": np.int64, "mcast_domain": np.int64}
+_SIGNED = ("uplink_age", "downlink_age", "uplink_noise", "downlink_noise")  # the arrays that may be negative
 UNICAST_ONLY = -1  # mcast_domain of a peer that shares a multicast domain with nobody
 # What a plan (and its pacing and probes) depends on: a new version only when one of these changes
 # materially. A new version costs a round of risk (a peer that has not received it yet plans with
@@ -142,16 +146,30 @@ class GlobalView:
         return header, [a.tobytes() for a in arrays]
 
     @classmethod
-    def from_blobs(cls, header: dict, blobs: list[bytes]) -> GlobalView:
-        """Raises ValueError on a malformed view."""
+    def from_blobs(cls, header: Any, blobs: list[bytes]) -> GlobalView:
+        """Raises ``protocol.BadField`` (a ValueError) on a malformed view: a header that is not
+        one, arrays of the wrong size, values no planner can use (NaN, infinite, negative rates,
+        domains that are no rank)."""
+        if not isinstance(header, dict):
+            raise p.BadField(f"a view header must be an object, got {str(header)[:60]}")
         if len(blobs) != len(_ARRAYS):
-            raise ValueError(f"GlobalView needs {len(_ARRAYS)} arrays, got {len(blobs)}")
-        size = int(header["size"])
+            raise p.BadField(f"GlobalView needs {len(_ARRAYS)} arrays, got {len(blobs)}")
+        size = p.integer(header.get("size"), "view size", 0, p.MAX_RANK + 1)
         arrays = {}
         for name, blob in zip(_ARRAYS, blobs):
             dtype = np.dtype(_DTYPES.get(name, np.float64))
             if len(blob) != size * dtype.itemsize:
-                raise ValueError(f"GlobalView array {name} has {len(blob)} bytes, expected {size * dtype.itemsize}")
-            arrays[name] = np.frombuffer(blob, dtype=dtype)
-        return cls(round=int(header["round"]), term=int(header.get("term", 0)), version=int(header.get("version", 0)),
-                   from_round=int(header.get("from_round", 0)), **arrays)
+                raise p.BadField(f"GlobalView array {name} has {len(blob)} bytes, expected {size * dtype.itemsize}")
+            arrays[name] = np.frombuffer(blob, dtype=np.uint8 if name == "alive" else dtype)
+        if (arrays["alive"] > 1).any():
+            raise p.BadField("GlobalView alive holds values other than 0 and 1")
+        arrays["alive"] = arrays["alive"].view(np.bool_)
+        for name in _ARRAYS:
+            low = -1 if name == "mcast_domain" else -np.inf if name in _SIGNED else 0
+            if not (np.isfinite(arrays[name]) & (arrays[name] >= low)).all():
+                raise p.BadField(f"GlobalView array {name} holds values that are not finite numbers >= {low}")
+        if (arrays["mcast_domain"] >= size).any():
+            raise p.BadField("GlobalView mcast_domain names a rank beyond the view")
+        return cls(round=p.integer(header.get("round"), "view round"), term=p.integer(header.get("term", 0), "term"),
+                   version=p.integer(header.get("version", 0), "view version"),
+                   from_round=p.integer(header.get("from_round", 0), "view from_round"), **arrays)

@@ -38,6 +38,21 @@ def test_a_start_is_not_undone_by_peers_that_finished_before_this_one_looked(con
         clients[0].wait_members(4, timeout=0.2)  # never that many: still a timeout
 
 
+def test_a_start_is_known_to_a_peer_that_missed_every_join(connect):
+    """Events published before a client's subscription is live never reach it (a busy host, a slow
+    start): the membership it resyncs says how many members the job once had at once (a peer once
+    waited out its start-up timeout after the others had started, trained and left)."""
+    clients = [connect(r, ("127.0.0.1", 9000 + r)) for r in range(3)]
+    clients[1].wait_members(3, timeout=5, receiving=True)
+    for c in clients[1:]:
+        c.leave()
+    late = clients[0]
+    with late._cond:  # as if it had seen none of the joins, then noticed a gap in the epochs
+        late._most_members = late._most_planned = 0
+        late._gap = True
+    assert sorted(late.wait_members(3, timeout=5, receiving=True)) == [0]
+
+
 def test_wrong_key_is_refused(coordinator):
     with pytest.raises(Refused, match="authentication"):
         Client(coordinator.address, JOB, "00" * 32, rank=0, connect_timeout=5)
