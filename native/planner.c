@@ -30,7 +30,10 @@
 #include "engine.h"
 
 #define REL_EPS 1e-9   /* slack on capacities: loads equal to T x capacity must fit despite rounding */
+#define UPPER_MARGIN 1e-6 /* relative: an upper bound on T above every start by more than its rounding */
 #define MAX_STEPS 200  /* bisection: from DBL_MIN to DBL_MAX to within REL_EPS takes about 41 */
+/* Start times and merge costs above this (11.6 days into a round) are corrupt reports, not load. */
+#define MAX_SECONDS 1e6
 #define MAX_SWAP_TRIES 4096 /* step 3: donor edges looked at per peer without a sender (bounds its cost) */
 /* Passes of step 1's greedy per T with unequal sizes: PASS_BUDGET / live, within [MIN, MAX]. */
 #define PASS_BUDGET 4096
@@ -360,7 +363,8 @@ static double lower_bound(const struct planner *pl) {
 }
 
 /* Here every receiver can take and merge every sender (up to max_fanin >= p) and every sender
- * send p copies, so step 1's greedy does not fail. */
+ * send p copies, so step 1's greedy does not fail. The margin keeps that true in rounding: a
+ * transfer shorter than a start time's last digit vanishes in start + transfer. */
 static double upper_bound(const struct planner *pl) {
     double T = lower_bound(pl), bytes = 0;
     for (int t = 0; t < pl->live; t++) bytes += pl->msg[pl->by_size_desc[t]];
@@ -370,7 +374,7 @@ static double upper_bound(const struct planner *pl) {
         T = fmax(T, pl->up_start[j] + pl->p * pl->msg[j] / pl->up[j]);
         if (pl->merge_cost) T = fmax(T, pl->up_start[j] + (pl->live - 1) * pl->merge_cost[j]);
     }
-    return T;
+    return T * (1 + UPPER_MARGIN);
 }
 
 /* Step 3 (mixing): a live peer that step 1 and 2 left without a sender takes one by an edge swap:
@@ -473,11 +477,12 @@ static int check_array(const double *v, int n, const uint8_t *alive, const char 
     return 0;
 }
 
-/* Start times and merge costs: finite, >= 0 (0 for a live peer is fine: its link is free from the
- * start, its merges free). */
+/* Start times and merge costs: in [0, MAX_SECONDS] (0 for a live peer is fine: its link is free
+ * from the start, its merges free). */
 static int check_starts(const double *v, int n, const char *name) {
     for (int i = 0; i < n; i++)
-        if (!isfinite(v[i]) || v[i] < 0) return set_error(EINVAL, "%s[%d] = %g: must be finite and >= 0", name, i, v[i]);
+        if (!(v[i] >= 0 && v[i] <= MAX_SECONDS))
+            return set_error(EINVAL, "%s[%d] = %g: must be in [0, %g] seconds", name, i, v[i], MAX_SECONDS);
     return 0;
 }
 

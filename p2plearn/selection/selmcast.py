@@ -66,8 +66,10 @@ Ties break by a random rank drawn from (seed, round). Planning 1,000 peers takes
 peers and the mixing matrix's |lambda_2| over 20 rounds).
 
 p larger than live - 1 is clamped to live - 1 (everyone sends to everyone); dead peers neither send
-nor receive. Rates and sizes must be finite and >= 0, and > 0 for live peers; start times finite and
->= 0 (else ValueError). With equal sizes the plan's T is still exact with start times (tests: ILP).
+nor receive. Rates and sizes must be finite and >= 0, and > 0 for live peers; start times and merge
+costs in [0, 1e6] s (more is a corrupt report, not load); multicast domains whole numbers >= -1
+that fit an int32 (NetworkView refuses others: a cast would merge domains); else ValueError. With
+equal sizes the plan's T is still exact with start times (tests: ILP).
 
 """
 from __future__ import annotations
