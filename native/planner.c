@@ -189,10 +189,11 @@ static double copy_cost(const struct planner *pl, int i, int j, const struct bud
     return same_domain(pl, i, j) && b->group ? 0 : 1;
 }
 
-/* Whether i can send to j within its budget, keeping one copy for its group while it has none
- * (so that a sender in a domain does not spend its last copy on one receiver outside it). */
-static int affordable(const struct planner *pl, int i, int j, const struct budget *b) {
-    int keep = !b->group && !same_domain(pl, i, j) && pl->mates[i] > 0;
+/* Whether i can send to j within its budget when it still wants `left` receivers. While its group
+ * has no copy and its copies cannot reach `left` receivers one by one, it keeps one for the group
+ * (which reaches all its mates); otherwise any receiver will do, in or outside its domain. */
+static int affordable(const struct planner *pl, int i, int j, const struct budget *b, int left) {
+    int keep = !b->group && !same_domain(pl, i, j) && pl->mates[i] > 0 && left > b->copies;
     return copy_cost(pl, i, j, b) + keep <= b->copies;
 }
 
@@ -216,7 +217,7 @@ static int take(struct planner *pl, int i, int want, struct budget *b, uint32_t 
         heap_remove(pl, j);
         if (pl->cap[j] < c) continue;
         pl->aside[nset++] = j;
-        if (pl->stamp[j] == (uint32_t)i + 1 || !affordable(pl, i, j, b)) continue;
+        if (pl->stamp[j] == (uint32_t)i + 1 || !affordable(pl, i, j, b, want - got)) continue;
         spend(pl, i, j, b);
         took(pl, j, c);
         if (pl->spread) pl->senders[j]++;

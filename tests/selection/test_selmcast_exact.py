@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("scipy")
 
-from p2plearn.selection import Selmcast, plan_time  # noqa: E402
+from p2plearn.selection import NetworkView, Selmcast, plan_time  # noqa: E402
 from tests.selection.conftest import random_view  # noqa: E402
 from tests.selection.exact import brute_force, max_receivers, optimal_time  # noqa: E402
 
@@ -42,9 +42,10 @@ def test_ilp_matches_exhaustive_search():
     for k in range(24):
         n, p, ip = int(rng.integers(2, 5)), int(rng.integers(1, 4)), k % 3 == 0
         view = random_view(rng, n, equal=k % 2 == 0, receiver_tight=k % 4 >= 2)
-        t, total = brute_force(view, p, ip)
-        assert optimal_time(view, p, ip) == pytest.approx(t, rel=1e-6)
-        assert max_receivers(view, p, t, ip) == total
+        fanin = max(p, 1) if k % 4 == 1 else None   # a binding fan-in cap
+        t, total = brute_force(view, p, ip, fanin)
+        assert optimal_time(view, p, ip, fanin) == pytest.approx(t, rel=1e-6)
+        assert max_receivers(view, p, t, ip, fanin) == total
 
 
 def starved_with_a_swap(view, plan: dict[int, list[int]], t: float) -> list[int]:
@@ -126,3 +127,14 @@ def test_merge_costs_and_multicast_domains_against_the_ilp():
     assert exact_worst <= 1 + 1e-6, exact_worst
     assert worst <= 1.05, worst
     assert most >= 0.85 * cases, most
+
+
+def test_a_sender_with_one_copy_spends_it_outside_its_domain_when_that_is_faster():
+    """Issue 33: 3 needs one receiver and can afford one copy; its domain's downlinks (0 and 2) are
+    slow, 1 (outside it) is fast. Keeping the copy for its group gave T = 1.628 s for 0.843 s."""
+    view = NetworkView(np.array([12.2842e6, 116.05e6, 1.35861e6, 1.18679e6]),
+                       np.array([1.22842e6, 58.025e6, 0.135861e6, 0.593393e6]), np.full(4, 1e6),
+                       np.ones(4, dtype=bool), mcast_domain=np.array([1, 0, 1, 1]))
+    plan, t = Selmcast().solve(view, 1, 0)
+    assert t == pytest.approx(optimal_time(view, 1), rel=1e-6) and t == pytest.approx(0.8426, rel=1e-4)
+    assert plan[3] == [1]
