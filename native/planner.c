@@ -38,6 +38,9 @@
 /* Passes of step 1's greedy per T with unequal sizes: PASS_BUDGET / live, within [MIN, MAX]. */
 #define PASS_BUDGET 4096
 #define MIN_PASSES 4
+/* Step 1 orders receivers by fan-in left in messages of about the current sender's size: re-keyed
+ * when a sender's message is larger or below this fraction of the size keyed for. */
+#define REKEY_BELOW 0.5
 #define MAX_PASSES 256
 
 struct planner {
@@ -162,6 +165,7 @@ static void took(struct planner *pl, int j, double c) {
 /* Fan-in of every live receiver at T, every peer pending, all in the heap (not yet ordered). */
 static void reset(struct planner *pl, double T) {
     pl->hn = 0;
+    if (pl->live) pl->unit = cost(pl, pl->by_size_desc[0]);
     for (int t = 0; t < pl->live; t++) {
         int j = pl->by_size_desc[t];
         pl->room[j] = fanin(pl, j, T);
@@ -242,6 +246,13 @@ static int fanout(const struct planner *pl, int i, double T) {
     return c < lim ? (int)c : lim;
 }
 
+/* Orders the heap by fan-in left in messages of `unit` bytes: min(room, merges x unit). */
+static void rekey(struct planner *pl, double unit) {
+    pl->unit = unit;
+    for (int k = 0; k < pl->hn; k++) set_cap(pl, pl->heap[k]);
+    heapify(pl);
+}
+
 /* Step 1's question: can every live sender get p receivers at T? Fills base[]. With unequal sizes
  * a failed pass is retried: MIN_PASSES times with the sender that failed moved first ("squeaky
  * wheel"), then in random orders, more often on small views where tight packings are common and
@@ -265,6 +276,7 @@ static int assign_p(struct planner *pl, double T) {
         for (; t < pl->live; t++) {
             int i = pl->order[t];
             struct budget b = {copies(pl, i, T), 0};
+            if (cost(pl, i) > pl->unit || cost(pl, i) < pl->unit * REKEY_BELOW) rekey(pl, cost(pl, i));
             if (take(pl, i, pl->p, &b, pl->base + (size_t)i * pl->p) < pl->p) break;
         }
         if (t == pl->live) return 1;
@@ -363,15 +375,17 @@ static double lower_bound(const struct planner *pl) {
     return fmax(T, first + bytes / down);
 }
 
-/* Here every receiver can take and merge every sender (up to max_fanin >= p) and every sender
- * send p copies, so step 1's greedy does not fail. The margin keeps that true in rounding: a
- * transfer shorter than a start time's last digit vanishes in start + transfer. */
+/* Here every receiver can take and merge as many of the largest messages as it may have senders
+ * (live - 1, at most max_fanin) and every sender send p copies: no byte budget binds, fan-in is a
+ * count that is the same for everyone, and step 1's greedy (Kleitman-Wang on counts) does not fail.
+ * The margin keeps that true in rounding: a transfer shorter than a start time's last digit
+ * vanishes in start + transfer. */
 static double upper_bound(const struct planner *pl) {
-    double T = lower_bound(pl), bytes = 0;
-    for (int t = 0; t < pl->live; t++) bytes += pl->msg[pl->by_size_desc[t]];
+    double T = lower_bound(pl), largest = pl->msg[pl->by_size_desc[0]];
+    int most_senders = pl->max_fanin > 0 && pl->max_fanin < pl->live - 1 ? pl->max_fanin : pl->live - 1;
     for (int t = 0; t < pl->live; t++) {
         int j = pl->by_size_desc[t];
-        T = fmax(T, pl->down_start[j] + (bytes - pl->msg[j]) / pl->down[j]);
+        T = fmax(T, pl->down_start[j] + most_senders * largest / pl->down[j]);
         T = fmax(T, pl->up_start[j] + pl->p * pl->msg[j] / pl->up[j]);
         if (pl->merge_cost) T = fmax(T, pl->up_start[j] + (pl->live - 1) * pl->merge_cost[j]);
     }
@@ -581,7 +595,6 @@ static int planner_init(struct planner *pl, uint64_t seed, uint64_t round) {
         pl->by_size_asc[pl->live - 1 - t] = items[t].i;
         pl->equal &= items[t].m == items[0].m;
     }
-    pl->unit = pl->equal || pl->live == 0 ? 1.0 : items[0].m;
     free(items);
     int rc;
     if (pl->domain && (rc = count_mates(pl))) return rc;

@@ -138,3 +138,21 @@ def test_a_sender_with_one_copy_spends_it_outside_its_domain_when_that_is_faster
     plan, t = Selmcast().solve(view, 1, 0)
     assert t == pytest.approx(optimal_time(view, 1), rel=1e-6) and t == pytest.approx(0.8426, rel=1e-4)
     assert plan[3] == [1]
+
+
+@pytest.mark.parametrize("up, down, size, alive, p, t_opt", [
+    # fan-in cap = p: every receiver takes exactly 2 senders; the greedy ordered receivers by
+    # min(bytes left, senders left x the largest message) and gave T = 0.2139 s, 1.11x the optimum
+    ([7.5383e6, 6.4619e6, 24.692e6, 10.9958e6, 45.9553e6, 9.796e6], [5.5059e6, 1.7871e6, 9.3122e6, 4.126e6, 11.9105e6,
+     5.8073e6], [0.4829e6, 0.3226e6, 1.0446e6, 0.8022e6, 0.1973e6, 0.0118e6], [1] * 6, 2, 0.19193),
+    # 6 live peers, p = fan-in cap = 4: "no plan at the upper bound" (TransportError)
+    ([39415437.16, 6109142.517, 3640658.371, 2849455.450, 61262062.97, 6088756.200, 21747520.82],
+     [11765006.82, 1964143.889, 2056162.226, 900541.4654, 16896752.74, 2003791.106, 18455641.63],
+     [441411.7175, 831553.8378, 490973.5494, 2964039.776, 2666313.973, 624479.6826, 1411527.087],
+     [1, 1, 1, 1, 1, 0, 1], 4, 4.16085),
+])
+def test_a_binding_fan_in_cap_with_unequal_sizes_is_planned_at_the_optimum(up, down, size, alive, p, t_opt):
+    view = NetworkView(np.array(up), np.array(down), np.array(size), np.array(alive, dtype=bool))
+    plan, t = Selmcast(max_fanin=p).solve(view, p, 0)
+    assert t == pytest.approx(optimal_time(view, p, max_fanin=p), rel=1e-6) and t == pytest.approx(t_opt, rel=1e-3)
+    assert np.bincount(sum(plan.values(), [])).max() <= p
