@@ -7,9 +7,10 @@
  * then a per-round random rank). With equal sizes fan-in counts whole messages and this is the
  * Kleitman-Wang construction adapted to fan-in bounds: exact in every comparison with an ILP.
  * With unequal sizes fan-in is a byte budget (bin packing, NP-hard): the greedy is worst-fit
- * decreasing, retried in other orders (assign_p), near-exact. T is found by geometric bisection
- * to a relative 1e-9 between the best lower bound and a T at which every receiver can take every
- * sender. Step 2 (Pareto extras): within the capacities at the T of step 1's plan, senders in
+ * decreasing, retried in other orders and best fit on small views (assign_p), near-exact. T is
+ * found by geometric bisection to a relative 1e-9 between the best lower bound and a T at which
+ * every receiver can take as many of the largest messages as it may have senders.
+ * Step 2 (Pareto extras): within the capacities at the T of step 1's plan, senders in
  * increasing message size (smallest first maximises the count) each add receivers up to their
  * fan-out capacity, those with the fewest senders so far that still hold the message (spread:
  * that is what makes the extras mix), so T does not grow. Step 3 (mixing): a
@@ -18,7 +19,9 @@
  * Merging: a receiver's fan-in is also bounded by the messages its CPU merges by T (merge_cost) and
  * by max_fanin; both enter every step as a count of messages left, next to the bytes left.
  * Multicast domains: a sender's uplink budget is counted in copies; the first receiver in its
- * domain costs one (the group's), the others in the domain nothing, each receiver outside one.
+ * domain costs one (the group's), the others in the domain nothing, each receiver outside one. A
+ * sender keeps a copy for its group only while its copies cannot reach the receivers it still
+ * wants one by one (affordable).
  * Cost: O(bisection steps x passes x E log n) for E receivers in all.
  */
 #include <errno.h>
@@ -38,6 +41,9 @@
 /* Passes of step 1's greedy per T with unequal sizes: PASS_BUDGET / live, within [MIN, MAX]. */
 #define PASS_BUDGET 4096
 #define MIN_PASSES 4
+/* On views of up to this many live peers, every other random-order pass is best fit (O(live) per
+ * pick): tight packings that worst fit misses in every order, best fit often finds. */
+#define BEST_FIT_LIVE 64
 /* Step 1 orders receivers by fan-in left in messages of about the current sender's size: re-keyed
  * when a sender's message is larger or below this fraction of the size keyed for. */
 #define REKEY_BELOW 0.5
@@ -232,6 +238,33 @@ static int take(struct planner *pl, int i, int want, struct budget *b, uint32_t 
     return got;
 }
 
+/* Best fit: sender i takes, one by one, the receiver with the least fan-in left that still holds
+ * its message (the heap stays ordered: each pick leaves and re-enters it). O(live) per pick. */
+static int take_tightest(struct planner *pl, int i, int want, struct budget *b, uint32_t *out) {
+    int got = 0;
+    double c = cost(pl, i);
+    pl->pending[i] = 0;
+    if (pl->pos[i] >= 0) heap_remove(pl, i);
+    while (got < want && (b->copies >= 1 || b->group)) {
+        int best = -1;
+        for (int k = 0; k < pl->hn; k++) {
+            int j = pl->heap[k], dup = 0;
+            if (pl->cap[j] < c || (best >= 0 && pl->cap[j] > pl->cap[best])) continue;
+            for (int g = 0; g < got; g++) dup |= out[g] == (uint32_t)j;
+            if (dup || !affordable(pl, i, j, b, want - got)) continue;
+            if (best < 0 || pl->cap[j] < pl->cap[best] || pl->rank[j] > pl->rank[best]) best = j;
+        }
+        if (best < 0) break;
+        heap_remove(pl, best);
+        spend(pl, i, best, b);
+        took(pl, best, c);
+        heap_push(pl, best);
+        out[got++] = (uint32_t)best;
+    }
+    heap_push(pl, i);
+    return got;
+}
+
 static void heapify(struct planner *pl) {
     for (int k = pl->hn / 2 - 1; k >= 0; k--) sift_down(pl, k);
 }
@@ -256,8 +289,10 @@ static void rekey(struct planner *pl, double unit) {
 /* Step 1's question: can every live sender get p receivers at T? Fills base[]. With unequal sizes
  * a failed pass is retried: MIN_PASSES times with the sender that failed moved first ("squeaky
  * wheel"), then in random orders, more often on small views where tight packings are common and
- * passes cheap. On views of up to 7 peers this brings the greedy from up to 18% above the optimal
- * T to within a few percent. */
+ * passes cheap, every other one best fit on views of up to BEST_FIT_LIVE peers. Receivers are
+ * keyed by fan-in left in messages of about the current sender's size (rekey): keyed by the
+ * largest message, a receiver with few merges left but bytes to spare outranked one that could
+ * still take many small messages, and binding fan-in caps cost up to 4.7x the optimal T. */
 static int assign_p(struct planner *pl, double T) {
     int passes = pl->equal ? 1 : MAX_PASSES;
     uint64_t s = pl->shuffle_seed;   /* the same draws for every T: the answer depends on T alone */
@@ -277,7 +312,8 @@ static int assign_p(struct planner *pl, double T) {
             int i = pl->order[t];
             struct budget b = {copies(pl, i, T), 0};
             if (cost(pl, i) > pl->unit || cost(pl, i) < pl->unit * REKEY_BELOW) rekey(pl, cost(pl, i));
-            if (take(pl, i, pl->p, &b, pl->base + (size_t)i * pl->p) < pl->p) break;
+            int best_fit = pass >= MIN_PASSES && pass % 2 && pl->live <= BEST_FIT_LIVE;
+            if ((best_fit ? take_tightest : take)(pl, i, pl->p, &b, pl->base + (size_t)i * pl->p) < pl->p) break;
         }
         if (t == pl->live) return 1;
         int failed = pl->order[t];
