@@ -150,6 +150,9 @@ def test_a_sender_with_one_copy_spends_it_outside_its_domain_when_that_is_faster
      [11765006.82, 1964143.889, 2056162.226, 900541.4654, 16896752.74, 2003791.106, 18455641.63],
      [441411.7175, 831553.8378, 490973.5494, 2964039.776, 2666313.973, 624479.6826, 1411527.087],
      [1, 1, 1, 1, 1, 0, 1], 4, 4.16085),
+    # a tight packing (5 senders x 2 into 5 receivers x 2) that worst fit missed in every order: 1.089x
+    ([19.0448e6, 6.7311e6, 4.566e6, 4.7042e6, 4.4272e6], [4.9705e6, 1.9334e6, 1.6621e6, 2.0166e6, 4.9475e6],
+     [2.0398e6, 2.8193e6, 2.9083e6, 2.809e6, 2.2933e6], [1] * 5, 2, 2.60700),
 ])
 def test_a_binding_fan_in_cap_with_unequal_sizes_is_planned_at_the_optimum(up, down, size, alive, p, t_opt):
     view = NetworkView(np.array(up), np.array(down), np.array(size), np.array(alive, dtype=bool))
