@@ -68,9 +68,10 @@ Merge bounds (merge_cost, max_fanin) are counts of messages next to the byte bud
 sizes the greedy stays exact (tests: ILP). Multicast domains make a sender's budget copies, the
 group's counted once; a sender keeps one copy for its group only while its copies cannot reach
 the receivers it still wants one by one (a heuristic: the figures above).
-Ties break by a random rank drawn from (seed, round). Planning 1,000 peers takes about 7 ms,
-10,000 about 80 ms (`python -m p2plearn.bench selection`, which also reports starved
-peers and the mixing matrix's |lambda_2| over 20 rounds).
+Ties break by a random rank drawn from (seed, round). Planning 1,000 peers takes about 10 ms,
+10,000 about 150 ms with equal sizes and 350 ms with sizes over one decade (one core of a shared
+2-core machine; `python -m p2plearn.bench selection`, which also reports starved peers and the
+mixing matrix's |lambda_2| over 20 rounds).
 
 p larger than live - 1 is clamped to live - 1 (everyone sends to everyone); dead peers neither send
 nor receive. Rates and sizes must be finite and >= 0, and > 0 for live peers; start times and merge
