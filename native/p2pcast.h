@@ -223,7 +223,7 @@ int p2p_delivery_fractions(const p2p_delivery *d, double *out, uint32_t nseg);
  * gets one by moving an edge from a receiver that has two or more, where it takes the message by
  * T (1 + mixing_slack) (0: T does not grow). (seed, round) break ties, so that each round leaves
  * out other peers. Rates and sizes must be finite and >= 0, and > 0 for live peers
- * (alive[i] != 0); starts and merge costs finite and >= 0. On success *out owns its arrays: free
+ * (alive[i] != 0); starts and merge costs in [0, 1e6] seconds. On success *out owns its arrays: free
  * them with p2p_plan_free. */
 typedef struct {
     int n;

@@ -7,9 +7,10 @@
  * then a per-round random rank). With equal sizes fan-in counts whole messages and this is the
  * Kleitman-Wang construction adapted to fan-in bounds: exact in every comparison with an ILP.
  * With unequal sizes fan-in is a byte budget (bin packing, NP-hard): the greedy is worst-fit
- * decreasing, retried in other orders (assign_p), near-exact. T is found by geometric bisection
- * to a relative 1e-9 between the best lower bound and a T at which every receiver can take every
- * sender. Step 2 (Pareto extras): within the capacities at the T of step 1's plan, senders in
+ * decreasing, retried in other orders and best fit on small views (assign_p), near-exact. T is
+ * found by geometric bisection to a relative 1e-9 between the best lower bound and a T at which
+ * every receiver can take as many of the largest messages as it may have senders.
+ * Step 2 (Pareto extras): within the capacities at the T of step 1's plan, senders in
  * increasing message size (smallest first maximises the count) each add receivers up to their
  * fan-out capacity, those with the fewest senders so far that still hold the message (spread:
  * that is what makes the extras mix), so T does not grow. Step 3 (mixing): a
@@ -18,7 +19,9 @@
  * Merging: a receiver's fan-in is also bounded by the messages its CPU merges by T (merge_cost) and
  * by max_fanin; both enter every step as a count of messages left, next to the bytes left.
  * Multicast domains: a sender's uplink budget is counted in copies; the first receiver in its
- * domain costs one (the group's), the others in the domain nothing, each receiver outside one.
+ * domain costs one (the group's), the others in the domain nothing, each receiver outside one. A
+ * sender keeps a copy for its group only while its copies cannot reach the receivers it still
+ * wants one by one (affordable).
  * Cost: O(bisection steps x passes x E log n) for E receivers in all.
  */
 #include <errno.h>
@@ -30,11 +33,20 @@
 #include "engine.h"
 
 #define REL_EPS 1e-9   /* slack on capacities: loads equal to T x capacity must fit despite rounding */
+#define UPPER_MARGIN 1e-6 /* relative: an upper bound on T above every start by more than its rounding */
 #define MAX_STEPS 200  /* bisection: from DBL_MIN to DBL_MAX to within REL_EPS takes about 41 */
+/* Start times and merge costs above this (11.6 days into a round) are corrupt reports, not load. */
+#define MAX_SECONDS 1e6
 #define MAX_SWAP_TRIES 4096 /* step 3: donor edges looked at per peer without a sender (bounds its cost) */
 /* Passes of step 1's greedy per T with unequal sizes: PASS_BUDGET / live, within [MIN, MAX]. */
 #define PASS_BUDGET 4096
 #define MIN_PASSES 4
+/* On views of up to this many live peers, every other random-order pass is best fit (O(live) per
+ * pick): tight packings that worst fit misses in every order, best fit often finds. */
+#define BEST_FIT_LIVE 64
+/* Step 1 orders receivers by fan-in left in messages of about the current sender's size: re-keyed
+ * when a sender's message is larger or below this fraction of the size keyed for. */
+#define REKEY_BELOW 0.5
 #define MAX_PASSES 256
 
 struct planner {
@@ -159,6 +171,7 @@ static void took(struct planner *pl, int j, double c) {
 /* Fan-in of every live receiver at T, every peer pending, all in the heap (not yet ordered). */
 static void reset(struct planner *pl, double T) {
     pl->hn = 0;
+    if (pl->live) pl->unit = cost(pl, pl->by_size_desc[0]);
     for (int t = 0; t < pl->live; t++) {
         int j = pl->by_size_desc[t];
         pl->room[j] = fanin(pl, j, T);
@@ -186,10 +199,11 @@ static double copy_cost(const struct planner *pl, int i, int j, const struct bud
     return same_domain(pl, i, j) && b->group ? 0 : 1;
 }
 
-/* Whether i can send to j within its budget, keeping one copy for its group while it has none
- * (so that a sender in a domain does not spend its last copy on one receiver outside it). */
-static int affordable(const struct planner *pl, int i, int j, const struct budget *b) {
-    int keep = !b->group && !same_domain(pl, i, j) && pl->mates[i] > 0;
+/* Whether i can send to j within its budget when it still wants `left` receivers. While its group
+ * has no copy and its copies cannot reach `left` receivers one by one, it keeps one for the group
+ * (which reaches all its mates); otherwise any receiver will do, in or outside its domain. */
+static int affordable(const struct planner *pl, int i, int j, const struct budget *b, int left) {
+    int keep = !b->group && !same_domain(pl, i, j) && pl->mates[i] > 0 && left > b->copies;
     return copy_cost(pl, i, j, b) + keep <= b->copies;
 }
 
@@ -213,13 +227,40 @@ static int take(struct planner *pl, int i, int want, struct budget *b, uint32_t 
         heap_remove(pl, j);
         if (pl->cap[j] < c) continue;
         pl->aside[nset++] = j;
-        if (pl->stamp[j] == (uint32_t)i + 1 || !affordable(pl, i, j, b)) continue;
+        if (pl->stamp[j] == (uint32_t)i + 1 || !affordable(pl, i, j, b, want - got)) continue;
         spend(pl, i, j, b);
         took(pl, j, c);
         if (pl->spread) pl->senders[j]++;
         out[got++] = (uint32_t)j;
     }
     for (int k = 0; k < nset; k++) heap_push(pl, pl->aside[k]);
+    heap_push(pl, i);
+    return got;
+}
+
+/* Best fit: sender i takes, one by one, the receiver with the least fan-in left that still holds
+ * its message (the heap stays ordered: each pick leaves and re-enters it). O(live) per pick. */
+static int take_tightest(struct planner *pl, int i, int want, struct budget *b, uint32_t *out) {
+    int got = 0;
+    double c = cost(pl, i);
+    pl->pending[i] = 0;
+    if (pl->pos[i] >= 0) heap_remove(pl, i);
+    while (got < want && (b->copies >= 1 || b->group)) {
+        int best = -1;
+        for (int k = 0; k < pl->hn; k++) {
+            int j = pl->heap[k], dup = 0;
+            if (pl->cap[j] < c || (best >= 0 && pl->cap[j] > pl->cap[best])) continue;
+            for (int g = 0; g < got; g++) dup |= out[g] == (uint32_t)j;
+            if (dup || !affordable(pl, i, j, b, want - got)) continue;
+            if (best < 0 || pl->cap[j] < pl->cap[best] || pl->rank[j] > pl->rank[best]) best = j;
+        }
+        if (best < 0) break;
+        heap_remove(pl, best);
+        spend(pl, i, best, b);
+        took(pl, best, c);
+        heap_push(pl, best);
+        out[got++] = (uint32_t)best;
+    }
     heap_push(pl, i);
     return got;
 }
@@ -238,11 +279,20 @@ static int fanout(const struct planner *pl, int i, double T) {
     return c < lim ? (int)c : lim;
 }
 
+/* Orders the heap by fan-in left in messages of `unit` bytes: min(room, merges x unit). */
+static void rekey(struct planner *pl, double unit) {
+    pl->unit = unit;
+    for (int k = 0; k < pl->hn; k++) set_cap(pl, pl->heap[k]);
+    heapify(pl);
+}
+
 /* Step 1's question: can every live sender get p receivers at T? Fills base[]. With unequal sizes
  * a failed pass is retried: MIN_PASSES times with the sender that failed moved first ("squeaky
  * wheel"), then in random orders, more often on small views where tight packings are common and
- * passes cheap. On views of up to 7 peers this brings the greedy from up to 18% above the optimal
- * T to within a few percent. */
+ * passes cheap, every other one best fit on views of up to BEST_FIT_LIVE peers. Receivers are
+ * keyed by fan-in left in messages of about the current sender's size (rekey): keyed by the
+ * largest message, a receiver with few merges left but bytes to spare outranked one that could
+ * still take many small messages, and binding fan-in caps cost up to 4.7x the optimal T. */
 static int assign_p(struct planner *pl, double T) {
     int passes = pl->equal ? 1 : MAX_PASSES;
     uint64_t s = pl->shuffle_seed;   /* the same draws for every T: the answer depends on T alone */
@@ -261,7 +311,9 @@ static int assign_p(struct planner *pl, double T) {
         for (; t < pl->live; t++) {
             int i = pl->order[t];
             struct budget b = {copies(pl, i, T), 0};
-            if (take(pl, i, pl->p, &b, pl->base + (size_t)i * pl->p) < pl->p) break;
+            if (cost(pl, i) > pl->unit || cost(pl, i) < pl->unit * REKEY_BELOW) rekey(pl, cost(pl, i));
+            int best_fit = pass >= MIN_PASSES && pass % 2 && pl->live <= BEST_FIT_LIVE;
+            if ((best_fit ? take_tightest : take)(pl, i, pl->p, &b, pl->base + (size_t)i * pl->p) < pl->p) break;
         }
         if (t == pl->live) return 1;
         int failed = pl->order[t];
@@ -359,18 +411,21 @@ static double lower_bound(const struct planner *pl) {
     return fmax(T, first + bytes / down);
 }
 
-/* Here every receiver can take and merge every sender (up to max_fanin >= p) and every sender
- * send p copies, so step 1's greedy does not fail. */
+/* Here every receiver can take and merge as many of the largest messages as it may have senders
+ * (live - 1, at most max_fanin) and every sender send p copies: no byte budget binds, fan-in is a
+ * count that is the same for everyone, and step 1's greedy (Kleitman-Wang on counts) does not fail.
+ * The margin keeps that true in rounding: a transfer shorter than a start time's last digit
+ * vanishes in start + transfer. */
 static double upper_bound(const struct planner *pl) {
-    double T = lower_bound(pl), bytes = 0;
-    for (int t = 0; t < pl->live; t++) bytes += pl->msg[pl->by_size_desc[t]];
+    double T = lower_bound(pl), largest = pl->msg[pl->by_size_desc[0]];
+    int most_senders = pl->max_fanin > 0 && pl->max_fanin < pl->live - 1 ? pl->max_fanin : pl->live - 1;
     for (int t = 0; t < pl->live; t++) {
         int j = pl->by_size_desc[t];
-        T = fmax(T, pl->down_start[j] + (bytes - pl->msg[j]) / pl->down[j]);
+        T = fmax(T, pl->down_start[j] + most_senders * largest / pl->down[j]);
         T = fmax(T, pl->up_start[j] + pl->p * pl->msg[j] / pl->up[j]);
         if (pl->merge_cost) T = fmax(T, pl->up_start[j] + (pl->live - 1) * pl->merge_cost[j]);
     }
-    return T;
+    return T * (1 + UPPER_MARGIN);
 }
 
 /* Step 3 (mixing): a live peer that step 1 and 2 left without a sender takes one by an edge swap:
@@ -473,11 +528,12 @@ static int check_array(const double *v, int n, const uint8_t *alive, const char 
     return 0;
 }
 
-/* Start times and merge costs: finite, >= 0 (0 for a live peer is fine: its link is free from the
- * start, its merges free). */
+/* Start times and merge costs: in [0, MAX_SECONDS] (0 for a live peer is fine: its link is free
+ * from the start, its merges free). */
 static int check_starts(const double *v, int n, const char *name) {
     for (int i = 0; i < n; i++)
-        if (!isfinite(v[i]) || v[i] < 0) return set_error(EINVAL, "%s[%d] = %g: must be finite and >= 0", name, i, v[i]);
+        if (!(v[i] >= 0 && v[i] <= MAX_SECONDS))
+            return set_error(EINVAL, "%s[%d] = %g: must be in [0, %g] seconds", name, i, v[i], MAX_SECONDS);
     return 0;
 }
 
@@ -575,7 +631,6 @@ static int planner_init(struct planner *pl, uint64_t seed, uint64_t round) {
         pl->by_size_asc[pl->live - 1 - t] = items[t].i;
         pl->equal &= items[t].m == items[0].m;
     }
-    pl->unit = pl->equal || pl->live == 0 ? 1.0 : items[0].m;
     free(items);
     int rc;
     if (pl->domain && (rc = count_mates(pl))) return rc;

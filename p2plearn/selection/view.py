@@ -65,6 +65,8 @@ class NetworkView:
         for name in ("up_start", "down_start"):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, np.zeros(len(self.uplink)))
+        if self.mcast_domain is not None:
+            object.__setattr__(self, "mcast_domain", domain_ids(self.mcast_domain))
 
     @property
     def n(self) -> int:
@@ -113,11 +115,24 @@ class NetworkView:
         with np.errstate(divide="ignore", invalid="ignore"):
             drain = np.where(down > 0, np.asarray(view.in_flight_bytes, float) / down, 0.0)
         sizes = np.broadcast_to(np.asarray(message_bytes, dtype=float), up.shape) * FRAMING
-        domain = getattr(view, "mcast_domain", None)
         return cls(up, down, sizes, alive, up_start, np.maximum(drain, first),
                    np.asarray(view.uplink_target, float), np.asarray(view.downlink_target, float),
-                   merge_cost=np.asarray(view.merge_s, float),
-                   mcast_domain=None if domain is None else np.asarray(domain, dtype=np.int32))
+                   merge_cost=np.asarray(view.merge_s, float), mcast_domain=getattr(view, "mcast_domain", None))
+
+
+def domain_ids(values) -> np.ndarray:
+    """Multicast domains as the planner takes them (int32), refusing what a cast would change: a
+    value that is not a whole number, or outside [-1, 2**31 - 1], would merge domains silently
+    (2**40 and 0.5 both become 0). ValueError names the first such peer."""
+    given = np.asarray(values)
+    if given.dtype.kind not in "iuf":
+        raise ValueError(f"mcast_domain must be numbers, got dtype {given.dtype}")
+    wrong = ~((given == np.round(given)) & (given >= -1) & (given <= 2**31 - 1))  # NaN fails the first
+    if wrong.any():
+        peer = int(np.flatnonzero(wrong)[0])
+        raise ValueError(f"mcast_domain[{peer}] = {given[peer].item()!r}: must be a whole number from 0 to {2**31 - 1}, "
+                         "or -1 for none")
+    return given.astype(np.int32)
 
 
 def multicast_domains(view: NetworkView, ip_multicast: bool = False) -> np.ndarray | None:
@@ -125,7 +140,7 @@ def multicast_domains(view: NetworkView, ip_multicast: bool = False) -> np.ndarr
     `ip_multicast` (the network replicates for everyone), else the view's own, or None."""
     if ip_multicast:
         return np.zeros(view.n, dtype=np.int32)
-    return None if view.mcast_domain is None else np.asarray(view.mcast_domain, dtype=np.int32)
+    return view.mcast_domain
 
 
 def _in_group(view: NetworkView, src: np.ndarray, dst: np.ndarray, ip_multicast: bool) -> np.ndarray:

@@ -102,10 +102,39 @@ def _view(**change) -> NetworkView:
     (_view(), 3, {"max_fanin": 0}, "max_fanin"),
     (NetworkView(*(np.zeros(0),) * 3, np.zeros(0, dtype=bool)), 1, {}, "n must be > 0"),
     (_view(alive=np.ones(3, dtype=bool)), 1, {}, "one entry per peer"),
+    (_view(up_start=np.array([1e300, 0, 0, 0])), 1, {}, r"up_start\[0\] = 1e\+300: must be in \[0, 1e\+06\] seconds"),
+    (_view(down_start=np.array([0, 0, 0, 2e6])), 1, {}, r"down_start\[3\] = 2e\+06"),
+    (_view(merge_cost=np.array([0, 1e7, 0, 0])), 1, {}, r"merge_cost\[1\] = 1e\+07"),
 ])
 def test_selmcast_rejects_bad_input(view, p, kw, match):
     with pytest.raises(ValueError, match=match):
         Selmcast(**kw).plan(view, p, 0)
+
+
+@pytest.mark.parametrize("domain, match", [
+    ([0, 0, 2**40, 1], r"mcast_domain\[2\] = 1099511627776"),   # an int32 cast made it 0: one domain with 0 and 1
+    ([0.5, 0, 1, 1], r"mcast_domain\[0\] = 0.5"),
+    ([0, np.nan, 1, 1], r"mcast_domain\[1\] = nan"),
+    ([0, 0, -2, 1], r"mcast_domain\[2\] = -2"),
+])
+def test_multicast_domains_that_a_cast_would_change_are_refused(domain, match):
+    with pytest.raises(ValueError, match=match):
+        _view(mcast_domain=np.array(domain))
+
+
+def test_multicast_domains_as_whole_floats_or_wide_ints_are_taken_as_they_are():
+    for domain in (np.array([1.0, 0.0, -1.0, 1.0]), np.array([2**31 - 1, 0, -1, 2**31 - 1], dtype=np.int64)):
+        view = _view(mcast_domain=domain)
+        assert view.mcast_domain.tolist() == domain.astype(int).tolist()
+        assert all(len(r) >= 1 for r in Selmcast().plan(view, 1, 0).values())
+
+
+def test_a_transfer_shorter_than_a_start_times_last_digit_still_gets_a_plan():
+    # 1 byte at 1 TB/s (1e-12 s) after 1e6 s: start + transfer rounds to start, which left no
+    # upper bound on T with any room on that uplink
+    view = _view(uplink=np.full(4, 1e12), message_bytes=np.ones(4), up_start=np.array([1e6, 0, 0, 0]))
+    plan, t = Selmcast().solve(view, 1, 0)
+    assert t >= 1e6 and t == pytest.approx(plan_time(view, plan), rel=1e-12)
 
 
 def test_one_slow_peer_among_fast_ones_does_not_make_the_plan_all_to_all():

@@ -145,6 +145,5 @@ def test_a_group_is_paced_at_its_slowest_receiver():
 
 @pytest.mark.parametrize("domain, match", [([0, -2, 0], "mcast_domain"), ([0, 0], "one entry per peer")])
 def test_selmcast_rejects_bad_multicast_domains(domain, match):
-    view = replace(NetworkView.uniform(3, 1.0, 1.0), mcast_domain=np.array(domain, dtype=np.int32))
     with pytest.raises(ValueError, match=match):
-        Selmcast().plan(view, 1, 0)
+        Selmcast().plan(replace(NetworkView.uniform(3, 1.0, 1.0), mcast_domain=np.array(domain, dtype=np.int32)), 1, 0)
