@@ -182,6 +182,10 @@ class ControlClient(Protocol):
         """Deregister cleanly."""
         ...
 
+    def wait_alone(self, timeout: float) -> bool:
+        """Wait until no other peer is a member, or the job ended; True if so."""
+        ...
+
     def close(self) -> None:
         """Stop heartbeats and release the sockets (does not deregister)."""
         ...

@@ -129,20 +129,13 @@ class Runtime:
         except ControlError:
             pass  # the job is over; a coordinator that went first has nothing to be told
         finally:
+            if self.coordinator is not None:
+                self.client.wait_alone(linger)  # before close(): a closed client's membership is stale
             self.client.close()
             if self.coordinator is not None:
-                deadline = time.monotonic() + linger
-                while self._others_remain() and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                self.coordinator.stop()
+                self.coordinator.stop()  # ends the job: the clients are told, none starts a successor
             if self.files is not None:
                 self.files.close()
-
-    def _others_remain(self) -> bool:
-        try:
-            return bool(self.client.members) and self.client.following
-        except ControlError:
-            return False
 
     def __enter__(self) -> Runtime:
         return self

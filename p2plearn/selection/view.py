@@ -9,6 +9,10 @@ import numpy as np
 # traffic (ACKs, probes) and absorbs timing jitter, so shaped queues drain instead of overflowing.
 # At 1.0 the paced flows fill a link exactly, any extra byte queues, and a shallow switch buffer drops.
 PACING_HEADROOM = 0.95
+# The planner refuses start times and merge costs above this (native/planner.c MAX_SECONDS): a view
+# caps its loads here, so that one member reporting an absurd load is planned as very late, rather
+# than making every peer's plan fail.
+MAX_LOAD_S = 1e6
 
 # Wire bytes per message byte on a 1500-byte MTU path: the engine's datagram carries 1416 bytes of
 # data behind a 56-byte header, plus 42 of IPv4 + UDP + Ethernet. Rates in a view are wire bytes/s
@@ -110,14 +114,15 @@ class NetworkView:
         up = np.asarray(view.uplink, dtype=float)
         down = np.asarray(view.downlink, dtype=float)
         alive = np.asarray(view.alive, dtype=bool)
-        up_start = np.asarray(view.compute_s, float) + np.asarray(view.backlog, float) * np.asarray(view.merge_s, float)
+        merge = np.minimum(np.asarray(view.merge_s, float), MAX_LOAD_S)
+        up_start = np.minimum(np.asarray(view.compute_s, float) + np.asarray(view.backlog, float) * merge, MAX_LOAD_S)
         first = up_start[alive].min(initial=np.inf) if alive.any() else 0.0
         with np.errstate(divide="ignore", invalid="ignore"):
             drain = np.where(down > 0, np.asarray(view.in_flight_bytes, float) / down, 0.0)
         sizes = np.broadcast_to(np.asarray(message_bytes, dtype=float), up.shape) * FRAMING
-        return cls(up, down, sizes, alive, up_start, np.maximum(drain, first),
+        return cls(up, down, sizes, alive, up_start, np.minimum(np.maximum(drain, first), MAX_LOAD_S),
                    np.asarray(view.uplink_target, float), np.asarray(view.downlink_target, float),
-                   merge_cost=np.asarray(view.merge_s, float), mcast_domain=getattr(view, "mcast_domain", None))
+                   merge_cost=merge, mcast_domain=getattr(view, "mcast_domain", None))
 
 
 def domain_ids(values) -> np.ndarray:

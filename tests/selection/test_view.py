@@ -8,7 +8,7 @@ import pytest
 
 from p2plearn.control import GlobalView
 from p2plearn.selection import PACING_HEADROOM, NetworkView, Selmcast, flow_probes, plan_flows, plan_time
-from p2plearn.selection.view import FRAMING, MAX_PROBE_GAIN, PROBE_EVERY, probe_gains, uplink_copies
+from p2plearn.selection.view import FRAMING, MAX_LOAD_S, MAX_PROBE_GAIN, PROBE_EVERY, probe_gains, uplink_copies
 
 MB = 1e6
 
@@ -102,6 +102,17 @@ def test_a_receiver_still_receiving_gets_fewer_senders():
     idle = NetworkView.from_global(global_view(n), MB)
     busy = NetworkView.from_global(global_view(n, in_flight_bytes=[0] * 7 + [3 * MB]), MB)
     assert senders_of(policy.plan(busy, 2, 0), 7) < senders_of(policy.plan(idle, 2, 0), 7)
+
+
+def test_one_member_reporting_an_absurd_load_is_planned_as_late_not_refused():
+    """A member's report must not make every peer's plan fail (the planner refuses > 1e6 s)."""
+    n = 4
+    absurd = NetworkView.from_global(global_view(n, compute_s=[0, 1e300, 0, 0], merge_s=[0, 0, 1e300, 0],
+                                                 backlog=[0, 0, 5, 0], in_flight_bytes=[0, 0, 0, 1e300]), MB)
+    assert absurd.up_start.max() <= MAX_LOAD_S and absurd.merge_cost.max() <= MAX_LOAD_S
+    assert absurd.down_start.max() <= MAX_LOAD_S
+    plan = Selmcast(seed=0).plan(absurd, 1, 0)
+    assert all(len(plan[i]) >= 1 for i in range(n))  # every peer still has receivers
 
 
 @pytest.mark.parametrize("bad", [-1.0, np.inf, np.nan])
