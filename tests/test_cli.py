@@ -26,6 +26,7 @@ ENTRY_POINTS = [
     ("python -m p2plearn.sim.tracking", "p2plearn.sim.tracking", []),
     ("python -m p2plearn.sim.unequal", "p2plearn.sim.unequal", []),
     ("python -m p2plearn.sim.validate", "p2plearn.sim.validate", []),
+    ("python -m p2plearn.examples.mnist1d", "p2plearn.examples.mnist1d", []),
 ]
 
 

@@ -62,14 +62,14 @@ def make_model(args: argparse.Namespace) -> nn.Module:
 def add_model_arguments(ap: argparse.ArgumentParser) -> None:
     """The flags shared with torch's baselines (experiments/torch_mnist1d.py): model, data, optimizer."""
     ap.add_argument("--model", choices=("cnn", "mlp"), default="cnn",
-                    help="cnn: compute-heavy, small messages; mlp: few FLOPs, large messages")
-    ap.add_argument("--width", type=int, default=32, help="CNN channels: larger = more bytes per round")
-    ap.add_argument("--hidden", type=int, default=1536, help="MLP hidden units: parameters grow as hidden^2")
-    ap.add_argument("--epochs", type=int, default=6)
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=0.1)
-    ap.add_argument("--samples", type=int, default=12000, help="MNIST-1D samples generated (80%% train)")
-    ap.add_argument("--seed", type=int, default=0)
+                    help="cnn: compute-heavy, small messages; mlp: few FLOPs, large messages (default: %(default)s)")
+    ap.add_argument("--width", type=int, default=32, help="CNN channels: larger = more bytes per round (default: %(default)s)")
+    ap.add_argument("--hidden", type=int, default=1536, help="MLP hidden units: parameters grow as hidden^2 (default: %(default)s)")
+    ap.add_argument("--epochs", type=int, default=6, help="passes over this rank's shard (default: %(default)s)")
+    ap.add_argument("--batch-size", type=int, default=32, help="samples per local step (default: %(default)s)")
+    ap.add_argument("--lr", type=float, default=0.1, help="SGD learning rate, momentum 0.9 (default: %(default)s)")
+    ap.add_argument("--samples", type=int, default=12000, help="MNIST-1D samples generated, 80%% for training (default: %(default)s)")
+    ap.add_argument("--seed", type=int, default=0, help="the model's initialisation and the shards (default: %(default)s)")
     ap.add_argument("--dirichlet", type=float, default=None, metavar="ALPHA",
                     help="non-i.i.d. shards: each rank's class mix drawn from Dirichlet(ALPHA), seeded by --seed "
                          "(0.1: strongly skewed, 100: near i.i.d.; default: i.i.d. shards)")
