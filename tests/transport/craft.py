@@ -5,6 +5,7 @@ import json
 import math
 import socket
 import struct
+import time
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -76,3 +77,15 @@ class RawPeer:
 
     def close(self) -> None:
         self.sock.close()
+
+
+def settled(ch, counter: str = "datagrams_sent", quiet: float = 0.2) -> dict[str, int]:
+    """The channel's counters once `counter` stops moving for `quiet` s (its delayed ACKs and DONEs
+    are out, or nothing more arrives)."""
+    last = ch.stats()
+    while True:
+        time.sleep(quiet)
+        now = ch.stats()
+        if now[counter] == last[counter]:
+            return now
+        last = now

@@ -15,7 +15,7 @@ import torch
 
 from p2plearn.transport import CHUNK_CLAIM, message_bytes
 from tests.train.conftest import job, on_peers  # noqa: F401 - `job` is a fixture
-from tests.transport.craft import DATA, PROBE, datagram
+from tests.transport.craft import DATA, PROBE, datagram, settled
 
 KEY, JOB = bytes(range(32)), 7
 
@@ -97,17 +97,6 @@ def test_a_probe_for_a_huge_message_draws_at_most_3x_its_bytes(channels, raw_pee
     assert legit_acks >= answered
 
 
-def settled_received(ch) -> dict[str, int]:
-    """The channel's counters once nothing more arrives (no datagram for 0.3 s)."""
-    last = ch.stats()
-    while True:
-        time.sleep(0.3)
-        now = ch.stats()
-        if now["datagrams_received"] == last["datagrams_received"]:
-            return now
-        last = now
-
-
 def test_message_bytes_is_what_a_receiver_must_accept(channels):
     x = np.arange(100_000, dtype=np.float32)
     rx = channels(max_message_bytes=message_bytes([x]), max_datagram=1472)
@@ -138,7 +127,7 @@ def test_a_key_holder_allocates_at_most_a_few_of_the_largest_messages(channels, 
             raw_peer.send(datagram(DATA, sender=9, msg=msg, chunk=k, nchunks=n, chunk_size=chunk, meta_len=24,
                                    body=(meta if k == 0 else b"").ljust(chunk, b"\1"), job=JOB, key=KEY,
                                    to=b.address), b.address)
-    st = settled_received(b)
+    st = settled(b, "datagrams_received", quiet=0.3)
     grown = rss_bytes() - before
     assert st["drop_too_large"] >= 500, st  # the kernel may drop some of the 1,000 itself
     assert st["drop_evicted"] >= 100 and st["receiving_messages"] <= 4, st

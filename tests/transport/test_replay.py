@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from p2plearn.transport import Reason
-from tests.transport.craft import ACK, DATA, HDR, datagram
+from tests.transport.craft import ACK, DATA, HDR, datagram, settled
 
 KEY, JOB = bytes(range(32)), 41
 
@@ -51,17 +51,6 @@ def wait_for(condition, timeout: float = 10.0) -> None:
     while not condition():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.005)
-
-
-def settled(ch) -> dict[str, int]:
-    """The channel's counters once its delayed ACKs and DONEs are out (nothing sent for 0.2 s)."""
-    last = ch.stats()
-    while True:
-        time.sleep(0.2)
-        now = ch.stats()
-        if now["datagrams_sent"] == last["datagrams_sent"]:
-            return now
-        last = now
 
 
 @pytest.mark.parametrize("key", [KEY, None], ids=["tags-on", "tags-off"])
