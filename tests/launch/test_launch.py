@@ -180,6 +180,57 @@ def test_peers_share_the_cores_unless_the_user_chose_threads(launch, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sync", ["bsp", "ssp"])
+def test_training_peers_stop_when_the_launcher_is_killed_with_both_cores_busy(launch, tmp_path, sync):
+    """Peers in the middle of training (tests/faults/trainer.py), a CPU hog on every core: all gone
+    within seconds of the launcher's SIGKILL, each with its one line."""
+    from p2plearn.bench.startup import cpu_hog
+
+    trainer = os.path.join(ROOT, "tests", "faults", "trainer.py")
+    pids: dict[int, int] = {}
+    coordinator: list[str] = []
+    with cpu_hog(os.cpu_count() or 2):
+        proc = launch("-np", "4", "--sync", sync, wait=False,
+                      command=[sys.executable, trainer, "--seconds", "120", "--out", str(tmp_path)])
+        try:
+            for line in proc.stdout:  # "[r] ready <rank> <pid> <coordinator pid>" once a peer trains
+                found = re.search(r"ready (\d+) (\d+) ", line)
+                if found:
+                    pids[int(found.group(1))] = int(found.group(2))
+                if len(pids) == 4:
+                    break
+            assert len(pids) == 4, f"peers did not start: {proc.stderr.read()[-2000:]}"
+            coordinator += subprocess.run(["pgrep", "-P", str(proc.pid), "-f", "p2plearn.control"],
+                                          capture_output=True, text=True).stdout.split()
+            time.sleep(2.0)  # a few rounds in
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            killed = time.monotonic()
+
+            def alive(pid):
+                try:
+                    os.kill(pid, 0)
+                    return True
+                except ProcessLookupError:
+                    return False
+
+            assert wait_for(lambda: not any(alive(pid) for pid in pids.values()), timeout=30), \
+                "peers outlived their launcher"
+            took = time.monotonic() - killed
+        finally:  # the peers, and the launcher's coordinator (it would end after its linger)
+            for pid in [*pids.values(), *map(int, coordinator)]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+    stderr = proc.stderr.read()
+    for rank in range(4):
+        assert f"p2plearn: rank {rank}: its launcher (p2plearn-run, pid {proc.pid}) died; stopping" in stderr, stderr
+    print(f"{sync}: every training peer gone {took:.1f} s after the launcher's SIGKILL")
+
+
+@pytest.mark.slow
 def test_peers_stop_with_one_line_when_the_launcher_is_killed(launch, tmp_path):
     proc = launch("-np", "3", peer_args=["--hang"], wait=False)
     assert wait_for(lambda: len(peers_seen(str(tmp_path))) == 3, timeout=60), "peers did not start"
