@@ -35,7 +35,9 @@ def test_a_restarted_peer_is_probed_again_and_rejoins_the_multicast_domain(job, 
     codes = j.wait(timeout=180)
     assert codes[:2] == [0, 0] and codes[2] == -signal.SIGKILL and codes[3] == 0, j.output()
     r0, r2 = j.result(0), j.result(2)
-    assert r2["rounds"] > 10, j.output()
+    # (1 round in 1 of 12 runs: its first round waited the 30 s cap, as a peer not taken for a joiner
+    # does; what it saw is in the message, for the next failure to be read)
+    assert r2["rounds"] > 10, (r2["clocks"][:3], r2["events"][:12], r2["rounds_log"][:2], j.output())
     # Every view the restarted process held came after its new engine was registered (and the
     # others' reach of the old one forgotten): ranks 0-2 share one domain only if ranks 0 and 1
     # probed the new engine and said so (before, it stayed -1, unicast only, until it left).
