@@ -264,6 +264,7 @@ class DecentralizedOptimizer(Optimizer):
         self._needs_state = False
         self._expelled = False
         self._closed = False
+        self.resumed_step: int | None = None  # the checkpoint step `p2plearn.checkpoint.load` resumed from
         self._lock = threading.Lock()
         self.runtime.client.on_event(self._on_event)
         self._stats = TrainingStats()
@@ -607,7 +608,7 @@ class DecentralizedOptimizer(Optimizer):
         try:
             self.flush()
         finally:
-            if self.runtime.rank == 0 and getattr(self, "resumed_step", None) == self.steps:  # set by checkpoint.load
+            if self.runtime.rank == 0 and self.resumed_step == self.steps:
                 print(f"p2plearn: nothing left to train: the checkpoint at step {self.steps} is the end", flush=True)
             print(f"p2plearn rank {self.runtime.rank}: {self.stats().summary()}", flush=True)
             if self.reach is not None:
