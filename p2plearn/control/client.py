@@ -99,6 +99,7 @@ class Client:
         self.start_clock = 0
         self.dropped_reports = 0  # reports sent while no coordinator was reachable (lost, harmlessly)
         self.coordinator_changes = 0
+        self.failovers = 0  # times this client looked for its coordinator again (it may find the same one)
         self.rejected: Counter[str] = Counter()  # malformed messages from a key holder, by type, dropped
         self._standby = standby
         self._secret = key  # a successor this peer starts derives its keys from it too
@@ -480,11 +481,14 @@ class Client:
                         self._receive(sock, beat, sock.recv_multipart())
                 now = time.monotonic()
                 if self._moved_to or self._detector.suspected(now):
-                    _close(streams)
-                    streams = None
+                    following = self._endpoint, self._pub_endpoint, self._term
                     if not self._in_job() or not self._failover():
                         return  # a peer that left, or whose job ended, follows no coordinator
-                    streams = self._open_streams()
+                    if (self._endpoint, self._pub_endpoint, self._term) != following:
+                        _close(streams)
+                        streams = self._open_streams()
+                    # else the coordinator was only slow (or this process was): the connections
+                    # stay, for a member whose connections close is taken for a process that exited
                     continue
                 if now >= next_beat:
                     if self._registered:
@@ -649,6 +653,7 @@ class Client:
         """Find the coordinator again (the same one if it was only slow, else the successor) and
         re-register there; False once ``give_up`` seconds passed without one, or on close."""
         self._failing_over = True
+        self.failovers += 1
         old, moved = self._endpoint, self._moved_to
         self._moved_to = None
         started = time.monotonic()
@@ -720,9 +725,10 @@ class Client:
     def _follow(self, endpoint: str, hello: dict, resumed: bool) -> None:
         """Switch to the coordinator at ``endpoint``; after a failover, re-register there and hand it
         this peer's membership and view (the first such hand-over rebuilds its state)."""
-        with self._req_lock:
-            self._req.close()
-            self._req = self._socket(zmq.DEALER, endpoint)
+        if resumed or endpoint != self._endpoint:  # a new process: nothing queued for the old one goes there
+            with self._req_lock:
+                self._req.close()
+                self._req = self._socket(zmq.DEALER, endpoint)
         self._endpoint = endpoint
         self._pub_endpoint = _reachable(hello["pub"], endpoint)
         self._term = max(self._term, hello["term"])

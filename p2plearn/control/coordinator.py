@@ -432,7 +432,10 @@ class Coordinator:
         if donor is not None:
             self._awaiting_state.add(rank)
             self._publish(p.DONATE, to=donor.rank, rank=rank, engine=member.engine, clock=member.clock)
-        self._publish_view()
+        # The slowest clock includes it now: alone in the job, it would otherwise wait on the clock
+        # of members gone before it came (no one reports a round to move it).
+        if not self._advance_clock():
+            self._publish_view()
 
     def _donor(self, exclude: int) -> Member | None:
         """The most advanced live peer (lowest rank on ties), preferring one that holds its state

@@ -79,6 +79,23 @@ def test_min_clock_is_pushed_and_waitable(connect):
     assert a.min_clock == 2
 
 
+def test_a_peer_admitted_alone_is_the_slowest_clock_at_once(connect):
+    """The others left; this peer, taken for dead meanwhile, registers again with clock 12: the
+    slowest live clock is its own at once, not the clock of members gone before it came (it waits
+    on that clock and reports no round until the wait ends)."""
+    a, b = connect(0), connect(1)
+    a.report(5)
+    b.report(8)
+    assert b.wait_min_clock(5, timeout=5)
+    a.leave()
+    assert b.wait_min_clock(8, timeout=5)
+    b.leave()
+    b.report(12)  # refused (no longer a member), but this peer's clock is 12
+    b.register(join=True)
+    assert b.donor is None and b.start_clock == 12
+    assert b.wait_min_clock(12, timeout=5), f"the slowest clock stayed {b.min_clock}"
+
+
 def test_view_is_seeded_and_corrected_by_measurement(key):
     rates = {0: (1e6, 2e6), 1: (3e6, 4e6)}
     with Coordinator(JOB, key, world_size=2, rates=rates) as coord:
@@ -157,6 +174,32 @@ def test_killed_peer_is_seen_dead_within_2s(coordinator, key, connect):
     print(f"death seen by both after {elapsed:.2f} s")
     assert elapsed < 2.0  # phi-accrual at 8 with a 0.5 s heartbeat: ~1.4 s of silence, checked every 0.1 s
     assert 2 not in a.members and 2 not in b.members
+
+
+@pytest.mark.slow
+def test_a_coordinator_only_slow_keeps_its_members_connections(coordinator, connect):
+    """Ticks stop for 4 s (a descheduled coordinator, or a starved client, looks the same): the
+    client looks for its coordinator again, finds the same one, and keeps its connections, for a
+    member whose connections all close is taken for a process that exited (declared dead at once
+    unless a heartbeat comes within one interval: on a busy host it may not)."""
+    a, b = connect(0), connect(1)
+    a.wait_members(2, timeout=5)
+    time.sleep(1.0)  # a few heartbeats: both connections of rank 1 are known as its own
+    connections = {fd for fd, r in coordinator._connections.items() if r == 1}
+    publish, until = coordinator._publish, time.monotonic() + 4.0
+
+    def no_ticks(kind, *args, **kwargs):
+        if kind != "tick" or time.monotonic() > until:
+            publish(kind, *args, **kwargs)
+
+    coordinator._publish = no_ticks
+    while time.monotonic() < until + 2.0:
+        time.sleep(0.1)
+    assert b.failovers >= 1, "the client never suspected its coordinator: the case is not tested"
+    assert b.coordinator_changes == 0
+    assert {fd for fd, r in coordinator._connections.items() if r == 1} == connections
+    assert wait_event(a, "dead", timeout=1.0, rank=1) is None
+    assert 1 in a.members and 1 in b.members
 
 
 def test_a_dead_coordinator_is_replaced_by_the_lowest_live_rank(key):

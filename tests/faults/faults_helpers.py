@@ -117,7 +117,10 @@ class Job:
             return json.load(f)
 
     def output(self) -> str:
-        return "\n".join(f"[{r}] {line}" for r, lines in self.lines.items() for line in lines[-15:])
+        """Each rank's last lines, and the state a failed peer printed (see trainer.py) wherever it is."""
+        def shown(lines: list[str]) -> list[str]:
+            return [line for line in lines[:-15] if line.startswith("state ")] + lines[-15:]
+        return "\n".join(f"[{r}] {line}" for r, lines in self.lines.items() for line in shown(lines))
 
     def close(self) -> None:
         """Kill whatever is left: peers (their groups) and every coordinator process they started."""

@@ -47,13 +47,15 @@ def main() -> int:
     domains_seen = []  # each new multicast domains vector of the views this peer held, in order
     until, step = time.monotonic() + (args.seconds or float("inf")), 0
     while time.monotonic() < until and (args.steps is None or step < args.steps):
-        i = (step * 32) % 256
+        try:
+            _step(opt, model, x, y, step, args.step_time)
+        except Exception:
+            # What a failed test is read from: where this peer stood and what it had seen.
+            print("state " + json.dumps({"step": step, "clock": opt.sync.clock, "min_clock": rt.client.min_clock,
+                                         "members": sorted(rt.client.members), "events": events[-12:],
+                                         "clocks": clocks[-5:], "rounds": rounds[-3:]}), flush=True)
+            raise
         step += 1
-        loss = torch.nn.functional.cross_entropy(model(x[i:i + 32]), y[i:i + 32])
-        loss.backward()
-        time.sleep(args.step_time)
-        opt.step(loss=loss)
-        opt.zero_grad()
         times.append(time.time())
         clocks.append(opt.sync.clock)
         rs = opt.last_round  # None, or the same round again, on a step without a round (--period)
@@ -80,6 +82,16 @@ def main() -> int:
         json.dump(result, f)
     opt.close()
     return 0
+
+
+def _step(opt: DecentralizedOptimizer, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, step: int,
+          step_time: float) -> None:
+    i = (step * 32) % 256
+    loss = torch.nn.functional.cross_entropy(model(x[i:i + 32]), y[i:i + 32])
+    loss.backward()
+    time.sleep(step_time)
+    opt.step(loss=loss)
+    opt.zero_grad()
 
 
 def _domains(view) -> list[int] | None:
