@@ -430,7 +430,7 @@ class Synchronizer(ABC):
         norms = np.zeros(len(self.layers))
         for d, (starts, which) in zip(deltas, self._norm_cuts):
             if which.size:
-                norms[which] = np.sqrt(np.add.reduceat(np.square(d, dtype=np.float64), starts))
+                norms[which] = np.sqrt(np.add.reduceat(np.square(d), starts, dtype=np.float64))
         return norms.tolist()
 
     def _report(self, rnd: int, receivers: list[tuple[int, float]], sent: list, comm_s: float,

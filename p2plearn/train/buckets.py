@@ -32,7 +32,7 @@ class Slot:
 class Buckets:
     """Packs `tensors` (name -> tensor, in exchange order) into flat buckets and makes each tensor
     a view of its bucket. `flats[b]` is bucket b (1-D, on the tensors' device), `slots[i]` where
-    tensor i sits. Tensors must be contiguous and floating point."""
+    tensor i sits. Tensors must be contiguous, floating point, and on one device."""
 
     def __init__(self, tensors: dict[str, torch.Tensor], cap_bytes: int = DEFAULT_CAP_BYTES):
         if cap_bytes <= 0:
@@ -57,6 +57,10 @@ class Buckets:
                 kinds.append(kind)
             self.slots.append(Slot(b, sizes[b], sizes[b] + t.numel()))
             sizes[b] += t.numel()
+        devices = {device for _, device in kinds}
+        if len(devices) > 1:  # a model split across devices (model parallel) would need a round per device
+            raise ValueError(f"the exchanged tensors are on {len(devices)} devices ({', '.join(map(str, devices))}): "
+                             f"p2plearn averages a model that lives on one")
         self.flats = [torch.empty(n, dtype=dtype, device=device) for n, (dtype, device) in zip(sizes, kinds)]
         for t, slot in zip(tensors.values(), self.slots):
             flat = self.flats[slot.bucket][slot.start:slot.end]
@@ -65,7 +69,7 @@ class Buckets:
 
     @property
     def device(self) -> torch.device:
-        """The device the tensors live on (the first bucket's; CPU for an empty model)."""
+        """The device the tensors live on (CPU for a model without any)."""
         return self.flats[0].device if self.flats else torch.device("cpu")
 
     def ranges(self) -> list[tuple[int, int, int]]:
