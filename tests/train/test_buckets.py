@@ -177,3 +177,24 @@ def test_layer_ranges_must_match_the_layers():
     with pytest.raises(ValueError, match="2 layer ranges for 1 layers"):
         BSP([np.zeros(4, np.float32)], [Layer("a", 4, 16, 0)], _NoChannel(), None, selection="all", fanout=1,
             seed=0, tolerance=make_tolerance("fixed"), layer_ranges=[(0, 0, 2), (0, 2, 4)])
+
+
+def test_a_round_of_300_tensors_sends_and_merges_one_bucket(monkeypatch):
+    """The Python work that grew with the tensors (a segment each, a merge call each) is per bucket."""
+    import p2plearn.sync.base as base
+
+    merges, segments = [], []
+    merge = base.merge_parameter
+    monkeypatch.setattr(base, "merge_parameter", lambda own, cs: merges.append(own.size) or merge(own, cs))
+
+    def body(rank, opt):
+        send = opt.channel.send
+        opt.channel.send = lambda msg_id, arrays, *a, **kw: segments.append(len(arrays)) or send(msg_id, arrays, *a, **kw)
+        x = torch.randn(4, 4)
+        F.mse_loss(opt.model(x), x).backward()
+        opt.step()
+        return len(exchanged_tensors(opt.model))
+
+    with in_process_job(2) as job:
+        assert on_peers(job, [many(0), many(1)], body) == [300, 300]
+    assert segments == [1, 1] and merges == [150 * 20] * 2  # per peer: one message, one merge of the whole model
