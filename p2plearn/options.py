@@ -96,6 +96,13 @@ class Options:
     overlap: bool = _opt(False, "run each round while the next period's local steps compute: a step waits only when a "
                                 "round outlasts the period; the round's merge is added to the current parameters as "
                                 "a change (one round late), not copied over them")
+    staging: str = _opt("direct", "direct: a CPU model's rounds read and merge its own memory (no copy); host: "
+                                  "through separate host buffers and copies, exactly as a CUDA model's are (a "
+                                  "device model is always staged; this tests that path on the CPU)",
+                        ("direct", "host"))
+    bucket_mb: float = _opt(25.0, "the exchanged tensors travel and merge in contiguous buckets of at most this many "
+                                  "MiB per dtype (DDP's default): a round's Python work grows with the buckets, not "
+                                  "the tensors", valid=_within(0.0, 1e6, low_open=True))
     compress: str = _opt("none", "send values as fp16 (half the bytes), bf16 (half) or int8 with a scale per 256 "
                                  "values (a little over a quarter), with error feedback, merged in float32; fp16's "
                                  "error (5e-4 of a value) is far below an SGD step's, int8's (1/254 of the block's "

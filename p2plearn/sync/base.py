@@ -70,8 +70,13 @@ class Synchronizer(ABC):
     """Shared round machinery; subclasses decide what to wait for (`_wait_round`, `_inputs`).
 
     Args:
-        params: numpy views of the model's parameters; merged in place.
-        layers: one `Layer` per parameter (for the tolerance policy).
+        params: numpy arrays holding the model (the buckets of `p2plearn.train.buckets`, or one
+            array per tensor); merged in place. A round's Python work grows with their number.
+        layers: one `Layer` per tensor of the model (for the tolerance policy and the filter).
+        layer_ranges: where each layer sits: (array, first element, end element) of `params`,
+            in order inside each array; None: layer i is the whole of params[i]. Per-layer loss
+            bounds map to these ranges: the message splits an array where its layers' bounds
+            differ, so each bound covers its layer's bytes.
         channel: the peer's `Channel` (or `TcpChannel`, or any `DataChannel`).
         client: the peer's control-plane `Client` (or any `ControlClient`), registered, with the
             engine address.
@@ -100,9 +105,26 @@ class Synchronizer(ABC):
                  selection: str, fanout: int, seed: int, tolerance: TolerancePolicy,
                  value_filter: UpdateFilter | None = None, outer: OuterOptimizer | None = None,
                  compress: str = "none", round_cap_s: float = 30.0, start_clock: int = 0,
-                 policy_options: dict | None = None, transport_mode: str = "unicast"):
-        self.params = params
+                 policy_options: dict | None = None, transport_mode: str = "unicast",
+                 layer_ranges: list[tuple[int, int, int]] | None = None):
+        if not all(p.flags.c_contiguous for p in params):
+            raise ValueError("the synchronizer merges in place: its arrays must be C-contiguous")
+        self.params = [p.reshape(-1) for p in params]  # 1-D views: layers are element ranges of them
         self.layers = layers
+        self.layer_ranges = layer_ranges or [(i, 0, p.size) for i, p in enumerate(self.params)]
+        if len(self.layer_ranges) != len(layers):
+            raise ValueError(f"{len(self.layer_ranges)} layer ranges for {len(layers)} layers")
+        # Per array, its layers in element order: the norms and bound runs are computed per array.
+        self._array_layers = [sorted((i for i, r in enumerate(self.layer_ranges) if r[0] == a),
+                                     key=lambda i: self.layer_ranges[i][1]) for a in range(len(self.params))]
+        # The filter works per layer, on views of the arrays (what it sends is picked per layer).
+        self.layer_views = [self.params[a][lo:hi] for a, lo, hi in self.layer_ranges]
+        # Per array, where its (non-empty) layers start and which they are: their norms in one call.
+        self._norm_cuts = []
+        for layers in self._array_layers:
+            nonempty = [i for i in layers if self.layer_ranges[i][2] > self.layer_ranges[i][1]]
+            self._norm_cuts.append((np.array([self.layer_ranges[i][1] for i in nonempty], dtype=np.int64),
+                                    np.array(nonempty, dtype=np.int64)))
         self.channel = channel
         self.client = client
         self.tolerance = tolerance
@@ -119,7 +141,7 @@ class Synchronizer(ABC):
         self._interrupted = False
         self.network = NetworkState()
         self.training = TrainingState()
-        self._previous = [p.copy() for p in params]
+        self._previous = [p.copy() for p in self.params]
         # This peer's load, reported every round (see GlobalView): its compute between rounds,
         # merge time per message, and messages kept for a later round's merge.
         self._round_end: float | None = None
@@ -143,8 +165,9 @@ class Synchronizer(ABC):
         bounds, deadline = self.tolerance.bounds(rnd, self.layers, self.network, self.training)
         members = self.client.members
         receivers = [(j, rate) for j, rate in plan.receivers if j in members and members[j].engine]
-        handle = self.channel.send(rnd, arrays, [(*members[j].engine, rate) for j, rate in receivers],
-                                   loss_bounds=to_wire(bounds), deadline=deadline,
+        message, wire_bounds = to_wire(bounds)
+        handle = self.channel.send(rnd, message, [(*members[j].engine, rate) for j, rate in receivers],
+                                   loss_bounds=wire_bounds, deadline=deadline,
                                    multicast=[j in plan.grouped for j, _ in receivers])
         self._interrupted = False
         # A peer that joined holds no view older than the one it was given: for the rounds before
@@ -254,22 +277,46 @@ class Synchronizer(ABC):
         return rank in self.client.members and not self._interrupted
 
     def _message(self, rnd: int, deltas: list[np.ndarray]) -> tuple[list[np.ndarray], Any]:
-        """What to send, and how per-layer bounds map onto its arrays."""
+        """What to send, and how per-layer bounds make it a message: bounds -> (arrays, their bounds)."""
         if self.compressor is not None:
-            return (self.compressor.encode(self.params, [(t, 0, p.size) for t, p in enumerate(self.params)]),
-                    self.compressor.loss_bounds)
+            encoded = self.compressor.encode(self.params, [(t, 0, p.size) for t, p in enumerate(self.params)])
+            return encoded, lambda bounds: (encoded, self.compressor.loss_bounds(self.array_bounds(bounds)))
         if self.filter is None:
-            return self.params, lambda bounds: bounds
-        msg = self.filter.encode(rnd, deltas)
+            return self.params, self._segments
+        msg = self.filter.encode(rnd, [deltas[a][lo:hi] for a, lo, hi in self.layer_ranges])
         arrays = list(msg.arrays)
-        shapes = [p.shape for p in self.params]
+        shapes = [p.shape for p in self.layer_views]
         for layer, (code, idx, at) in enumerate(layout(arrays, shapes)):
-            flat = values(self.params[layer]).reshape(-1)
+            flat = values(self.layer_views[layer])
             if code == DENSE:
                 arrays[at] = flat.astype(np.float32, copy=False)
             elif code == SPARSE:
                 arrays[at] = flat[arrays[idx]].astype(np.float32)
-        return arrays, msg.wire_bounds
+        return arrays, lambda bounds: (arrays, msg.wire_bounds(bounds))
+
+    def array_bounds(self, bounds: list[float]) -> list[float]:
+        """Per array, the smallest bound of its layers: where a message cannot split an array by
+        its layers' bounds (compressed or partitioned rounds), none of them loses more than its own."""
+        return [min((bounds[i] for i in layers), default=0.0) for layers in self._array_layers]
+
+    def _runs(self, bounds: list[float]) -> list[tuple[int, int, int, float]]:
+        """(array, start, end, bound): each array cut where its layers' bounds change; one run per
+        array when they are all alike (every policy but the per-layer one)."""
+        runs = []
+        for a, layers in enumerate(self._array_layers):
+            start, bound = 0, bounds[layers[0]] if layers else 0.0
+            for i in layers:
+                if bounds[i] != bound:
+                    lo = self.layer_ranges[i][1]
+                    runs.append((a, start, lo, bound))
+                    start, bound = lo, bounds[i]
+            runs.append((a, start, self.params[a].size, bound))
+        return runs
+
+    def _segments(self, bounds: list[float]) -> tuple[list[np.ndarray], list[float]]:
+        """The plain message: the arrays, cut into runs of one loss bound each, and the bounds."""
+        runs = self._runs(bounds)
+        return [self.params[a][lo:hi] for a, lo, hi, _ in runs], [b for *_, b in runs]
 
     def _contributions(self, d: Delivery) -> list[Contribution | None] | None:
         """Per parameter, what delivery d brings (None: nothing for it); None if d is unusable (its
@@ -280,7 +327,7 @@ class Synchronizer(ABC):
         try:
             out = self._decode(d)
             problem = "not this model's message" if out is None else next(
-                filter(None, (unfit(p, c) for p, c in zip(self.params, out) if c is not None)), None)
+                filter(None, (unfit(p, c) for p, c in zip(self._merge_targets(), out) if c is not None)), None)
         except UNUSABLE as exc:
             problem = f"undecodable ({type(exc).__name__})"
         if problem:
@@ -292,17 +339,43 @@ class Synchronizer(ABC):
         if self.compressor is not None:
             return self.compressor.contributions(d, [p.size for p in self.params])
         if self.filter is None:
-            if len(d.arrays) != len(self.params) or any(a.shape != p.shape or a.dtype != p.dtype
-                                                        for a, p in zip(d.arrays, self.params)):
-                return None
-            return [Contribution(a, chunks=d.chunks(i)) for i, a in enumerate(d.arrays)]
+            return self._plain_contributions(d)
         masks = [None if f >= 1.0 else d.element_mask(i) for i, f in enumerate(d.fractions)]
         return self._filtered_contributions(d, masks)
 
+    def _plain_contributions(self, d: Delivery) -> list[Contribution] | None:
+        """One contribution per array from a plain message (its arrays cut into segments as the
+        sender's bounds fell: consecutive segments that fill each array exactly, in order); None
+        if the message is not of this model."""
+        out, pieces, filled = [], [], 0
+        for i, a in enumerate(d.arrays):
+            if len(out) == len(self.params):
+                return None  # more segments than the model holds
+            own = self.params[len(out)]
+            if a.dtype != own.dtype or filled + a.size > own.size:
+                return None
+            pieces.append(i)
+            filled += a.size
+            if filled == own.size:
+                out.append(self._joined_contribution(d, pieces))
+                pieces, filled = [], 0
+        return out if len(out) == len(self.params) and not pieces else None
+
+    @staticmethod
+    def _joined_contribution(d: Delivery, pieces: list[int]) -> Contribution:
+        """One array's contribution from its segments: the segment itself when it travelled whole
+        (the common case: no copy), else the segments joined, with their element masks."""
+        if len(pieces) == 1:
+            return Contribution(d.arrays[pieces[0]].reshape(-1), chunks=d.chunks(pieces[0]))
+        joined = np.concatenate([d.arrays[i].reshape(-1) for i in pieces])
+        if all(d.fractions[i] >= 1.0 for i in pieces):
+            return Contribution(joined)
+        return Contribution(joined, mask=np.concatenate([d.element_mask(i).reshape(-1) for i in pieces]))
+
     def _filtered_contributions(self, d: Delivery, masks: list[np.ndarray | None]) -> list[Contribution | None]:
-        parts = layout(d.arrays, [p.shape for p in self.params], [m is None for m in masks])
+        parts = layout(d.arrays, [p.shape for p in self.layer_views], [m is None for m in masks])
         out: list[Contribution | None] = []
-        for p, (code, idx, at) in zip(self.params, parts):
+        for p, (code, idx, at) in zip(self.layer_views, parts):
             if code == DENSE:
                 mask = masks[at]
                 out.append(Contribution(d.arrays[at].reshape(p.shape), None if mask is None else mask.reshape(p.shape)))
@@ -316,6 +389,11 @@ class Synchronizer(ABC):
                 out.append(None)
         return out
 
+    def _merge_targets(self) -> list[np.ndarray]:
+        """What contributions merge into: the layers with the value filter (it sends per layer),
+        else the arrays."""
+        return self.layer_views if self.filter is not None else self.params
+
     def _computed_until(self, t0: float) -> None:
         """A round starts at t0: the time since the last one ended was this peer's compute."""
         if self._round_end is not None:
@@ -327,7 +405,7 @@ class Synchronizer(ABC):
         if not usable:
             return 0, 1.0
         fractions = []
-        for i, own in enumerate(self.params):
+        for i, own in enumerate(self._merge_targets()):
             fractions.append(merge_parameter(own, [c[i] for c in usable if c[i] is not None]))
         self._merge_s = (time.monotonic() - t0) / len(usable)
         return len(usable), float(np.mean(fractions))
@@ -336,7 +414,7 @@ class Synchronizer(ABC):
         """The model's change since the last round (for the filter), and its norms (for the
         tolerance policies)."""
         deltas = [values(p) - values(q) for p, q in zip(self.params, self._previous)]
-        norms = [float(np.linalg.norm(d.ravel())) for d in deltas]
+        norms = self._layer_norms(deltas)
         self.training.layer_update_norms.append(norms)
         self.training.update_norms.append(float(np.sqrt(sum(n * n for n in norms))))
         if loss is not None:
@@ -345,6 +423,15 @@ class Synchronizer(ABC):
         for series in (self.training.layer_update_norms, self.training.update_norms, self.training.losses):
             del series[:-HISTORY]
         return deltas
+
+    def _layer_norms(self, deltas: list[np.ndarray]) -> list[float]:
+        """Each layer's update norm, a few numpy calls per array (not per layer): the squares
+        summed between layer boundaries."""
+        norms = np.zeros(len(self.layers))
+        for d, (starts, which) in zip(deltas, self._norm_cuts):
+            if which.size:
+                norms[which] = np.sqrt(np.add.reduceat(np.square(d), starts, dtype=np.float64))
+        return norms.tolist()
 
     def _report(self, rnd: int, receivers: list[tuple[int, float]], sent: list, comm_s: float,
                 loss: float | None, deadline: float | None) -> None:

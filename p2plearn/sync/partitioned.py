@@ -14,8 +14,8 @@ equal parts 2(n-1)/n of the model M, as a ring all-reduce does, instead of (n-1)
 average by multicast. Parts are sized from the view's bandwidths so that every peer's transfers
 take about as long (`part_bytes`): a slow peer aggregates a smaller part, down to none.
 
-Loss bounds and Early Close apply per part (the tolerance policy's bound of each tensor a part
-covers) and the deadline per phase. The value filter does not apply (each part is averaged whole).
+Loss bounds and Early Close apply per part (the smallest bound of the layers in the array a part
+covers: a part cuts an array anywhere) and the deadline per phase. The value filter does not apply (each part is averaged whole).
 Peers that plan a round from different views cut different parts: such a message does not fit and
 counts as not arrived (the round keeps those elements as they are), so a view change costs at
 most a partial round. Tuning: this mode pays where a full average is wanted each round (few
@@ -128,6 +128,7 @@ class Partitioned(Synchronizer):
         layout = self._plan(self.client.view_for(rnd))
         self.network.planned_time_s = layout.planned_time if layout else 0.0
         bounds, deadline = self.tolerance.bounds(rnd, self.layers, self.network, self.training)
+        bounds = self.array_bounds(bounds)  # parts cut arrays anywhere: each keeps its array's smallest bound
         if layout is None or me not in layout.ranks:  # alone, or not in the view that plans this round yet
             self.clock = rnd + 1
             self._report(rnd, [], [], time.monotonic() - t0, loss, deadline)

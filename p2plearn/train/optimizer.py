@@ -34,13 +34,15 @@ from p2plearn.protocols import DataChannel
 from p2plearn.runtime import Runtime, init
 from p2plearn.selection import NetworkView, plan_flows
 from p2plearn.sync import SYNCHRONIZERS, RoundStats, Synchronizer
-from p2plearn.sync.bfloat16 import BF16Array, bf16_values, store, values
+from p2plearn.sync.bfloat16 import bf16_values, values
 from p2plearn.sync.inbox import MAX_STATES, STATE_FLAG
 from p2plearn.sync.outer import OuterOptimizer
 from p2plearn.filter import make_filter
 from p2plearn.keys import data_key
 from p2plearn.tolerance import Layer, TolerancePolicy, make_tolerance
+from p2plearn.train.buckets import Buckets
 from p2plearn.train.reach import MulticastReach
+from p2plearn.train.staging import HostStaging
 from p2plearn.transport import CHUNK_CLAIM, Channel, message_bytes
 
 log = logging.getLogger("p2plearn.train")
@@ -101,13 +103,6 @@ def describe_layers(model: torch.nn.Module, buffers: bool = False) -> list[Layer
     return [Layer(name=name, numel=t.numel(), nbytes=t.numel() * t.element_size(), depth=i,
                   kind=kinds.get(id(t), "weight"))
             for i, (name, t) in enumerate(exchanged_tensors(model, buffers).items())]
-
-
-def numpy_view(t: torch.Tensor) -> np.ndarray:
-    """A numpy array over the tensor's memory: bfloat16, which numpy lacks, as a `BF16Array`."""
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(np.uint16).view(BF16Array)
-    return t.numpy()
 
 
 def _to_torch(value: Any) -> Any:
@@ -183,10 +178,17 @@ class DecentralizedOptimizer(Optimizer):
     while the next H steps compute; its merge is added to the parameters as a change when the
     next round starts, so a step waits only for a round longer than the period).
 
+    The exchanged tensors are packed into contiguous buckets (``bucket_mb``, one per dtype at
+    least): each parameter and floating buffer becomes a view of its bucket, so a round reads and
+    merges a few large arrays. Do not move the model (``model.to(...)``) after wrapping it: that
+    would give it new tensors outside the buckets. A model on CUDA (or any torch device) is
+    averaged through host buffers (see `p2plearn.train.staging`); ``staging="host"`` makes a CPU
+    model take the same path.
+
     Args:
-        optimizer: any torch optimizer over `model`'s parameters (CPU tensors of any float
-            dtype: float32, float16, bfloat16, float64; they travel in their own dtype and are
-            merged in float64).
+        optimizer: any torch optimizer over `model`'s parameters (tensors on any device, of any
+            float dtype: float32, float16, bfloat16, float64; they travel in their own dtype and
+            are merged in float64).
         model: the model whose parameters (and floating buffers) are exchanged.
         runtime: from `p2plearn.init()`; made here when not given.
         engine: a channel to use instead of creating one (a `Channel`, or the TCP baseline's
@@ -213,17 +215,13 @@ class DecentralizedOptimizer(Optimizer):
         self.model = model
         self.runtime = runtime or init()
         self.options = self.runtime.options.replace(**overrides) if overrides else self.runtime.options
-        self.tensors = {name: t.data for name, t in exchanged_tensors(model, buffers).items()}
+        exchanged = exchanged_tensors(model, buffers)
+        self.buckets = Buckets(exchanged, max(1, int(self.options.bucket_mb * 2**20)))
+        self.tensors = {name: t.data for name, t in exchanged.items()}  # views of the buckets now
         self.params = list(self.tensors.values())
-        for name, t in self.tensors.items():
-            if t.device.type != "cpu":
-                raise ValueError(f"{name} is on {t.device}: p2plearn exchanges CPU tensors only; train on the CPU "
-                                 f"(a device model needs a CPU copy to average)")
-            if not t.is_contiguous():
-                raise ValueError(f"{name} is not a contiguous CPU tensor")
-            if not t.is_floating_point():
-                raise ValueError(f"{name} is {t.dtype}: p2plearn exchanges floating-point tensors")
-        self._arrays = [numpy_view(p) for p in self.params]  # the model's own memory, as numpy
+        # Overlapped rounds work on a copy of the model, so local steps go on meanwhile.
+        self.staging = HostStaging(self.buckets, self.options.staging, separate=self.options.overlap)
+        self._arrays = self.staging.arrays  # what rounds read and merge, on the host
         own = self._make_channel() if engine is None else None  # owned: closed by close()
         self._own_engine = own is not None
         self.channel: DataChannel = own or engine
@@ -237,9 +235,7 @@ class DecentralizedOptimizer(Optimizer):
             self.reach.probe({r: m.engine for r, m in self.runtime.client.members.items()})
         cls = SYNCHRONIZERS[self.options.sync]
         extra = {"staleness": self.options.staleness} if self.options.sync == "ssp" else {}
-        # Overlapped rounds work on a snapshot of the model, so local steps go on meanwhile.
-        round_arrays = [a.copy() for a in self._arrays] if self.options.overlap else self._arrays
-        self.sync: Synchronizer = cls(round_arrays, describe_layers(model, buffers), self.channel,
+        self.sync: Synchronizer = cls(self._arrays, describe_layers(model, buffers), self.channel,
                                       self.runtime.client, selection=self.options.selection,
                                       fanout=self.options.fanout, seed=seed, tolerance=make_policy(self.options),
                                       value_filter=make_filter("value", granularity=self.options.filter_granularity,
@@ -253,7 +249,8 @@ class DecentralizedOptimizer(Optimizer):
                                                       "max_fanin": self.options.max_fanin or None,
                                                       "mixing_slack": self.options.mixing_slack}
                                       if self.options.selection == "selmcast" else None,
-                                      transport_mode=self.options.transport_mode, **extra)
+                                      transport_mode=self.options.transport_mode,
+                                      layer_ranges=self.buckets.ranges(), **extra)
         self._donations: list[int] = []
         # Each rank's last engine address, and the ranks last heard of as dead: a final average
         # sends to a root that left the job (it is averaging), never to one known dead.
@@ -301,7 +298,7 @@ class DecentralizedOptimizer(Optimizer):
         # message (the model; with the value filter every tensor as float32, plus its header and an
         # index array per layer), and a few of them from every member at once (rounds in flight, or
         # the root of the final average, which takes one from each).
-        widest = [np.broadcast_to(np.float32(0), a.shape) for a in self._arrays]
+        widest = [np.broadcast_to(np.float32(0), (p.numel(),)) for p in self.params]  # per layer: filtered or cut by bounds
         largest = max(message_bytes(self._arrays), message_bytes(widest)) + 64 * (2 * len(widest) + 1) + 4096
         secret, job = self.runtime.secret, self.runtime.job_id
         return Channel(host=host, sender_id=self.runtime.rank, job_id=job,
@@ -332,7 +329,10 @@ class DecentralizedOptimizer(Optimizer):
             if self.options.overlap:
                 self._start_round(value)
             else:
+                self.staging.to_host()
+                self.staging.wait_host()
                 rs = self.sync.step(loss=value)
+                self.staging.to_device()
                 waited = rs.comm_s
                 self._record(rs)
         now = time.monotonic()
@@ -360,12 +360,12 @@ class DecentralizedOptimizer(Optimizer):
     # -- overlapped rounds: one in flight on a snapshot, its merge added to the model as a change --
 
     def _start_round(self, loss: float | None) -> None:
-        for buffer, own in zip(self.sync.params, self._arrays):
-            np.copyto(buffer, own)
-        self._snapshot = [a.copy() for a in self._arrays]
+        self.staging.to_host()
 
         def run() -> None:
             try:
+                self.staging.wait_host()  # this thread waits for the copy; the training thread goes on
+                self._snapshot = self.staging.snapshot()
                 self._round_outcome = self.sync.step(loss=loss)
             except BaseException as exc:  # noqa: BLE001 - raised again in the training thread
                 self._round_outcome = exc
@@ -385,8 +385,7 @@ class DecentralizedOptimizer(Optimizer):
         if isinstance(outcome, BaseException):
             raise outcome
         if apply:
-            for own, merged, before in zip(self._arrays, self.sync.params, self._snapshot):
-                store(own, values(own) + (values(merged) - values(before)))
+            self.staging.add_change(self._snapshot)
         self._record(outcome)
         return waited
 
@@ -406,6 +405,7 @@ class DecentralizedOptimizer(Optimizer):
         if scale is not None:
             grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
             torch._foreach_mul_(grads, 1.0 / float(scale))
+        self.staging.before_step()
         return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -467,7 +467,7 @@ class DecentralizedOptimizer(Optimizer):
             ready = {r: members[r].engine for r in self._donations if r in members and members[r].engine}
             self._donations = [r for r in self._donations if r not in ready and r in members]
         for rank, engine in ready.items():  # a copy: training goes on while it travels
-            snapshot = [a.copy() for a in self._arrays]
+            snapshot = self.staging.model_copy()
             self.channel.send(STATE_FLAG | self.sync.clock, snapshot,
                               [self._paced(rank, engine, {self.runtime.rank: [rank]})])
 
@@ -509,6 +509,7 @@ class DecentralizedOptimizer(Optimizer):
                 pass  # no coordinator answered just now: keep waiting, ask again later
         for own, a in zip(self._arrays, d.arrays):
             np.copyto(own, a.reshape(own.shape))  # the bits as sent: bfloat16 stays bfloat16
+        self.staging.to_device()
         self.sync.clock = d.msg_id & ~STATE_FLAG
         # The donor sent this just before its round `clock`, at its step (clock + 1) * period: the
         # next local step here is that round's, as it is the others'.
@@ -549,7 +550,7 @@ class DecentralizedOptimizer(Optimizer):
         """Send this peer's model to `receiver`; whether its engine took it all."""
         members = self.runtime.client.members
         gather = {r: [receiver] for r in {*members, self.runtime.rank} if r != receiver}
-        handle = self.channel.send(FINAL_ID, self._arrays, [self._paced(receiver, engine, gather)])
+        handle = self.channel.send(FINAL_ID, self.staging.model_copy(), [self._paced(receiver, engine, gather)])
         try:
             (sent,) = handle.wait(max(0.0, until - time.monotonic()))
         except TimeoutError:
@@ -585,11 +586,13 @@ class DecentralizedOptimizer(Optimizer):
             if d is not None and d.msg_id == FINAL_ID and d.complete and self._fits(d.arrays):
                 models[d.sender] = d.arrays
         self.averaged_from = sorted({*models, self.runtime.rank})
-        total = [p.double().clone() for p in self.params]
+        total = [torch.from_numpy(values(a)).double() for a in self.staging.model_copy()]
         for rank in sorted(models):
-            for t, a, p in zip(total, models[rank], self.params):
-                t += torch.from_numpy(bf16_values(a) if p.dtype == torch.bfloat16 else a)
-        return {name: (t / (len(models) + 1)).to(p.dtype) for name, t, p in zip(self.tensors, total, self.params)}
+            for t, a, f in zip(total, models[rank], self.buckets.flats):
+                t += torch.from_numpy(bf16_values(a) if f.dtype == torch.bfloat16 else a)
+        n = len(models) + 1
+        return {name: (total[s.bucket][s.start:s.end] / n).to(p.dtype).reshape(p.shape)
+                for name, s, p in zip(self.tensors, self.buckets.slots, self.params)}
 
     def _fits(self, arrays: list[np.ndarray] | None) -> bool:
         """Whether a model state received matches this model's tensors (a key holder could send any)."""

@@ -2,6 +2,7 @@
 made on demand."""
 from __future__ import annotations
 
+import contextlib
 import secrets
 import threading
 from typing import Callable
@@ -19,11 +20,18 @@ JOB = "train-test"
 
 @pytest.fixture
 def job(request):
+    """(runtime, optimizer): see `in_process_job`. World size 2, or the test's
+    ``@pytest.mark.parametrize("job", [n], indirect=True)``."""
+    with in_process_job(getattr(request, "param", 2)) as made:
+        yield made
+
+
+@contextlib.contextmanager
+def in_process_job(world_size: int = 2):
     """(runtime, optimizer): runtime(rank, join=False) -> a registered Runtime of the job;
     optimizer(rt, model, inner=None, **kw) -> its DecentralizedOptimizer (SGD lr 0.1 unless
-    ``inner`` is given). Everything is closed after the test. World size 2, or the test's
-    ``@pytest.mark.parametrize("job", [n], indirect=True)``."""
-    world_size = getattr(request, "param", 2)
+    ``inner`` is given). Everything is closed on leaving, also on failure. A test that compares
+    two jobs opens one after the other."""
     key = secrets.token_hex(16)
     coord = Coordinator(JOB, key, world_size=world_size, heartbeat=0.2).start()
     made: list[DecentralizedOptimizer] = []
@@ -43,12 +51,16 @@ def job(request):
         made.append(opt)
         return opt
 
-    yield runtime, optimizer
-    for opt in made:
-        opt.close()
-    for client in clients:  # those whose optimizer was never made
-        client.close()
-    coord.stop()
+    try:
+        yield runtime, optimizer
+    finally:
+        try:
+            for opt in made:
+                opt.close()
+            for client in clients:  # those whose optimizer was never made
+                client.close()
+        finally:
+            coord.stop()
 
 
 def on_peers(job, models: list[torch.nn.Module], body: Callable[[int, DecentralizedOptimizer], object],

@@ -208,7 +208,7 @@ def test_nan_or_inf_in_a_checkpoint_is_refused_unless_asked(job, tmp_path, monke
         good = torch.load(path, weights_only=True)
         errors = []
         for part, poison in (("model", lambda s: s["model"]["0.weight"].__setitem__((0, 0), float("nan"))),
-                             ("optimizer", lambda s: s["optimizer"]["p2plearn"]["previous"][1].fill_(float("inf")))):
+                             ("optimizer", lambda s: s["optimizer"]["p2plearn"]["previous"][0].fill_(float("inf")))):
             state = torch.load(path, weights_only=True)
             poison(state)
             torch.save(state, path)
@@ -228,7 +228,7 @@ def test_nan_or_inf_in_a_checkpoint_is_refused_unless_asked(job, tmp_path, monke
     for path, (model_error, optimizer_error), loaded in on_peers(job, [mlp(), mlp()], body):
         assert model_error == (f"{path}: the model state holds NaN or inf (in 0.weight); training from it goes "
                                f"nowhere (load(..., allow_nonfinite=True) loads it anyway)")
-        assert optimizer_error.startswith(f"{path}: the optimizer state holds NaN or inf (in p2plearn.previous.1)")
+        assert optimizer_error.startswith(f"{path}: the optimizer state holds NaN or inf (in p2plearn.previous.0)")
         assert loaded, "allow_nonfinite=True did not load the NaN"
 
 

@@ -14,13 +14,14 @@ def model(seed: int) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(20, 30), torch.nn.ReLU(), torch.nn.Linear(30, 4))
 
 
-@pytest.mark.parametrize("dtype,period", [(torch.float32, 1), (torch.bfloat16, 1), (torch.float32, 3)])
-def test_joining_peer_receives_the_state_and_takes_part(job, dtype, period):
+@pytest.mark.parametrize("dtype,period,staging", [(torch.float32, 1, "direct"), (torch.bfloat16, 1, "direct"),
+                                                  (torch.float32, 3, "direct"), (torch.float32, 1, "host")])
+def test_joining_peer_receives_the_state_and_takes_part(job, dtype, period, staging):
     runtime, optimizer = job
     models = [model(0).to(dtype), model(0).to(dtype)]
     rts = [runtime(0), runtime(1)]
     opts = []
-    threads = [threading.Thread(target=lambda r=r, m=m: opts.append(optimizer(r, m, period=period)))
+    threads = [threading.Thread(target=lambda r=r, m=m: opts.append(optimizer(r, m, period=period, staging=staging)))
                for r, m in zip(rts, models)]
     for t in threads:
         t.start()
@@ -50,7 +51,7 @@ def test_joining_peer_receives_the_state_and_takes_part(job, dtype, period):
             time.sleep(0.01)
         newcomer = model(123).to(dtype)  # a different initialisation: must be replaced by the donor's state
         before = [p.detach().clone() for p in newcomer.parameters()]
-        joiner = optimizer(runtime(None, join=True), newcomer, period=period)
+        joiner = optimizer(runtime(None, join=True), newcomer, period=period, staging=staging)
         assert joiner.runtime.client.donor is not None
         assert joiner.sync.clock > 0, "the joiner starts at the donor's clock"
         assert joiner.steps == (joiner.sync.clock + 1) * period - 1, "its next step is not the donor's next round"

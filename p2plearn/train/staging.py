@@ -1,0 +1,133 @@
+"""`HostStaging`: the host buffers a round reads and merges, for a model's buckets on any device.
+
+A round works on numpy arrays on the host (the engine sends from them, the C merge writes into
+them). Three cases:
+
+* a CPU model, rounds in line (``staging="direct"``, no ``--overlap``): the host arrays are the
+  buckets themselves; nothing is copied;
+* a CPU model with ``--overlap``: separate host buffers, so local steps go on while a round
+  works on the copy;
+* a device model (CUDA or any other torch device), or ``staging="host"`` on a CPU model: separate
+  host buffers (pinned where CUDA is available), the device-to-host copies on a side stream as a
+  round starts, the host-to-device copy of the result on the compute stream. The compute stream
+  never waits for the host: the next optimizer step waits (on the device) for the copy that reads
+  the parameters it writes, and the result's copy is ordered before the steps that read it.
+  On the CPU the stream calls have no equivalent and are skipped: ``staging="host"`` runs every
+  other line of the device path, which is how CI tests it.
+
+Memory: one host copy of the exchanged tensors in the last two cases, plus (with ``--overlap``)
+the snapshot a round started from (docs/memory.md).
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from p2plearn.sync.bfloat16 import BF16Array
+from p2plearn.train.buckets import Buckets
+
+STAGINGS = ("direct", "host")
+
+
+def numpy_view(t: torch.Tensor) -> np.ndarray:
+    """A numpy array over a CPU tensor's memory: bfloat16, which numpy lacks, as a `BF16Array`."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(np.uint16).view(BF16Array)
+    return t.numpy()
+
+
+def _as_tensor(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
+    """The torch tensor over a host array made by `numpy_view` (no copy)."""
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(np.asarray(a).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(np.asarray(a))
+
+
+class HostStaging:
+    """Host arrays for `buckets` and the copies between them and the model.
+
+    Args:
+        buckets: the model's buckets (on any device).
+        staging: "direct" (a CPU model's rounds use its own memory where they can) or "host"
+            (always separate host buffers and copies, as for a device model). A device model is
+            always staged.
+        separate: the rounds need a copy even on the CPU (``--overlap``: the model moves on).
+
+    Use: ``to_host()`` as a round starts, ``wait_host()`` before the host arrays are read,
+    then either ``to_device()`` (the round's result replaces the model) or
+    ``add_change(before)`` (the result's change is added to a model that took steps meanwhile);
+    ``before_step()`` before each optimizer step.
+    """
+
+    def __init__(self, buckets: Buckets, staging: str = "direct", separate: bool = False):
+        if staging not in STAGINGS:
+            raise ValueError(f"staging must be one of {', '.join(STAGINGS)}, got {staging!r}")
+        self.buckets = buckets
+        device = buckets.device
+        self.staged = staging == "host" or device.type != "cpu" or separate
+        if not self.staged:
+            self.host = buckets.flats
+        else:
+            pin = torch.cuda.is_available()  # pinned memory makes the copies asynchronous; it needs CUDA
+            self.host = [torch.empty(f.numel(), dtype=f.dtype, pin_memory=pin) for f in buckets.flats]
+        self.arrays = [numpy_view(h) for h in self.host]
+        self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._copied: torch.cuda.Event | None = None  # the device-to-host copy in flight
+        self.to_host()
+        self.wait_host()
+
+    def to_host(self) -> None:
+        """Start copying the model into the host arrays (on the side stream, after the compute
+        stream's work so far: the last optimizer step). Returns at once on a device."""
+        if not self.staged:
+            return
+        if self._side is None:
+            for h, f in zip(self.host, self.buckets.flats):
+                h.copy_(f)
+            return
+        self._side.wait_stream(torch.cuda.current_stream(self._side.device))
+        with torch.cuda.stream(self._side):
+            for h, f in zip(self.host, self.buckets.flats):
+                h.copy_(f, non_blocking=True)
+            self._copied = torch.cuda.Event()
+            self._copied.record(self._side)
+
+    def wait_host(self) -> None:
+        """Block this thread (not the device) until the copy `to_host` started has landed."""
+        if self._copied is not None:
+            self._copied.synchronize()
+
+    def before_step(self) -> None:
+        """The next optimizer step writes the parameters a copy in flight reads: make the compute
+        stream wait for it (on the device; the host goes on)."""
+        if self._copied is not None:
+            torch.cuda.current_stream(self._side.device).wait_event(self._copied)
+            self._copied = None
+
+    def to_device(self) -> None:
+        """The host arrays (a round's result) become the model."""
+        if not self.staged:
+            return
+        for h, f in zip(self.host, self.buckets.flats):
+            f.copy_(h, non_blocking=True)  # on the compute stream: ordered before the steps that read it
+
+    def add_change(self, before: list[np.ndarray]) -> None:
+        """Add what the round changed (host arrays minus `before`, the arrays it started from) to
+        the model, which took local steps since: those are kept. Half-precision values add in
+        float32 and round once."""
+        for h, b, f in zip(self.host, before, self.buckets.flats):
+            wide = torch.float64 if f.dtype == torch.float64 else torch.float32
+            change = h.to(wide) - _as_tensor(b, f.dtype).to(wide)
+            change = change.to(f.device, non_blocking=True)
+            if f.dtype == wide:
+                f.add_(change)
+            else:
+                f.copy_(f.to(wide) + change)
+
+    def snapshot(self) -> list[np.ndarray]:
+        """A copy of the host arrays (what a round starts from)."""
+        return [a.copy() for a in self.arrays]
+
+    def model_copy(self) -> list[np.ndarray]:
+        """A copy of the model's values as host arrays, taken now (for a joiner, the final average)."""
+        return [numpy_view(f.detach().to("cpu", copy=True)) for f in self.buckets.flats]
