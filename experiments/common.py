@@ -114,11 +114,11 @@ def run_json(argv: list[str], out: Path, timeout: float) -> Row | None:
     return json.loads(out.read_text())
 
 
-def repeat(config: Row, seeds: int, run: Callable[[int], Row | None]) -> list[Row]:
-    """`run(seed)` for seeds 0..seeds-1; each result merged into a copy of `config` (a failed run
-    becomes a row with ok=False, so that it shows in the table instead of vanishing)."""
+def repeat(config: Row, seeds: int, run: Callable[[int], Row | None], first_seed: int = 0) -> list[Row]:
+    """`run(seed)` for `seeds` seeds from `first_seed`; each result merged into a copy of `config` (a
+    failed run becomes a row with ok=False, so that it shows in the table instead of vanishing)."""
     rows = []
-    for seed in range(seeds):
+    for seed in range(first_seed, first_seed + seeds):
         label = ", ".join(f"{k}={v}" for k, v in config.items())
         print(f"  {label}, seed {seed} ...", file=sys.stderr, flush=True)
         result = run(seed)
