@@ -51,8 +51,8 @@ def is_root() -> bool:
 
 
 def train(np_: int, options: dict[str, Any], script: dict[str, Any], *, topology: str | os.PathLike | None = None,
-          testbed: bool = False, timeout: float = 900) -> Row | None:
-    """Run `p2plearn.launch -np N [options] -- python -m p2plearn.examples.mnist1d [script]`; rank 0's
+          testbed: bool = False, timeout: float = 900, example: str = "mnist1d") -> Row | None:
+    """Run `p2plearn.launch -np N [options] -- python -m p2plearn.examples.<example> [script]`; rank 0's
     JSON, or None (with the tail of the output on stderr) when the job failed."""
     flags: list[str] = []  # the failure detector's defaults: a start-up grace covers slow imports
     # The claims measured before the defaults became --period 16 --fanout 1 compare per-step rounds
@@ -65,9 +65,34 @@ def train(np_: int, options: dict[str, Any], script: dict[str, Any], *, topology
             flags += [f"--{key.replace('_', '-')}"] + ([] if value is True else [str(value)])
     with tempfile.TemporaryDirectory(prefix="p2pexp-") as tmp:
         out = Path(tmp) / "result.json"
-        argv = [PY, "-m", "p2plearn.launch", "-np", str(np_), *flags, "--", PY, "-m", "p2plearn.examples.mnist1d",
+        argv = [PY, "-m", "p2plearn.launch", "-np", str(np_), *flags, "--", PY, "-m", f"p2plearn.examples.{example}",
                 *args_of(script), "--json", str(out)]
         return run_json(argv, out, timeout)
+
+
+def torch_job(script_path: Path, n: int, script: dict[str, Any], *, testbed: bool, port: int,
+              topology: str) -> Row | None:
+    """A torch baseline script (experiments/torch_*.py) on n ranks under torch.distributed's env://
+    (gloo on loopback, or in the testbed's namespaces of topology/<topology>.json when `testbed`; the
+    namespaces are removed also on failure); n == 1 runs one process with no network. Rank 0's JSON."""
+    with tempfile.TemporaryDirectory(prefix="p2pexp-") as tmp:
+        out = Path(tmp) / "torch.json"
+        argv = [PY, str(script_path), *args_of(script), "--json", str(out)]
+        env = {"WORLD_SIZE": str(n), "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+        if n == 1:
+            return run_json(argv, out, timeout=900)
+        if not testbed:
+            procs = [subprocess.Popen(argv, cwd=ROOT, env={**os.environ, **env, "RANK": str(i),
+                                                            "MASTER_ADDR": "127.0.0.1"}) for i in range(n)]
+            codes = [p.wait(timeout=1800) for p in procs]
+            return json.loads(out.read_text()) if not any(codes) and out.exists() else None
+        from p2plearn.testbed import Testbed
+
+        with Testbed(ROOT / "topology" / f"{topology}.json", name="exptorch") as tb:
+            procs = [tb.run(i, argv, env={**env, "RANK": str(i), "MASTER_ADDR": tb.address(0),
+                                          "GLOO_SOCKET_IFNAME": tb.interface(i)}, cwd=ROOT) for i in range(n)]
+            codes = [p.wait(timeout=1800) for p in procs]
+        return json.loads(out.read_text()) if not any(codes) and out.exists() else None
 
 
 def args_of(script: dict[str, Any]) -> list[str]:
@@ -89,11 +114,11 @@ def run_json(argv: list[str], out: Path, timeout: float) -> Row | None:
     return json.loads(out.read_text())
 
 
-def repeat(config: Row, seeds: int, run: Callable[[int], Row | None]) -> list[Row]:
-    """`run(seed)` for seeds 0..seeds-1; each result merged into a copy of `config` (a failed run
-    becomes a row with ok=False, so that it shows in the table instead of vanishing)."""
+def repeat(config: Row, seeds: int, run: Callable[[int], Row | None], first_seed: int = 0) -> list[Row]:
+    """`run(seed)` for `seeds` seeds from `first_seed`; each result merged into a copy of `config` (a
+    failed run becomes a row with ok=False, so that it shows in the table instead of vanishing)."""
     rows = []
-    for seed in range(seeds):
+    for seed in range(first_seed, first_seed + seeds):
         label = ", ".join(f"{k}={v}" for k, v in config.items())
         print(f"  {label}, seed {seed} ...", file=sys.stderr, flush=True)
         result = run(seed)

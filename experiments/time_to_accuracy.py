@@ -18,12 +18,7 @@ Quick: 2 epochs (2 rounds), 1 seed, homogeneous-4 only.
 """
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import common as c
 
@@ -58,24 +53,8 @@ def mlp_size() -> int:
 
 def torch_baseline(n: int, script: dict, testbed: bool, port: int, topology: str) -> c.Row | None:
     """experiments/torch_mnist1d.py on n ranks (in the testbed's namespaces when asked)."""
-    with tempfile.TemporaryDirectory(prefix="p2pexp-") as tmp:
-        out = Path(tmp) / "torch.json"
-        argv = [c.PY, str(c.ROOT / "experiments" / "torch_mnist1d.py"), *c.args_of(script), "--json", str(out)]
-        env = {"WORLD_SIZE": str(n), "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
-        if script["mode"] == "single":
-            return c.run_json(argv, out, timeout=900)
-        if not testbed:
-            procs = [subprocess.Popen(argv, cwd=c.ROOT, env={**os.environ, **env, "RANK": str(i),
-                                                              "MASTER_ADDR": "127.0.0.1"}) for i in range(n)]
-            codes = [p.wait(timeout=1800) for p in procs]
-            return json.loads(out.read_text()) if not any(codes) and out.exists() else None
-        from p2plearn.testbed import Testbed
-
-        with Testbed(c.ROOT / "topology" / f"{topology}.json", name="exptorch") as tb:
-            procs = [tb.run(i, argv, env={**env, "RANK": str(i), "MASTER_ADDR": tb.address(0),
-                                          "GLOO_SOCKET_IFNAME": tb.interface(i)}, cwd=c.ROOT) for i in range(n)]
-            codes = [p.wait(timeout=1800) for p in procs]
-        return json.loads(out.read_text()) if not any(codes) and out.exists() else None
+    return c.torch_job(c.ROOT / "experiments" / "torch_mnist1d.py", n, script, testbed=testbed, port=port,
+                       topology=topology)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,24 +2,36 @@
 
     sudo python -m p2plearn.bench average [--topologies homogeneous-4,heterogeneous-4,lossy-4,homogeneous-8]
                                           [--megabytes 10] [--rounds 8] [--json]
+    sudo python -m p2plearn.bench average --model gpt2-small --topologies loopback,homogeneous-4 --rounds 5 \
+                                          --modes partitioned,"partitioned fp16"
 
-For each topology, five jobs average a model of --megabytes (MiB of float32), --rounds times, with no
-computation between: torch.distributed's gloo ``all_reduce`` (ring; one process per rank), p2plearn
-``--sync partitioned`` (each peer aggregates a part sized by its bandwidth) and p2plearn ``--sync bsp
---selection all`` (every peer multicasts its whole model to every other); and with half the bytes on
-the wire, gloo's all_reduce of the model as float16 (what DDP's ``fp16_compress_hook`` does) and
-p2plearn ``--sync partitioned --compress fp16``. As root every job runs on
-the testbed (network namespaces shaped to the topology; gloo with GLOO_SOCKET_IFNAME); otherwise
-p2plearn runs ``--emulate`` (paced to the topology on loopback) and gloo on unshaped loopback, which
-favours gloo, and the table says so. "loopback" is a topology too: both unshaped, 4 peers.
+For each topology, jobs average a model, --rounds times, with no computation between: one float32
+tensor of --megabytes MiB (--model flat), or GPT-2 small's 148 tensors (--model gpt2-small: 124.4M
+parameters, 498 MB). gloo: torch.distributed's ring ``all_reduce`` (one process per rank) of DDP's
+25 MiB buckets, the tensors being views into them (gradient_as_bucket_view): few large messages and
+no copies, the cheapest way gloo has to average many tensors. p2plearn (--modes): ``--sync
+partitioned`` (each peer aggregates a part sized by its bandwidth), ``--sync bsp --selection all``
+(every peer multicasts its whole model to every other), and with half the bytes on the wire
+``--sync partitioned --compress fp16``, against gloo's all_reduce of float16 buckets (what DDP's
+``fp16_compress_hook`` sends). The p2plearn peers go through ``DecentralizedOptimizer``'s round with
+the model's own tensors (``p2plearn.bench.rounds --peer``). As root every job runs on the testbed
+(network namespaces shaped to the topology; gloo with GLOO_SOCKET_IFNAME); otherwise p2plearn runs
+``--emulate`` (paced to the topology on loopback) and gloo on unshaped loopback, which favours gloo,
+and the table says so. "loopback" is a topology too: both unshaped, 4 peers.
+
 A round's time is the slowest rank's; the table gives the median over rounds after the first two
-(connection set-up) and each p2plearn mode's ratio to gloo's. Targets (issue 15): <= 1.0x gloo on
-clean networks, <= 0.5x under loss and incast.
+(connection set-up), the CPU seconds of all ranks' processes together per round per 100 MB of model
+(every thread; p2plearn's launcher and coordinator not counted), each one's ratio to gloo float32's,
+and the peak RSS of the largest rank. Targets (issues 15, 30): <= 1.0x gloo on clean networks, <= 0.5x
+under loss and incast; 125M parameters <= 1.5x gloo on loopback, 10 MiB <= 2x, <= 1.05x on
+homogeneous-4; peak RSS per peer <= the model's size x (1 + what the options keep) + 200 MB.
+Memory: the gpt2-small row needs ~1 GB per gloo rank and more per p2plearn peer, 4 of each in turn.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -28,45 +40,75 @@ import tempfile
 import time
 from pathlib import Path
 
+from p2plearn.bench.models import MODELS, model_bytes, model_shapes
+
 ROOT = Path(__file__).resolve().parents[2]
 WARM = 2  # rounds that include connection set-up
 MODES = {"partitioned": ["--sync", "partitioned"], "bsp all": ["--sync", "bsp", "--selection", "all"],
          "partitioned fp16": ["--sync", "partitioned", "--compress", "fp16"]}
 GLOO_DTYPES = ("float32", "float16")  # fp16 all_reduce: what DDP's fp16_compress_hook sends
+BUCKET_MB = 25  # DDP's default bucket_cap_mb
 
 
-def gloo_peer(out: str, megabytes: float, rounds: int, dtype: str) -> None:
-    """One rank: `rounds` all_reduces of a model of `megabytes` float32 (sent as `dtype`); rank 0
-    writes the times."""
+def gloo_peer(out: str, model: str, megabytes: float, rounds: int, dtype: str) -> None:
+    """One rank: `rounds` all_reduces of the model's tensors (bench.models; sent as `dtype`), in
+    DDP's form: the tensors are views into buckets of BUCKET_MB, one all_reduce per bucket (no
+    copies in or out, a few large messages: gloo's cheapest way to average many tensors). Rank 0
+    writes the slowest rank's time per round, every rank's CPU seconds per round and peak RSS."""
+    import resource
+
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
-    tensor = torch.ones(int(megabytes * 2**20 / 4), dtype=getattr(torch, dtype))  # as bench.rounds' model
-    times = []
+    kind = getattr(torch, dtype)
+    buckets = [torch.ones(count, dtype=kind)
+               for count in bucket_sizes(list(model_shapes(model, megabytes).values()), kind.itemsize)]
+    times, cpu = [], []
     for _ in range(rounds):
         dist.barrier()  # every rank starts the round together, as BSP peers do
-        t0 = time.monotonic()
-        dist.all_reduce(tensor)
-        tensor /= dist.get_world_size()
+        t0, c0 = time.monotonic(), time.process_time()
+        for bucket in buckets:
+            dist.all_reduce(bucket)
+            bucket /= dist.get_world_size()
         times.append(time.monotonic() - t0)
+        cpu.append(time.process_time() - c0)
     slowest = torch.tensor(times)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    mine = torch.tensor([*cpu, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6], dtype=torch.float64)
+    everyone = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, mine)
     if dist.get_rank() == 0:
-        Path(out).write_text(json.dumps(slowest.tolist()))
+        Path(out).write_text(json.dumps({"round_s": slowest.tolist(),
+                                         "cpu_s": [sum(float(e[i]) for e in everyone) for i in range(rounds)],
+                                         "peak_rss_mb": max(float(e[-1]) for e in everyone)}))
     dist.destroy_process_group()
+
+
+def bucket_sizes(shapes: list[tuple[int, ...]], itemsize: int) -> list[int]:
+    """Elements per bucket as DDP packs tensors of these shapes: consecutive tensors up to BUCKET_MB
+    (a larger tensor alone). With gradient_as_bucket_view the model's tensors are views into the
+    buckets, so an average is the buckets' all_reduces and nothing else."""
+    limit, sizes = BUCKET_MB * 2**20, [0]
+    for shape in shapes:
+        count = math.prod(shape)
+        if sizes[-1] and (sizes[-1] + count) * itemsize > limit:
+            sizes.append(0)
+        sizes[-1] += count
+    return sizes
 
 
 def topology_file(name: str) -> Path:
     return ROOT / "topology" / f"{name}.json"
 
 
-def gloo_job(topology: str, n: int, megabytes: float, rounds: int, testbed: bool, dtype: str) -> list[float]:
+def gloo_job(topology: str, n: int, model: str, megabytes: float, rounds: int, testbed: bool,
+             dtype: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="p2pbench-") as tmp:
         out = Path(tmp) / "gloo.json"
-        argv = [sys.executable, "-m", "p2plearn.bench.average", "--gloo-peer", str(out), str(megabytes), str(rounds),
-                dtype]
+        argv = [sys.executable, "-m", "p2plearn.bench.average", "--gloo-peer", str(out), model, str(megabytes),
+                str(rounds), dtype]
         env = {"WORLD_SIZE": str(n), "MASTER_PORT": "29710", "OMP_NUM_THREADS": "1"}
         if testbed and topology != "loopback":
             from p2plearn.testbed import Testbed
@@ -84,17 +126,27 @@ def gloo_job(topology: str, n: int, megabytes: float, rounds: int, testbed: bool
         return json.loads(out.read_text())
 
 
-def p2plearn_job(topology: str, n: int, mode: str, megabytes: float, rounds: int, testbed: bool) -> list[float]:
+def p2plearn_job(topology: str, n: int, mode: str, model: str, megabytes: float, rounds: int, testbed: bool) -> dict:
     with tempfile.TemporaryDirectory(prefix="p2pbench-") as out:
         network = [] if topology == "loopback" else ["--topology", str(topology_file(topology)),
                                                      "--testbed" if testbed else "--emulate"]
         cmd = [sys.executable, "-m", "p2plearn.launch", "-np", str(n), *network, *MODES[mode], "--period", "1", "--",
-               sys.executable, "-m", "p2plearn.bench.rounds", "--peer", out, str(megabytes), str(rounds)]
+               sys.executable, "-m", "p2plearn.bench.rounds", "--peer", out, str(megabytes), str(rounds), model]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
         if proc.returncode:
             raise RuntimeError(f"p2plearn {mode} on {topology}: the job failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
         peers = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(n)]
-    return [max(p[i]["comm_s"] for p in peers) for i in range(rounds)]
+    return {"round_s": [max(p["rounds"][i]["comm_s"] for p in peers) for i in range(rounds)],
+            "cpu_s": [sum(p["rounds"][i]["cpu_s"] for p in peers) for i in range(rounds)],
+            "peak_rss_mb": max(p["peak_rss_mb"] for p in peers)}
+
+
+def summarise(measured: dict, model_bytes: int) -> dict:
+    """Medians over the rounds after WARM: round seconds, and CPU seconds of all ranks together
+    per round per 100 MB of model; the peak RSS of the largest rank."""
+    return {"round_s": statistics.median(measured["round_s"][WARM:]),
+            "cpu_s_per_100mb": statistics.median(measured["cpu_s"][WARM:]) / (model_bytes / 1e8),
+            "peak_rss_mb": measured["peak_rss_mb"]}
 
 
 def peers_of(topology: str) -> int:
@@ -108,47 +160,62 @@ def peers_of(topology: str) -> int:
 
 def main(argv: list[str]) -> None:
     if argv and argv[0] == "--gloo-peer":
-        return gloo_peer(argv[1], float(argv[2]), int(argv[3]), argv[4])
+        return gloo_peer(argv[1], argv[2], float(argv[3]), int(argv[4]), argv[5])
     ap = argparse.ArgumentParser(prog="python -m p2plearn.bench average", description=__doc__.splitlines()[0])
     ap.add_argument("--topologies", default="loopback,homogeneous-4,heterogeneous-4,lossy-4,homogeneous-8",
                     help="comma-separated names of topology/*.json files, or loopback (default: %(default)s)")
-    ap.add_argument("--megabytes", type=float, default=10.0, help="model size in MiB of float32 (default: %(default)s)")
+    ap.add_argument("--model", choices=MODELS, default="flat",
+                    help="flat: one tensor of --megabytes; gpt2-small: GPT-2 small's 148 tensors, 124.4M "
+                         "parameters, 498 MB (default: %(default)s)")
+    ap.add_argument("--megabytes", type=float, default=10.0,
+                    help="--model flat: its size in MiB of float32 (default: %(default)s)")
     ap.add_argument("--rounds", type=int, default=8,
                     help=f"averages per job, the first {WARM} not counted (default: %(default)s)")
+    ap.add_argument("--modes", default=",".join(MODES),
+                    help="comma-separated p2plearn modes to run (default: %(default)s)")
+    ap.add_argument("--gloo-dtypes", default=",".join(GLOO_DTYPES),
+                    help="comma-separated dtypes of gloo's all_reduce (default: %(default)s)")
     ap.add_argument("--json", action="store_true", help="print the raw results as JSON instead of a table")
     args = ap.parse_args(argv)
     if args.rounds <= WARM:
         ap.error(f"--rounds must be more than the {WARM} warm-up rounds")
+    modes, dtypes = args.modes.split(","), args.gloo_dtypes.split(",")
+    unknown = [m for m in modes if m not in MODES] + [d for d in dtypes if d not in GLOO_DTYPES]
+    if unknown or "float32" not in dtypes:
+        ap.error(f"unknown mode or dtype {unknown} (modes: {', '.join(MODES)}; dtypes: {', '.join(GLOO_DTYPES)}, "
+                 f"float32 among them: the ratios are to it)")
     testbed = os.geteuid() == 0
+    size = model_bytes(args.model, args.megabytes)
     results = []
     for topology in args.topologies.split(","):
         n = peers_of(topology)
-        row = {"topology": topology, "peers": n}
-        for dtype in GLOO_DTYPES:
-            row[f"gloo {dtype}_s"] = statistics.median(gloo_job(topology, n, args.megabytes, args.rounds, testbed,
-                                                                dtype)[WARM:])
-        for mode in MODES:
-            row[f"{mode}_s"] = statistics.median(p2plearn_job(topology, n, mode, args.megabytes, args.rounds,
-                                                              testbed)[WARM:])
-        results.append(row)
-        print(f"  {row}", file=sys.stderr, flush=True)
+        for dtype in dtypes:
+            measured = gloo_job(topology, n, args.model, args.megabytes, args.rounds, testbed, dtype)
+            results.append({"topology": topology, "peers": n, "system": f"gloo {dtype}", **summarise(measured, size)})
+            print(f"  {results[-1]}", file=sys.stderr, flush=True)
+        for mode in modes:
+            measured = p2plearn_job(topology, n, mode, args.model, args.megabytes, args.rounds, testbed)
+            results.append({"topology": topology, "peers": n, "system": f"p2plearn {mode}", **summarise(measured, size)})
+            print(f"  {results[-1]}", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(results, indent=1))
         return
     where = ("testbed (root: namespaces shaped to each topology)" if testbed else
              "emulated p2plearn vs gloo on unshaped loopback (not root: favours gloo)")
-    print(f"One full average of {args.megabytes:g} MB (float32), median of {args.rounds - WARM} rounds; {where}\n")
-    print("float32 on the wire: gloo all_reduce vs p2plearn partitioned and bsp all; float16 on the wire: gloo "
-          "all_reduce of a float16 tensor (DDP's fp16_compress_hook) vs p2plearn partitioned --compress fp16\n")
-    print("| network | peers | gloo s | partitioned s | x gloo | bsp all s | x gloo "
-          "| gloo fp16 s | partitioned fp16 s | x gloo fp16 | x gloo |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    what = (f"{args.megabytes:g} MiB (one float32 tensor)" if args.model == "flat" else
+            f"{args.model} ({size / 1e6:.0f} MB of float32 in its own tensor shapes)")
+    print(f"One full average of {what}, median of {args.rounds - WARM} rounds; {where}. gloo: all_reduce of "
+          f"DDP's {BUCKET_MB} MiB buckets (float16: DDP's fp16_compress_hook). CPU: seconds of all ranks' processes "
+          f"together per round per 100 MB of model (p2plearn: the peers, launcher and coordinator not counted). "
+          f"Peak RSS: the largest rank's.\n")
+    print("| network | peers | system | round s | x gloo float32 | CPU s / round / 100 MB | x gloo float32 "
+          "| peak RSS MB |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in results:
-        gloo, half = r["gloo float32_s"], r["gloo float16_s"]
-        print(f"| {r['topology']} | {r['peers']} | {gloo:.3f} | {r['partitioned_s']:.3f} | "
-              f"{r['partitioned_s'] / gloo:.2f} | {r['bsp all_s']:.3f} | {r['bsp all_s'] / gloo:.2f} | {half:.3f} | "
-              f"{r['partitioned fp16_s']:.3f} | {r['partitioned fp16_s'] / half:.2f} | "
-              f"{r['partitioned fp16_s'] / gloo:.2f} |")
+        base = next(b for b in results if b["topology"] == r["topology"] and b["system"] == "gloo float32")
+        print(f"| {r['topology']} | {r['peers']} | {r['system']} | {r['round_s']:.3f} | "
+              f"{r['round_s'] / base['round_s']:.2f} | {r['cpu_s_per_100mb']:.3f} | "
+              f"{r['cpu_s_per_100mb'] / base['cpu_s_per_100mb']:.2f} | {r['peak_rss_mb']:.0f} |")
 
 
 if __name__ == "__main__":

@@ -32,26 +32,35 @@ import sys
 import tempfile
 
 
-def peer_main(out_dir: str, megabytes: float, rounds: int) -> None:
-    """One peer: BSP rounds of a `megabytes` message, no computation; writes its timings (run it
-    with --period 1: a round per step)."""
+def peer_main(out_dir: str, megabytes: float, rounds: int, model_name: str = "flat") -> None:
+    """One peer: BSP rounds of a model (`model_name` of bench.models: one flat tensor of `megabytes`,
+    or a real model's tensor shapes), no computation; writes each round's timings and this process's
+    CPU seconds (every thread: the engine's too), and its peak RSS (run it with --period 1: a round
+    per step)."""
+    import resource
+    import time
+
     import torch
 
     import p2plearn
+    from p2plearn.bench.models import model_tensors
 
     rt = p2plearn.init()
     model = torch.nn.Module()
-    model.w = torch.nn.Parameter(torch.zeros(int(megabytes * 2**20 / 4)))
+    for name, tensor in model_tensors(model_name, megabytes).items():
+        model.register_parameter(name.replace(".", "_"), torch.nn.Parameter(tensor))
     opt = p2plearn.DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), model, rt)
     times = []
     for _ in range(rounds):
-        before = opt.channel.stats()["bytes_sent"]
+        before, cpu = opt.channel.stats()["bytes_sent"], time.process_time()
         opt.step()
         rs = opt.last_round
         times.append({"comm_s": rs.comm_s, "planned_s": rs.planned_s, "fanout": rs.fanout, "delivered": rs.delivered,
-                      "uplink_bytes": opt.channel.stats()["bytes_sent"] - before, "retransmitted": rs.retransmitted})
+                      "uplink_bytes": opt.channel.stats()["bytes_sent"] - before, "retransmitted": rs.retransmitted,
+                      "cpu_s": time.process_time() - cpu})
+    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: KiB
     with open(os.path.join(out_dir, f"rank{rt.rank}.json"), "w") as f:
-        json.dump(times, f)
+        json.dump({"rounds": times, "peak_rss_mb": peak_kib * 1024 / 1e6}, f)
     opt.close()
 
 
@@ -70,7 +79,7 @@ def run_config(topology: str, selection: str, fanout: int, megabytes: float, rou
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if proc.returncode:
             raise RuntimeError(f"{selection}: the job failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-        peers = [json.load(open(os.path.join(out, f"rank{r}.json"))) for r in range(n)]
+        peers = [json.load(open(os.path.join(out, f"rank{r}.json")))["rounds"] for r in range(n)]
     warm = 2  # the first rounds include connection set-up and the first plan
     per_round = [max(p[i]["comm_s"] for p in peers) for i in range(warm, rounds)]
     planned = [peers[0][i]["planned_s"] for i in range(warm, rounds)]
@@ -113,7 +122,7 @@ def transport_main(args: argparse.Namespace) -> None:
 
 def main(argv: list[str]) -> None:
     if argv and argv[0] == "--peer":
-        return peer_main(argv[1], float(argv[2]), int(argv[3]))
+        return peer_main(argv[1], float(argv[2]), int(argv[3]), *argv[4:5])
     ap = argparse.ArgumentParser(prog="python -m p2plearn.bench rounds", description=" ".join(__doc__.split("\n\n")[0].split()))
     ap.add_argument("--topology", help="topology file, one peer per node (default: topology/heterogeneous-8.json, "
                                        "with --transport topology/homogeneous-8.json)")

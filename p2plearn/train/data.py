@@ -52,6 +52,48 @@ def mnist1d(num_samples: int = 12000, seed: int = 42) -> Dataset:
                        torch.tensor(f["x_test"], dtype=torch.float32), torch.tensor(f["y_test"], dtype=torch.long), 10)
 
 
+def stdlib_sources() -> list[str]:
+    """The ``*.py`` files of the Python standard library (``sysconfig.get_paths()["stdlib"]``, without
+    site-packages and dist-packages), sorted by path: the same list on every machine with the same
+    Python version."""
+    import sysconfig
+
+    files = []
+    for folder, subfolders, names in os.walk(sysconfig.get_paths()["stdlib"]):
+        subfolders[:] = [d for d in subfolders if d not in ("site-packages", "dist-packages")]  # not walked
+        files += [os.path.join(folder, name) for name in names if name.endswith(".py")]
+    return sorted(files)
+
+
+def stdlib_text(context: int = 128, max_bytes: int = 8_000_000, validation_fraction: float = 0.05) -> Dataset:
+    """Byte-level language modelling on the Python standard library's own source files, which
+    every machine with Python has offline. The files of ``stdlib_sources`` (installed packages left
+    out, so they do not change it) are read in sorted path order until ``max_bytes``, joined into
+    one byte stream and cut into windows of ``context + 1`` bytes: ``x`` is a window's first ``context`` bytes, ``y`` the same shifted by
+    one (the next byte at every position; 256 classes). The last ``validation_fraction`` of the
+    stream is held out as ``x_test``/``y_test`` (whole files, mostly: the sorted list's last ones).
+    Every rank of a job on the same Python version gets the same corpus; ``shard`` deals the
+    training windows to the ranks as it deals samples."""
+    chunks, total = [], 0
+    for path in stdlib_sources():
+        if total >= max_bytes:
+            break
+        with open(path, "rb") as f:
+            chunks.append(f.read(max_bytes - total))
+        total += len(chunks[-1])
+    if total < 2 * (context + 1):
+        raise ValueError(f"the standard library has only {total} bytes of Python source, too few for windows "
+                         f"of {context + 1}")
+    stream = torch.frombuffer(bytearray(b"".join(chunks)), dtype=torch.uint8).long()
+    cut = len(stream) - max(context + 1, int(len(stream) * validation_fraction))
+
+    def windows(part: torch.Tensor) -> torch.Tensor:  # non-overlapping, views of the stream
+        return part.unfold(0, context + 1, context + 1)
+
+    train, test = windows(stream[:cut]), windows(stream[cut:])
+    return Dataset(train[:, :-1], train[:, 1:], test[:, :-1], test[:, 1:], 256)
+
+
 def digits(test_fraction: float = 0.25, seed: int = 0) -> Dataset:
     """scikit-learn's bundled 8x8 digits (1,797 images, flattened to 64 features in [0, 1])."""
     from sklearn.datasets import load_digits
