@@ -15,8 +15,13 @@ The layers, top to bottom (nothing imports upward):
 - ``p2plearn.topology`` / ``p2plearn.testbed`` / ``p2plearn.sim``  networks: described, built, simulated
 """
 
+import sys
+
 from p2plearn.options import Options, add_arguments
 from p2plearn.runtime import Runtime, init
+
+if "torch" in sys.modules:  # a training program: init_process_group("p2plearn") works (the launcher skips torch)
+    import p2plearn.distributed  # noqa: F401  (registers the backend)
 
 __version__ = "0.1.0"
 __all__ = ["init", "Runtime", "Options", "add_arguments", "DecentralizedOptimizer", "data", "checkpoint"]
@@ -28,6 +33,10 @@ def __getattr__(name: str):
 
         return checkpoint
     # torch is imported only by programs that train, not by the launcher or the control plane
+    if name in ("ddp", "distributed"):
+        import importlib
+
+        return importlib.import_module(f"p2plearn.{name}")
     if name in ("DecentralizedOptimizer", "data"):
         import p2plearn.train as train
 
