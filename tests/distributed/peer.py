@@ -139,7 +139,7 @@ def post_local_sgd(rank: int, n: int, gloo: dist.ProcessGroup) -> dict:
         net = model(seed=rank)
         averager = PeriodicModelAverager(period=2, warmup_steps=2, process_group=group)
         opt = PostLocalSGDOptimizer(torch.optim.SGD(net.parameters(), lr=0.05), averager)
-        train(net, rank, steps=7, optimizer=opt)
+        train(net, rank, steps=8, optimizer=opt)  # averaged after steps 3, 5, 7 (counting from 1): the 8th is local
         results.append(list(net.parameters()))
     everyone = [None] * n
     dist.all_gather_object(everyone, [p.detach() for p in results[0]])
