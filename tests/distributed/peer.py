@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -147,6 +148,23 @@ def post_local_sgd(rank: int, n: int, gloo: dist.ProcessGroup) -> dict:
             "ranks_differ": any(not torch.equal(a, b) for a, b in zip(everyone[0], everyone[-1]))}
 
 
+def checkpoint(rank: int, directory: str) -> dict:
+    """torch.distributed.checkpoint saves a DDP model's state dict through the backend and loads it
+    back into a model that was changed since."""
+    import torch.distributed.checkpoint as dcp
+
+    net = DDP(model(seed=0))
+    saved = {k: v.clone() for k, v in net.state_dict().items()}
+    dcp.save({"model": net.state_dict()}, checkpoint_id=directory)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(1.0)
+    state = {"model": net.state_dict()}
+    dcp.load(state, checkpoint_id=directory)
+    net.load_state_dict(state["model"])
+    return {"restored": all(torch.equal(v, net.state_dict()[k]) for k, v in saved.items())}
+
+
 def main() -> None:
     scenario, result = sys.argv[1], sys.argv[2]
     dist.init_process_group("p2plearn")
@@ -159,6 +177,8 @@ def main() -> None:
         out.update(ddp(rank, n, gloo, hook=scenario == "ddp_hook"))
     elif scenario == "post_local_sgd":
         out.update(post_local_sgd(rank, n, gloo))
+    elif scenario == "checkpoint":
+        out.update(checkpoint(rank, str(Path(result).parent / "checkpoint")))
     dist.destroy_process_group()
     with open(result, "w") as f:
         json.dump(out, f)

@@ -27,3 +27,7 @@ def test_post_local_sgd_matches_gloo(tmp_path):
     for rank, result in enumerate(run_job(tmp_path, "post_local_sgd", world_size=2)):
         assert result["equal_to_gloo"], (rank, result)
     assert result["ranks_differ"]  # steps after the last average are local: the check is not vacuous
+
+
+def test_distributed_checkpoint_saves_and_loads(tmp_path):
+    assert all(result["restored"] for result in run_job(tmp_path, "checkpoint", world_size=2))
