@@ -20,7 +20,6 @@ other ops raise NotImplementedError naming the op.
 """
 from __future__ import annotations
 
-import logging
 import os
 import queue
 import threading
@@ -38,8 +37,6 @@ from p2plearn.keys import data_key
 from p2plearn.runtime import Runtime, detect_rank, init
 from p2plearn.tolerance import RoundRecord
 from p2plearn.transport import Channel
-
-log = logging.getLogger("p2plearn")
 
 BACKEND = "p2plearn"
 _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.PRODUCT: "product",

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+
 import numpy as np
 
 from p2plearn.sync.merge import Contribution, merge_parameter
