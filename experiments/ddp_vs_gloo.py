@@ -46,8 +46,10 @@ CONFIGS = {
 QUICK_CONFIGS = ["gloo", "exact", "fixed 5%", "fixed 5% + hadamard"]
 
 
-def run(tb, n: int, config: dict, steps: int, seed: int, port: int) -> c.Row | None:
-    """One DDP job on the testbed's n peers; rank 0's JSON summarised, or None when a rank failed."""
+def run(tb, topology: Path, config: dict, steps: int, seed: int, port: int) -> c.Row | None:
+    """One DDP job on the testbed's peers; rank 0's JSON summarised, or None when a rank failed. The
+    topology file seeds p2plearn's view (its parts and pacing), as p2plearn-run --topology does."""
+    n = len(tb.peers)
     flags = {"model": "mlp", "hidden": HIDDEN, "steps": steps, "eval_every": EVAL_EVERY, "epochs": 100, "seed": seed,
              **{k: v for k, v in config.items() if v is not True}}
     argv = [c.PY, str(c.ROOT / "experiments" / "ddp_peer.py"), *c.args_of(flags),
@@ -56,7 +58,7 @@ def run(tb, n: int, config: dict, steps: int, seed: int, port: int) -> c.Row | N
         out = Path(tmp) / "rank0.json"
         env = {"WORLD_SIZE": str(n), "MASTER_ADDR": tb.address(0), "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
                "LOCAL_WORLD_SIZE": "1", "LOCAL_RANK": "0", "P2PLEARN_JOB_ID": f"ddp-{port}",
-               "P2PLEARN_JOB_KEY": secrets.token_hex(16)}
+               "P2PLEARN_JOB_KEY": secrets.token_hex(16), "P2PLEARN_TOPOLOGY": str(topology)}
         procs = [tb.run(i, [*argv, "--json", str(out)], env={**env, "RANK": str(i), "GLOO_SOCKET_IFNAME": tb.interface(i),
                                                             "P2PLEARN_ENGINE_HOST": tb.address(i)}, cwd=c.ROOT)
                  for i in range(n)]
@@ -98,8 +100,8 @@ def main(argv: list[str] | None = None) -> None:
     steps = args.steps or (40 if args.quick else STEPS)
     rows, port = [], 41000
     for topology in topologies:
-        n = int(topology.rsplit("-", 1)[1])
-        with Testbed(c.ROOT / "topology" / f"{topology}.json", name="expddp") as tb:
+        path = c.ROOT / "topology" / f"{topology}.json"
+        with Testbed(path, name="expddp") as tb:
             for name in configs:
                 config = CONFIGS[name]
                 if "tolerance" in config:
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
                 def one(seed: int) -> c.Row | None:
                     nonlocal port
                     port += 2  # the coordinator takes MASTER_PORT + 1
-                    return run(tb, n, config, steps, seed, port)
+                    return run(tb, path, config, steps, seed, port)
 
                 rows += c.repeat({"topology": topology, "config": name}, args.seeds, one)
         write(args.out, rows, steps, args.seeds)

@@ -20,6 +20,7 @@ other ops raise NotImplementedError naming the op.
 """
 from __future__ import annotations
 
+import json
 import os
 import queue
 import threading
@@ -32,13 +33,14 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
-from p2plearn.distributed.collectives import SEQS, Collectives
+from p2plearn.distributed.collectives import SEQS, Collectives, Links
 from p2plearn.keys import data_key
 from p2plearn.runtime import Runtime, detect_rank, init
 from p2plearn.tolerance import RoundRecord
 from p2plearn.transport import Channel
 
 BACKEND = "p2plearn"
+DEFAULT_RATE = 1.25e8  # bytes/s of a link the view has no figure for (the bandwidth estimator's default)
 _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.PRODUCT: "product",
         dist.ReduceOp.MIN: "min", dist.ReduceOp.MAX: "max"}
 
@@ -51,12 +53,12 @@ class ProcessGroupP2P(dist.ProcessGroup):
     waits for a rank before it fails, naming the rank.
     """
 
-    def __init__(self, runtime: Runtime, channel: Channel, engines: dict[int, tuple[str, int]],
-                 capacity: Sequence[float], timeout: timedelta) -> None:
+    def __init__(self, runtime: Runtime, channel: Channel, engines: dict[int, tuple[str, int]], links: Links,
+                 timeout: timedelta) -> None:
         super().__init__(runtime.rank, runtime.world_size)
         self.runtime = runtime
         self.channel = channel
-        self.collectives = Collectives(channel, runtime.rank, runtime.world_size, engines, capacity,
+        self.collectives = Collectives(channel, runtime.rank, runtime.world_size, engines, links,
                                        timeout.total_seconds())
         self._seq = 0
         self._lock = threading.Lock()  # collectives come from the main thread and from autograd's
@@ -239,7 +241,7 @@ def create(options: Any, backend_options: Any) -> ProcessGroupP2P:
                           key=data_key(secret.value, job) if secret else None)
         runtime.register(channel.address)
         engines = _engines(options.store, runtime.rank, size, channel.address)
-        return ProcessGroupP2P(runtime, channel, engines, _capacity(options.store, runtime, size), timeout)
+        return ProcessGroupP2P(runtime, channel, engines, _links(options.store, runtime, size), timeout)
     except BaseException:
         runtime.close(leave=False)
         raise
@@ -255,18 +257,19 @@ def _engines(store: Any, rank: int, size: int, address: tuple[str, int]) -> dict
     return engines
 
 
-def _capacity(store: Any, runtime: Runtime, size: int) -> list[float]:
-    """Each rank's bandwidth, as rank 0's view says when the group starts (equal without one):
-    published in torch's store, so that every rank cuts all-reduce parts alike."""
+def _links(store: Any, runtime: Runtime, size: int) -> Links:
+    """Every rank's uplink and downlink as rank 0's view says when the group starts (the
+    topology's rates when the job has one, ``P2PLEARN_TOPOLOGY``; else the estimator's default,
+    1 Gbit/s), published in torch's store so that every rank cuts all-reduce parts alike."""
     if runtime.rank == 0:
         view = runtime.client.view
-        capacity = np.ones(size)
+        links = np.full((2, size), DEFAULT_RATE)
         if view is not None and view.size == size:
-            measured = np.minimum(np.asarray(view.uplink, dtype=float), np.asarray(view.downlink, dtype=float))
-            if (measured > 0).all():
-                capacity = measured
-        store.set("p2plearn/capacity", ",".join(f"{c:.6g}" for c in capacity))
-    return [float(c) for c in store.get("p2plearn/capacity").decode().split(",")]
+            links = np.where(np.stack([view.uplink, view.downlink]) > 0, np.stack([view.uplink, view.downlink]),
+                             DEFAULT_RATE)
+        store.set("p2plearn/links", json.dumps(links.tolist()))
+    uplink, downlink = json.loads(store.get("p2plearn/links"))
+    return Links(uplink, downlink)
 
 
 def register() -> None:

@@ -6,8 +6,8 @@ every rank: ranks call collectives in the same order) sends its phase ``p`` as m
 ``seq * PHASES + p``. One thread runs the collectives of a group, one after the other.
 
 All-reduce of floats (SUM, AVG) is a reduce-scatter + all-gather, as partitioned rounds do
-(`p2plearn.sync.partitioned`): the buffer, read as one sequence of elements, is cut into one part
-per rank, sized by each rank's bandwidth (`part_bytes`, `partition`); rank k averages part k (mask
+(`p2plearn.sync.partitioned`, whose layout it uses): the buffer, read as one sequence of elements,
+is cut into one part per rank, sized by each rank's bandwidth, and every flow is paced; rank k averages part k (mask
 -aware, in C: `merge_parameter`) and sends it to every other rank. With exact delivery (the
 default, and always for every other collective) the result equals an all-reduce to float
 rounding, the same on every rank. With loss bounds (the DDP comm hook's gradient buckets) a
@@ -23,7 +23,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from p2plearn.sync.merge import Contribution, merge_parameter
-from p2plearn.sync.partitioned import part_bytes, partition
+from p2plearn.selection import PACING_HEADROOM
+from p2plearn.sync.partitioned import _Layout
 from p2plearn.tolerance import RoundRecord
 from p2plearn.transport import Channel, Delivery, Reason, SendHandle
 from p2plearn.transport.channel import PROBE_MSG_IDS
@@ -65,29 +66,46 @@ class Mailbox:
         return got
 
 
+class Links:
+    """Each rank's uplink and downlink (bytes/s, > 0), as a view holds them (``alive``: all)."""
+
+    def __init__(self, uplink: Sequence[float], downlink: Sequence[float]) -> None:
+        self.uplink = np.asarray(uplink, dtype=float)
+        self.downlink = np.asarray(downlink, dtype=float)
+        self.alive = np.ones(len(self.uplink), dtype=bool)
+
+
 class Collectives:
     """The collectives of one group of ``world_size`` ranks over ``channel``.
 
-    ``engines``: rank -> (host, port) of its engine; ``capacity``: per rank, the bandwidth that
-    sizes its all-reduce part (bytes/s; equal values: equal parts); ``timeout``: seconds a lossless
-    collective waits for a rank before it raises `CollectiveTimeout` naming it.
+    ``engines``: rank -> (host, port) of its engine; ``links``: every rank's bandwidths, which size
+    the all-reduce parts and pace every flow (at PACING_HEADROOM of its share of the sender's uplink
+    and the receiver's downlink: the engine has no congestion control of its own, so an unpaced
+    burst overflows a shallow switch queue); ``timeout``: seconds a lossless collective waits for a
+    rank before it raises `CollectiveTimeout` naming it.
     """
 
     def __init__(self, channel: Channel, rank: int, world_size: int, engines: dict[int, tuple[str, int]],
-                 capacity: Sequence[float], timeout: float) -> None:
+                 links: Links, timeout: float) -> None:
         self.channel = channel
         self.rank = rank
         self.world_size = world_size
         self._engines = engines
-        self.capacity = np.asarray(capacity, dtype=float)
+        self.links = links
         self.timeout = timeout
         self.mailbox = Mailbox(channel)
         self.others = [r for r in range(world_size) if r != rank]
+        self._layouts: dict[tuple[int, ...], _Layout] = {}  # by the layers' sizes: DDP's buckets repeat
 
     # -- point to point ------------------------------------------------------------------------
     def _send(self, msg_id: int, arrays: list[np.ndarray], to: Sequence[int], bounds: float | Sequence[float] = 0.0,
-              deadline: float | None = None) -> SendHandle:
-        return self.channel.send(msg_id, arrays, [self._engines[r] for r in to], loss_bounds=bounds,
+              deadline: float | None = None, rates: dict[int, float] | None = None) -> SendHandle:
+        """Send to ranks ``to``, each paced at ``rates[r]``, by default at an equal share of this
+        uplink among them and of its downlink among the n - 1 ranks that may send to it at once."""
+        if rates is None:
+            up, down = self.links.uplink[self.rank] / max(len(to), 1), self.links.downlink / max(self.world_size - 1, 1)
+            rates = {r: PACING_HEADROOM * min(up, down[r]) for r in to}
+        return self.channel.send(msg_id, arrays, [(*self._engines[r], rates[r]) for r in to], loss_bounds=bounds,
                                  deadline=deadline)
 
     def _wait_sends(self, handles: list[SendHandle], deadline: float | None) -> list:
@@ -180,8 +198,11 @@ class Collectives:
         if lossy and not (layers[0].dtype.kind == "f" and op in ("sum", "avg")):
             raise ValueError("p2plearn: loss bounds apply to SUM/AVG all-reduces of floats only")
         bounds = list(bounds) if bounds is not None else [0.0] * len(layers)
-        cut = partition([a.size for a in layers], part_bytes(self.capacity, sum(a.nbytes for a in layers)))
-        slices = dict(enumerate(cut))
+        sizes = tuple(a.size for a in layers)
+        if sizes not in self._layouts:
+            self._layouts[sizes] = _Layout.from_view(self.links, list(sizes), sum(a.nbytes for a in layers))
+        layout = self._layouts[sizes]
+        slices = layout.slices
         mean_merge = layers[0].dtype.kind == "f" and op in ("sum", "avg")
 
         def pieces(r: int) -> list[np.ndarray]:
@@ -193,7 +214,8 @@ class Collectives:
         # 1. scatter: part k to rank k
         scatter_id, gather_id = seq * PHASES, seq * PHASES + 1
         aggregators = [r for r in self.others if slices[r]]
-        scatter = [self._send(scatter_id, pieces(r), [r], piece_bounds(r), deadline) for r in aggregators]
+        scatter = [self._send(scatter_id, pieces(r), [r], piece_bounds(r), deadline, layout.scatter_rate[self.rank])
+                   for r in aggregators]
         mine = pieces(self.rank)
         delivered = []
         if mine and self.others:
@@ -214,8 +236,8 @@ class Collectives:
                         values = [own.copy() if r == self.rank else got[r][i] for r in range(self.world_size)]
                         _reduce(own, values, op, self.world_size)
         # 2. gather: this rank's reduced part to every other rank; theirs into place where it arrived
-        gather = self._send(gather_id, mine, self.others, piece_bounds(self.rank), deadline) \
-            if mine and self.others else None
+        gather = self._send(gather_id, mine, self.others, piece_bounds(self.rank), deadline,
+                            layout.gather_rate[self.rank]) if mine and self.others else None
         stats = self._wait_sends(scatter, deadline)  # they read the parts about to be overwritten
         senders = set(aggregators)
         if lossy:

@@ -4,7 +4,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from p2plearn.distributed.collectives import Collectives
+from p2plearn.distributed.collectives import Collectives, Links
 from p2plearn.transport import Channel
 
 RANKS, ROUNDS, SIZE = 4, 40, 6000
@@ -16,7 +16,8 @@ def run_rounds(drop_prob: float, bound: float, deadline: float | None):
     channels = [Channel(sender_id=r, drop_prob=drop_prob, seed=r + 1, max_datagram=1472) for r in range(RANKS)]
     try:
         engines = {r: ch.address for r, ch in enumerate(channels)}
-        groups = [Collectives(ch, r, RANKS, engines, [1.0] * RANKS, timeout=60.0) for r, ch in enumerate(channels)]
+        links = Links([1.25e8] * RANKS, [1.25e8] * RANKS)  # 1 Gbit/s each: pacing as without a topology
+        groups = [Collectives(ch, r, RANKS, engines, links, timeout=60.0) for r, ch in enumerate(channels)]
         rng = np.random.default_rng(7)
         results, truths, delivered = [], [], []
         with ThreadPoolExecutor(RANKS) as pool:
