@@ -3,6 +3,7 @@
 The layers, top to bottom (nothing imports upward):
 
 - ``p2plearn.train``      torch integration (the user-facing API), data sets
+- ``p2plearn.distributed`` / ``p2plearn.ddp``  the ``p2plearn`` torch.distributed backend, the loss-tolerant DDP hook
 - ``p2plearn.checkpoint`` per-rank checkpoints; resuming a job from a round every rank saved
 - ``p2plearn.sync``       BSP and SSP synchronizers, mask-aware merging
 - ``p2plearn.selection``  receiver selection (SELMCAST, random-p, all, ring, exponential)
