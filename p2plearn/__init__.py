@@ -3,6 +3,7 @@
 The layers, top to bottom (nothing imports upward):
 
 - ``p2plearn.train``      torch integration (the user-facing API), data sets
+- ``p2plearn.distributed`` / ``p2plearn.ddp``  the ``p2plearn`` torch.distributed backend, the loss-tolerant DDP hook
 - ``p2plearn.checkpoint`` per-rank checkpoints; resuming a job from a round every rank saved
 - ``p2plearn.sync``       BSP and SSP synchronizers, mask-aware merging
 - ``p2plearn.selection``  receiver selection (SELMCAST, random-p, all, ring, exponential)
@@ -15,8 +16,13 @@ The layers, top to bottom (nothing imports upward):
 - ``p2plearn.topology`` / ``p2plearn.testbed`` / ``p2plearn.sim``  networks: described, built, simulated
 """
 
+import sys
+
 from p2plearn.options import Options, add_arguments
 from p2plearn.runtime import Runtime, init
+
+if "torch" in sys.modules:  # a training program: init_process_group("p2plearn") works (the launcher skips torch)
+    import p2plearn.distributed  # noqa: F401  (registers the backend)
 
 __version__ = "0.1.0"
 __all__ = ["init", "Runtime", "Options", "add_arguments", "DecentralizedOptimizer", "data", "checkpoint"]
@@ -28,6 +34,10 @@ def __getattr__(name: str):
 
         return checkpoint
     # torch is imported only by programs that train, not by the launcher or the control plane
+    if name in ("ddp", "distributed"):
+        import importlib
+
+        return importlib.import_module(f"p2plearn.{name}")
     if name in ("DecentralizedOptimizer", "data"):
         import p2plearn.train as train
 

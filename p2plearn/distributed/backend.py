@@ -1,0 +1,278 @@
+"""The ``p2plearn`` torch.distributed backend: a ProcessGroup whose collectives run over the engine.
+
+    import torch.distributed as dist
+    import p2plearn                      # registers the backend
+    dist.init_process_group("p2plearn")  # under torchrun, mpirun, srun or p2plearn-run
+
+Rendezvous is ``p2plearn.init()``'s (rank and size from the launcher's variables, or from
+``init_process_group(rank=, world_size=)``; the coordinator at ``MASTER_PORT + 1``; the job's
+secret keys the data plane's tags). Every collective is queued to one thread of the group, which
+runs them in order (`Collectives`); each returns at once with a work object whose future
+completes when it is done, so DDP's bucket all-reduces overlap its backward pass.
+
+Every collective is lossless. Loss bounds apply only where `allreduce_tolerant` is called: the
+DDP comm hook (`p2plearn.ddp.loss_tolerant_hook`) does so for gradient buckets.
+
+Supported: allreduce (SUM, AVG, PRODUCT, MIN, MAX), broadcast, allgather (and into one tensor),
+gather, scatter, reduce_scatter (and from one tensor), barrier; the object collectives and
+torch.distributed.checkpoint are built on these. Only the default (world) group and CPU tensors;
+other ops raise NotImplementedError naming the op.
+"""
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+
+from p2plearn.distributed.collectives import SEQS, Collectives, Links
+from p2plearn.keys import data_key
+from p2plearn.runtime import Runtime, detect_rank, init
+from p2plearn.tolerance import RoundRecord
+from p2plearn.transport import Channel
+
+BACKEND = "p2plearn"
+DEFAULT_RATE = 1.25e8  # bytes/s of a link the view has no figure for (the bandwidth estimator's default)
+_OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.PRODUCT: "product",
+        dist.ReduceOp.MIN: "min", dist.ReduceOp.MAX: "max"}
+
+
+class ProcessGroupP2P(dist.ProcessGroup):
+    """The world's process group over one engine (see the module's docstring).
+
+    Built by ``init_process_group("p2plearn")``; use it through torch.distributed. Tuning: the
+    group's ``timeout`` (``init_process_group(timeout=...)``) is how long a lossless collective
+    waits for a rank before it fails, naming the rank.
+    """
+
+    def __init__(self, runtime: Runtime, channel: Channel, engines: dict[int, tuple[str, int]], links: Links,
+                 timeout: timedelta) -> None:
+        super().__init__(runtime.rank, runtime.world_size)
+        self.runtime = runtime
+        self.channel = channel
+        self.collectives = Collectives(channel, runtime.rank, runtime.world_size, engines, links,
+                                       timeout.total_seconds())
+        self._seq = 0
+        self._lock = threading.Lock()  # collectives come from the main thread and from autograd's
+        self._queue: queue.Queue = queue.Queue()
+        self._worker = threading.Thread(target=self._run, name="p2plearn-collectives", daemon=True)
+        self._worker.start()
+
+    # -- the queue -----------------------------------------------------------------------------
+    def _submit(self, run: Callable[[int], Any], result: Any) -> dist.Work:
+        """Queue ``run(seq)``; the work's future gets ``result`` (or run's return value when
+        ``result`` is None) once it finished."""
+        future: torch.futures.Future = torch.futures.Future()
+        with self._lock:
+            seq, self._seq = self._seq, (self._seq + 1) % SEQS
+            self._queue.put((seq, run, result, future))
+        return _create_work_from_future(future)
+
+    def _run(self) -> None:
+        while (item := self._queue.get()) is not None:
+            seq, run, result, future = item
+            try:
+                value = run(seq)
+                future.set_result(value if result is None else result)
+            except BaseException as exc:  # the caller's wait() raises it
+                future.set_exception(exc)
+
+    def shutdown(self) -> None:
+        """Finish the queued collectives, stop the engine, leave the job (``destroy_process_group``)."""
+        self._queue.put(None)
+        self._worker.join()
+        self.channel.close()
+        self.runtime.close()
+
+    def getBackendName(self) -> str:
+        return BACKEND
+
+    # -- collectives ---------------------------------------------------------------------------
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "allreduce")
+        tensor = _one(tensors, "allreduce")
+        return self._submit(lambda seq: _in_place(tensor, lambda a: self.collectives.allreduce(seq, [a], op)), tensors)
+
+    def allreduce_tolerant(self, tensor: torch.Tensor, layers: Sequence[int], bounds: Sequence[float],
+                           deadline: float | None) -> torch.futures.Future:
+        """Average ``tensor`` (a flat contiguous float bucket) over the ranks, each layer
+        (``layers``: its element counts, in order) within its loss bound and each phase within
+        ``deadline`` s (None: none). The future's value is the RoundRecord the round measured."""
+        def run(seq: int) -> RoundRecord:
+            flat = _array(tensor)
+            views = np.split(flat, np.cumsum(layers)[:-1]) if len(layers) > 1 else [flat]
+            return self.collectives.allreduce(seq, views, "avg", bounds, deadline)
+
+        return self._submit(run, None).get_future()
+
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
+        tensor = _one(tensors, "broadcast")
+        root = opts.rootRank
+        return self._submit(lambda seq: _in_place(tensor, lambda a: self.collectives.broadcast(seq, a, root)), tensors)
+
+    def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+                  ) -> dist.Work:
+        tensor, outputs = _one(inputs, "allgather"), _one(output_lists, "allgather")
+
+        def run(seq: int) -> None:
+            flat = [o.detach().contiguous() for o in outputs]
+            self.collectives.allgather(seq, _array(tensor.contiguous()), [_array(o) for o in flat])
+            _copy_back(outputs, flat)
+
+        return self._submit(run, output_lists)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
+        return self._submit(lambda seq: self.collectives.allgather(
+            seq, _array(input.contiguous()), list(_array(output).reshape(self.size(), -1))), output)
+
+    def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> dist.Work:
+        tensor, root = _one(inputs, "gather"), opts.rootRank
+        outputs = _one(output_lists, "gather") if self.rank() == root else None
+
+        def run(seq: int) -> None:
+            flat = [o.detach().contiguous() for o in outputs] if outputs is not None else None
+            self.collectives.gather(seq, _array(tensor.contiguous()), [_array(o) for o in flat] if flat else None, root)
+            if outputs is not None:
+                _copy_back(outputs, flat)
+
+        return self._submit(run, output_lists)
+
+    def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any) -> dist.Work:
+        tensor, root = _one(outputs, "scatter"), opts.rootRank
+        inputs = _one(input_lists, "scatter") if self.rank() == root else None
+        return self._submit(lambda seq: _in_place(tensor, lambda a: self.collectives.scatter(
+            seq, [_array(i.contiguous()) for i in inputs] if inputs is not None else None, a, root)), outputs)
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any
+                       ) -> dist.Work:
+        tensor, inputs = _one(outputs, "reduce_scatter"), _one(input_lists, "reduce_scatter")
+        op = _op(opts.reduceOp, "reduce_scatter")
+        return self._submit(lambda seq: _in_place(tensor, lambda a: self.collectives.reduce_scatter(
+            seq, [_array(i.contiguous()) for i in inputs], a, op)), outputs)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> dist.Work:
+        op = _op(opts.reduceOp, "reduce_scatter_tensor")
+        return self._submit(lambda seq: _in_place(output, lambda a: self.collectives.reduce_scatter(
+            seq, list(_array(input.contiguous()).reshape(self.size(), -1)), a.reshape(-1), op)), output)
+
+    def barrier(self, opts: Any = None) -> dist.Work:
+        return self._submit(lambda seq: self.collectives.barrier(seq), [])
+
+    _allgather_base = all_gather_single  # the names older callers use
+    _reduce_scatter_base = reduce_scatter_single
+
+
+def _unsupported(name: str) -> Callable[..., dist.Work]:
+    def unsupported(self: ProcessGroupP2P, *args: Any, **kwargs: Any) -> dist.Work:
+        raise NotImplementedError(f"the p2plearn backend does not implement {name}")
+    return unsupported
+
+
+# what this group does not implement says so by name, instead of c10d's generic error
+for _name in ("reduce", "alltoall", "alltoall_base", "all_to_all_single", "send", "recv", "recv_anysource",
+              "allreduce_coalesced", "allgather_coalesced", "all_gather_single_coalesced",
+              "allgather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced", "reduce_scatter_single_coalesced"):
+    setattr(ProcessGroupP2P, _name, _unsupported(_name))
+
+
+def _op(op: Any, name: str) -> str:
+    for known, label in _OPS.items():
+        if op == known:
+            return label
+    raise NotImplementedError(f"the p2plearn backend's {name} does not implement reduce op {op}")
+
+
+def _one(items: list, name: str) -> Any:
+    if len(items) != 1:
+        raise NotImplementedError(f"the p2plearn backend's {name} takes one tensor per rank (one device), got {len(items)}")
+    return items[0]
+
+
+def _array(tensor: torch.Tensor) -> np.ndarray:
+    """A numpy view of a contiguous CPU tensor (flat)."""
+    if tensor.device.type != "cpu":
+        raise NotImplementedError(f"the p2plearn backend moves CPU tensors only, got one on {tensor.device}")
+    if tensor.dtype == torch.bfloat16:
+        return tensor.detach().view(torch.int16).numpy().reshape(-1)  # bits: moved and compared, not reduced
+    return tensor.detach().numpy().reshape(-1)
+
+
+def _in_place(tensor: torch.Tensor, run: Callable[[np.ndarray], Any]) -> Any:
+    """``run`` on the tensor's elements as a flat array, written back when the tensor is not contiguous."""
+    flat = tensor.detach() if tensor.is_contiguous() else tensor.detach().contiguous()
+    out = run(_array(flat))
+    if flat.data_ptr() != tensor.data_ptr():
+        tensor.detach().copy_(flat)
+    return out
+
+
+def _copy_back(outputs: list[torch.Tensor], flat: list[torch.Tensor] | None) -> None:
+    for o, f in zip(outputs, flat or []):
+        if f.data_ptr() != o.data_ptr():
+            o.detach().copy_(f)
+
+
+def create(options: Any, backend_options: Any) -> ProcessGroupP2P:
+    """``init_process_group("p2plearn")``'s creator (torch's extended API): joins the job through
+    ``p2plearn.init()``, opens this rank's engine and publishes its address."""
+    from p2plearn.train.optimizer import _engine_host  # where the training API's engines listen too
+
+    rank, size = options.group_rank, options.group_size
+    ranks = list(options.global_ranks_in_group or range(size))
+    if dist.is_initialized() or ranks != list(range(size)):
+        raise NotImplementedError("the p2plearn backend serves the default (world) group only, not new_group/"
+                                  "new_subgroups: give subgroups another backend (new_group(backend='gloo'))")
+    timeout = options.timeout if options.timeout is not None else timedelta(minutes=30)
+    env = dict(os.environ)
+    if detect_rank(env)[:2] != (rank, size):  # given to init_process_group rather than by a launcher
+        env.update(RANK=str(rank), WORLD_SIZE=str(size))
+    runtime = init(environ=env, timeout=min(timeout.total_seconds(), 300.0))
+    try:
+        secret, job = runtime.secret, runtime.job_id
+        channel = Channel(host=_engine_host(runtime), sender_id=runtime.rank, job_id=job,
+                          key=data_key(secret.value, job) if secret else None)
+        runtime.register(channel.address)
+        engines = _engines(options.store, runtime.rank, size, channel.address)
+        return ProcessGroupP2P(runtime, channel, engines, _links(options.store, runtime, size), timeout)
+    except BaseException:
+        runtime.close(leave=False)
+        raise
+
+
+def _engines(store: Any, rank: int, size: int, address: tuple[str, int]) -> dict[int, tuple[str, int]]:
+    """Every rank's engine address, through torch's store (each get waits until that rank set it)."""
+    store.set(f"p2plearn/engine/{rank}", f"{address[0]}:{address[1]}")
+    engines = {}
+    for r in range(size):
+        host, port = store.get(f"p2plearn/engine/{r}").decode().rsplit(":", 1)
+        engines[r] = (host, int(port))
+    return engines
+
+
+def _links(store: Any, runtime: Runtime, size: int) -> Links:
+    """Every rank's uplink and downlink as rank 0's view says when the group starts (the
+    topology's rates when the job has one, ``P2PLEARN_TOPOLOGY``; else the estimator's default,
+    1 Gbit/s), published in torch's store so that every rank cuts all-reduce parts alike."""
+    if runtime.rank == 0:
+        view = runtime.client.view
+        links = np.full((2, size), DEFAULT_RATE)
+        if view is not None and view.size == size:
+            links = np.where(np.stack([view.uplink, view.downlink]) > 0, np.stack([view.uplink, view.downlink]),
+                             DEFAULT_RATE)
+        store.set("p2plearn/links", json.dumps(links.tolist()))
+    uplink, downlink = json.loads(store.get("p2plearn/links"))
+    return Links(uplink, downlink)
+
+
+def register() -> None:
+    """Make ``init_process_group("p2plearn")`` build a ProcessGroupP2P (idempotent)."""
+    if BACKEND.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND, create, extended_api=True, devices=["cpu"])

@@ -1,0 +1,188 @@
+"""One rank of a test job (started by ``job.run_job``): ``peer.py SCENARIO RESULT_JSON``. The default
+group is the p2plearn backend; a gloo group over the same ranks computes every reference result."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import p2plearn  # noqa: F401  (registers the backend: torch was imported first)
+import p2plearn.ddp
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal to float rounding (the all-reduce averages, then scales; gloo sums)."""
+    return a.shape == b.shape and torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def collectives(rank: int, n: int, gloo: dist.ProcessGroup) -> dict:
+    out = {}
+    g = torch.Generator().manual_seed(rank)
+    for name, op in (("sum", dist.ReduceOp.SUM), ("avg", dist.ReduceOp.AVG), ("max", dist.ReduceOp.MAX)):
+        x = torch.randn(3000, generator=g)
+        if op == dist.ReduceOp.AVG:  # gloo has no AVG: its reference is the sum over n
+            ref = x.clone()
+            dist.all_reduce(ref, group=gloo)
+            ref /= n
+        else:
+            ref = x.clone()
+            dist.all_reduce(ref, op=op, group=gloo)
+        dist.all_reduce(x, op=op)
+        out[f"allreduce_{name}"] = same(x, ref)
+    ints = torch.arange(10, dtype=torch.int64) * (rank + 1)
+    ref = ints.clone()
+    dist.all_reduce(ref, group=gloo)
+    dist.all_reduce(ints)
+    out["allreduce_int"] = torch.equal(ints, ref)
+    strided = torch.randn(40, 30, generator=g).t()  # not contiguous
+    ref = strided.clone()
+    dist.all_reduce(ref, group=gloo)
+    dist.all_reduce(strided)
+    out["allreduce_strided"] = same(strided, ref)
+    x = torch.randn(77, generator=g)
+    ref = x.clone()
+    dist.broadcast(x, src=n - 1)
+    dist.broadcast(ref, src=n - 1, group=gloo)
+    out["broadcast"] = torch.equal(x, ref)
+    mine = torch.randn(5, generator=g)
+    got, ref = [torch.zeros(5) for _ in range(n)], [torch.zeros(5) for _ in range(n)]
+    dist.all_gather(got, mine)
+    dist.all_gather(ref, mine, group=gloo)
+    out["all_gather"] = all(torch.equal(a, b) for a, b in zip(got, ref))
+    flat, flat_ref = torch.zeros(5 * n), torch.zeros(5 * n)
+    dist.all_gather_into_tensor(flat, mine)
+    dist.all_gather_into_tensor(flat_ref, mine, group=gloo)
+    out["all_gather_into_tensor"] = torch.equal(flat, flat_ref)
+    inputs = [torch.randn(4, generator=g) for _ in range(n)]
+    got, ref = torch.zeros(4), torch.zeros(4)
+    dist.reduce_scatter(got, inputs)
+    dist.reduce_scatter(ref, inputs, group=gloo)
+    out["reduce_scatter"] = same(got, ref)
+    got, ref = torch.zeros(4), torch.zeros(4)
+    dist.reduce_scatter_tensor(got, torch.cat(inputs))
+    dist.reduce_scatter_tensor(ref, torch.cat(inputs), group=gloo)
+    out["reduce_scatter_tensor"] = same(got, ref)
+    gathered = [torch.zeros(5) for _ in range(n)] if rank == 0 else None
+    dist.gather(mine, gathered, dst=0)
+    everyone = [torch.zeros(5) for _ in range(n)]
+    dist.all_gather(everyone, mine, group=gloo)
+    out["gather"] = rank != 0 or all(torch.equal(a, b) for a, b in zip(gathered, everyone))
+    piece = torch.zeros(3)
+    dist.scatter(piece, [torch.full((3,), float(r)) for r in range(n)] if rank == 0 else None, src=0)
+    out["scatter"] = torch.equal(piece, torch.full((3,), float(rank)))
+    objects = [None] * n
+    dist.all_gather_object(objects, {"rank": rank, "text": "x" * rank})
+    out["all_gather_object"] = objects == [{"rank": r, "text": "x" * r} for r in range(n)]
+    box = [{"from": "root"}] if rank == 0 else [None]
+    dist.broadcast_object_list(box, src=0)
+    out["broadcast_object_list"] = box == [{"from": "root"}]
+    dist.barrier()
+    out["barrier"] = True
+    work = dist.all_reduce(torch.ones(8), async_op=True)
+    work.wait()
+    out["async_future"] = torch.equal(work.get_future().wait()[0], torch.full((8,), float(n)))
+    try:
+        dist.all_to_all_single(torch.zeros(n), torch.zeros(n))
+        out["unsupported"] = "no error"
+    except NotImplementedError as exc:
+        out["unsupported"] = str(exc)
+    return out
+
+
+def model(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                               torch.nn.Linear(64, 4))
+
+
+def train(ddp: torch.nn.Module, rank: int, steps: int = 6, optimizer: torch.optim.Optimizer | None = None) -> None:
+    opt = optimizer or torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(100 + rank)  # each rank its own data
+    for _ in range(steps):
+        x, y = torch.randn(16, 20, generator=g), torch.randint(0, 4, (16,), generator=g)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+
+
+def ddp(rank: int, n: int, gloo: dist.ProcessGroup, hook: bool) -> dict:
+    """DDP over p2plearn (with the hook in exact mode, or without) and over gloo, from the same
+    rank-dependent start (DDP's construction broadcasts rank 0's): the same parameters after training."""
+    ours = DDP(model(seed=rank), bucket_cap_mb=0.01)  # several buckets, overlapped with backward
+    if hook:
+        state = p2plearn.ddp.LossTolerantState("fixed", model=ours.module)
+        ours.register_comm_hook(state, p2plearn.ddp.loss_tolerant_hook)
+    theirs = DDP(model(seed=rank), bucket_cap_mb=0.01, process_group=gloo)
+    start_equal = all(torch.equal(a, b) for a, b in zip(ours.parameters(), theirs.parameters()))
+    train(ours, rank)
+    train(theirs, rank)
+    out = {"start_equal": start_equal,
+           "trained_equal": all(same(a, b) for a, b in zip(ours.parameters(), theirs.parameters())),
+           "moved": any(not torch.equal(a, b) for a, b in zip(ours.parameters(), model(seed=0).parameters()))}
+    if hook:
+        out["buckets"] = len(state.buckets)
+        out["delivered"] = min(r.delivered for r in state.records())
+    return out
+
+
+def post_local_sgd(rank: int, n: int, gloo: dist.ProcessGroup) -> dict:
+    """PostLocalSGDOptimizer (a PeriodicModelAverager every 2 steps after 2 warm-up steps), local
+    models without DDP, over p2plearn and over gloo: the same parameters."""
+    from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
+    from torch.distributed.optim import PostLocalSGDOptimizer
+
+    results = []
+    for group in (None, gloo):
+        net = model(seed=rank)
+        averager = PeriodicModelAverager(period=2, warmup_steps=2, process_group=group)
+        opt = PostLocalSGDOptimizer(torch.optim.SGD(net.parameters(), lr=0.05), averager)
+        train(net, rank, steps=8, optimizer=opt)  # averaged after steps 3, 5, 7 (counting from 1): the 8th is local
+        results.append(list(net.parameters()))
+    everyone = [None] * n
+    dist.all_gather_object(everyone, [p.detach() for p in results[0]])
+    return {"equal_to_gloo": all(same(a, b) for a, b in zip(*results)),
+            "ranks_differ": any(not torch.equal(a, b) for a, b in zip(everyone[0], everyone[-1]))}
+
+
+def checkpoint(rank: int, directory: str) -> dict:
+    """torch.distributed.checkpoint saves a DDP model's state dict through the backend and loads it
+    back into a model that was changed since."""
+    import torch.distributed.checkpoint as dcp
+
+    net = DDP(model(seed=0))
+    saved = {k: v.clone() for k, v in net.state_dict().items()}
+    dcp.save({"model": net.state_dict()}, checkpoint_id=directory)
+    with torch.no_grad():
+        for p in net.parameters():
+            p.add_(1.0)
+    state = {"model": net.state_dict()}
+    dcp.load(state, checkpoint_id=directory)
+    net.load_state_dict(state["model"])
+    return {"restored": all(torch.equal(v, net.state_dict()[k]) for k, v in saved.items())}
+
+
+def main() -> None:
+    scenario, result = sys.argv[1], sys.argv[2]
+    dist.init_process_group("p2plearn")
+    rank, n = dist.get_rank(), dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+    out = {"backend": dist.get_backend()}
+    if scenario == "collectives":
+        out.update(collectives(rank, n, gloo))
+    elif scenario in ("ddp", "ddp_hook"):
+        out.update(ddp(rank, n, gloo, hook=scenario == "ddp_hook"))
+    elif scenario == "post_local_sgd":
+        out.update(post_local_sgd(rank, n, gloo))
+    elif scenario == "checkpoint":
+        out.update(checkpoint(rank, str(Path(result).parent / "checkpoint")))
+    dist.destroy_process_group()
+    with open(result, "w") as f:
+        json.dump(out, f)
+
+
+if __name__ == "__main__":
+    main()
