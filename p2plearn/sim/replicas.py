@@ -13,7 +13,7 @@ works on a row in place and a message is a row's copy. SGD with momentum is torc
 batched=True steps every replica in one call (`torch.func.functional_call` under `vmap` over the
 stacked parameters); False steps them one after another through one module. Batched is faster for
 small models (many small matrix products fused into a few large ones); for large ones the two
-come close (`experiments/sim_scale.py --bench` measures both).
+come close (`experiments/sim_budget.py` measures both).
 """
 from __future__ import annotations
 

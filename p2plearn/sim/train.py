@@ -171,38 +171,45 @@ class VirtualTraining:
             self.replicas.step(x, y)
             step += 1
             clock += self.step_s
+            if step % o.period == 0:  # the round is part of the step (DecentralizedOptimizer.step), as in training
+                clock, pending = self._round(rnd, clock, staleness, pending, messages, done_at, anchors, rounds)
+                rnd += 1
             if (s.eval_every and step % s.eval_every == 0) or (not s.eval_every and step % per_epoch == 0):
                 history.append(self._evaluate(float(clock[0])))
                 clock += self.costs["eval_s"]
-            if step % o.period:
-                continue
-            messages[rnd] = self.replicas.numpy().copy()
-            flows, sends_done = self._transfer(rnd, clock)
-            done_at[rnd] = sends_done
-            pending = {k: np.concatenate([pending[k], flows[k]]) for k in pending}
-            if staleness == 0:
-                arrivals = np.zeros(self.n)
-                mine = pending["round"] == rnd
-                np.maximum.at(arrivals, pending["dst"][mine].astype(int), pending["arrival"][mine])
-                merge_at = np.maximum(sends_done, arrivals)
-            else:
-                merge_at = np.maximum(sends_done, done_at[rnd - staleness].max()) if rnd >= staleness else sends_done
-            taken = (pending["round"] >= rnd - staleness) & (pending["arrival"] <= merge_at[pending["dst"].astype(int)])
-            self._merge(pending, taken, messages, anchors)
-            # merged or past the bound: SSP's next round takes rounds rnd + 1 - s.. only
-            gone = taken | (pending["round"] < rnd + 1 - staleness)
-            counts = np.bincount(pending["dst"][taken].astype(int), minlength=self.n)
-            pending = {k: v[~gone] for k, v in pending.items()}
-            clock = merge_at + self.costs["merge_s"] * counts
-            if anchors is not None:
-                anchors[...] = self.replicas.numpy()
-            rounds.append({"round": rnd, "end_s": float(clock.max()), "average_p": len(flows["src"]) / self.n,
-                           "delivered": float(flows["delivered"].mean()) if len(flows["delivered"]) else 1.0,
-                           "merged": float(counts.mean())})
-            messages.pop(rnd - staleness, None)
-            done_at.pop(rnd - staleness, None)
-            rnd += 1
         return self._result(history, rounds, clock, time.monotonic() - wall0)
+
+    def _round(self, rnd: int, clock: np.ndarray, staleness: int, pending: dict[str, np.ndarray],
+               messages: dict[int, np.ndarray], done_at: dict[int, np.ndarray], anchors: np.ndarray | None,
+               rounds: list[dict]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Round `rnd`, every peer sending once its compute is done (at `clock`): its transfers, each
+        peer's merge of what it takes, and the clocks after them; the deliveries still pending."""
+        messages[rnd] = self.replicas.numpy().copy()
+        flows, sends_done = self._transfer(rnd, clock)
+        done_at[rnd] = sends_done
+        pending = {k: np.concatenate([pending[k], flows[k]]) for k in pending}
+        if staleness == 0:
+            arrivals = np.zeros(self.n)
+            mine = pending["round"] == rnd
+            np.maximum.at(arrivals, pending["dst"][mine].astype(int), pending["arrival"][mine])
+            merge_at = np.maximum(sends_done, arrivals)
+        else:
+            merge_at = np.maximum(sends_done, done_at[rnd - staleness].max()) if rnd >= staleness else sends_done
+        taken = (pending["round"] >= rnd - staleness) & (pending["arrival"] <= merge_at[pending["dst"].astype(int)])
+        self._merge(pending, taken, messages, anchors)
+        # merged, or past the bound: SSP's next round takes rounds rnd + 1 - s.. only
+        gone = taken | (pending["round"] < rnd + 1 - staleness)
+        counts = np.bincount(pending["dst"][taken].astype(int), minlength=self.n)
+        pending = {k: v[~gone] for k, v in pending.items()}
+        clock = merge_at + self.costs["merge_s"] * counts
+        if anchors is not None:
+            anchors[...] = self.replicas.numpy()
+        rounds.append({"round": rnd, "end_s": float(clock.max()), "average_p": len(flows["src"]) / self.n,
+                       "delivered": float(flows["delivered"].mean()) if len(flows["delivered"]) else 1.0,
+                       "merged": float(counts.mean())})
+        messages.pop(rnd - staleness, None)
+        done_at.pop(rnd - staleness, None)
+        return clock, pending
 
     def _batches(self):
         """(x [n, batch, ...], y [n, batch]) per local step, every peer's from its own shard; and the
