@@ -312,7 +312,7 @@ class VirtualTraining:
         return {"peers": self.n, "parameters": self.replicas.parameters, "replica_bytes": self.replica_bytes,
                 "message_bytes": self.message_bytes,
                 "message_bytes_source": "--message-bytes" if s.message_bytes else "the replica's",
-                "costs": self.costs, "virtual_s": float(clock.max()), "wall_s": wall_s,
+                "costs": self.costs, "virtual_s": float(clock.max()), "mean_virtual_s": float(clock.mean()), "wall_s": wall_s,
                 "rounds": len(rounds), "average_p": float(np.mean([r["average_p"] for r in rounds])) if rounds else 0.0,
                 "delivered": float(np.mean([r["delivered"] for r in rounds])) if rounds else 1.0,
                 "own_accuracy": self.replicas.accuracy(self.replicas.flat[0], *test),

@@ -15,7 +15,7 @@ from p2plearn.sim.train import network_at
 from p2plearn.topology import microburst
 
 SMALL = ["--model", "mlp", "--hidden", "32", "--samples", "4000", "--steps", "48", "--period", "8",
-         "--batch-size", "32", "--eval-every", "16", "--step-ms", "2"]
+         "--batch-size", "32", "--eval-every", "16", "--step-ms", "2"]  # a later --step-ms wins
 
 
 def run_cli(tmp_path, *extra: str, name: str = "out.json") -> dict:
@@ -103,3 +103,32 @@ def test_help_is_the_manual():
                          check=True).stdout
     for flag in ("--sync", "--period", "--selection", "--message-bytes", "--compute-spread", "--dirichlet"):
         assert flag in out
+
+
+def test_ssp_hides_stragglers_that_bsp_waits_for(tmp_path):
+    """The same steps with stragglers (--compute-spread): the slowest peer ends when its own steps
+    do under both, but SSP's other peers wait only for the bound, so on average they end sooner."""
+    bsp = run_cli(tmp_path, "--compute-spread", "0.8", "--step-ms", "20", name="bsp.json")
+    ssp = run_cli(tmp_path, "--compute-spread", "0.8", "--step-ms", "20", "--sync", "ssp", "--staleness", "2",
+                  name="ssp.json")
+    assert ssp["mean_virtual_s"] < bsp["mean_virtual_s"] <= bsp["virtual_s"]
+    assert ssp["virtual_s"] <= bsp["virtual_s"] * (1 + 1e-9)  # the same sums, added in another order
+    assert ssp["rounds"] == bsp["rounds"] == 6
+
+
+def test_loss_bound_closes_early_and_merges_partial_messages(tmp_path):
+    """lossy-4 (1% loss): without a bound every message arrives whole (repairs cost time); with a
+    5% bound the rounds close after the first pass and the merge takes the chunks that arrived."""
+    flags = ["--topology", "topology/lossy-4.json", *SMALL, "--message-bytes", "2e6"]
+    assert main(["train", *flags, "--json", str(tmp_path / "exact.json")]) == 0
+    assert main(["train", *flags, "--loss-bound", "0.05", "--json", str(tmp_path / "bound.json")]) == 0
+    exact, bound = (json.loads((tmp_path / f"{k}.json").read_text()) for k in ("exact", "bound"))
+    assert exact["delivered"] == 1.0 and bound["delivered"] < 1.0
+    assert bound["virtual_s"] < exact["virtual_s"]
+
+
+def test_outer_optimizer_changes_the_models(tmp_path):
+    plain = run_cli(tmp_path, name="plain.json")
+    outer = run_cli(tmp_path, "--outer-lr", "0.7", "--outer-momentum", "0.9", name="outer.json")
+    assert outer["history"] != plain["history"]
+    assert outer["virtual_s"] == plain["virtual_s"]  # the outer step changes values, not the schedule
