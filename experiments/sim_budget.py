@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
             topology = Path(tmp) / f"heterogeneous-{n}.json"
             save(heterogeneous(n, tiers=(25.0, 50.0, 100.0), up_ratios=(1.0, 0.5)), topology)
             out = Path(tmp) / "run.json"
-            samples = max(12000, n * 32 * 8 * 5 // 4)  # 8 batches per peer per epoch
+            samples = max(12000, n * 32 * 2 * 5 // 4)  # 2 batches per peer per epoch
             t0 = time.monotonic()
             assert sim_main(["train", "--topology", str(topology), "--sync", "bsp", "--period", "16", "--model", "mlp",
                              "--hidden", str(HIDDEN), "--steps", str(args.steps), "--samples", str(samples),

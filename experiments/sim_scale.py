@@ -70,6 +70,7 @@ def extra_flags(ap) -> None:
     ap.add_argument("--peers", default="16,64,256", help="comma-separated sizes (default: %(default)s)")
     ap.add_argument("--bursts", choices=("both", "yes", "no"), default="both", help="default: %(default)s")
     ap.add_argument("--data", choices=("both", "iid", "dirichlet"), default="both", help="default: %(default)s")
+    ap.add_argument("--sync", choices=("both", "bsp", "ssp"), default="both", help="default: %(default)s")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     settings = [(False, "iid")] if args.quick else [(b, d) for b in (False, True) for d in ("iid", "dirichlet 0.1")
                                                     if args.bursts in ("both", "yes" if b else "no")
                                                     and args.data in ("both", d.split()[0])]
-    syncs = SYNCS[:1] if args.quick else SYNCS
+    syncs = SYNCS[:1] if args.quick else [(s, st) for s, st in SYNCS if args.sync in ("both", s)]
     rows: list[c.Row] = []
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="p2psim-") as tmp:

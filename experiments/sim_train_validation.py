@@ -14,6 +14,9 @@ Two clocks per case: "calibrated" (this machine's single-process step time, as m
 "real compute" (`--step-ms` = the real rank 0's measured computation / its steps: the CPU share
 the real peers had, 4-16 processes on 2 cores); the network part is the simulator's in both. The
 error is virtual / real - 1 of the medians over seeds. Quick: homogeneous-4 and heterogeneous-4, seed 0.
+`--topologies a,b` runs those cases only, into sim_train_validation-a+b.*; `--combine` writes
+sim_train_validation.* from every such partial result in the results directory (cases in parallel
+processes get more of a shared machine).
 """
 from __future__ import annotations
 
@@ -70,10 +73,21 @@ def virtual(case: dict, seed: int, step_ms: float | None) -> dict:
         return json.loads(out.read_text())
 
 
+def extra_flags(ap) -> None:
+    ap.add_argument("--topologies", default=None, help="comma-separated cases (default: all)")
+    ap.add_argument("--combine", action="store_true", help="merge the partial results in --out")
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = c.parse_args(__doc__, argv)
+    args = c.parse_args(__doc__, argv, extra=extra_flags)
     os.chdir(c.ROOT)
+    if args.combine:
+        return combine(args.out)
     cases = CASES[:2] if args.quick else CASES
+    name = NAME
+    if args.topologies:
+        cases = [case for case in cases if case["topology"] in args.topologies.split(",")]
+        name = f"{NAME}-{'+'.join(case['topology'] for case in cases)}"
     seeds = 1 if args.quick else args.seeds
     rows: list[c.Row] = []
     for case in cases:
@@ -93,7 +107,25 @@ def main(argv: list[str] | None = None) -> None:
                     row[f"real_{target}"] = float(real[column]) if real[column] not in ("", "nan") else math.nan
                     row[f"virtual_{target}"] = c.time_to_accuracy(row["virtual_history"], target)
                 rows.append(row)
-    write(args.out, rows, cases)
+    write(args.out, rows, cases, name)
+
+
+def combine(out: Path) -> None:
+    """sim_train_validation.* from the partial results (`--topologies`) in `out`."""
+    rows = []
+    for path in sorted(out.glob(f"{NAME}-*.csv")):
+        with open(path) as f:
+            rows += [{k: json.loads(v) if k.endswith("history") else _number(v) for k, v in r.items()}
+                     for r in csv.DictReader(f)]
+    done = {r["topology"] for r in rows}
+    write(out, rows, [case for case in CASES if case["topology"] in done], NAME)
+
+
+def _number(text: str):
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def history_steps(case: dict, real: dict) -> int:
@@ -102,7 +134,7 @@ def history_steps(case: dict, real: dict) -> int:
     return int(real["rounds"]) * period
 
 
-def write(out: Path, rows: list[c.Row], cases: list[dict]) -> None:
+def write(out: Path, rows: list[c.Row], cases: list[dict], name: str) -> None:
     lines = ["| topology | clock | target | real s | virtual s | error | step ms | final accuracy real / virtual |",
              "|---|---|---|---|---|---|---|---|"]
     for case in cases:
@@ -133,7 +165,7 @@ def write(out: Path, rows: list[c.Row], cases: list[dict]) -> None:
         ax.set_title(f"{cases[0]['topology']}, seed {first[0]['seed']}")
         ax.legend()
 
-    c.write_results(out, NAME, rows, "Virtual time vs real runs: time to accuracy", setup, "\n".join(lines), draw)
+    c.write_results(out, name, rows, "Virtual time vs real runs: time to accuracy", setup, "\n".join(lines), draw)
 
 
 if __name__ == "__main__":
