@@ -12,7 +12,8 @@ same seeds), each replayed here in virtual time:
   CNN width 64, Dirichlet 0.1, 10 epochs, evaluation every 8 steps; target 50%).
 Two clocks per case: "calibrated" (this machine's single-process step time, as measured now) and
 "real compute" (`--step-ms` = the real rank 0's measured computation / its steps: the CPU share
-the real peers had, 4-16 processes on 2 cores); the network part is the simulator's in both. The
+the real peers had, 4-16 processes on 2 cores; `--eval-ms 0`, since that measurement, all the
+time outside rounds, already holds the evaluations); the network part is the simulator's in both. The
 error is virtual / real - 1 of the medians over seeds. Quick: homogeneous-4 and heterogeneous-4, seed 0.
 `--topologies a,b` runs those cases only, into sim_train_validation-a+b.*; `--combine` writes
 sim_train_validation.* from every such partial result in the results directory (cases in parallel
@@ -67,7 +68,7 @@ def virtual(case: dict, seed: int, step_ms: float | None) -> dict:
     with tempfile.TemporaryDirectory(prefix="p2psim-") as tmp:
         out = Path(tmp) / "run.json"
         argv = ["train", "--topology", f"topology/{case['topology']}.json", *case["flags"], "--seed", str(seed),
-                "--json", str(out), *(["--step-ms", f"{step_ms:.6g}"] if step_ms else [])]
+                "--json", str(out), *(["--step-ms", f"{step_ms:.6g}", "--eval-ms", "0"] if step_ms else [])]
         if sim_main(argv) != 0:
             raise SystemExit(f"p2plearn-sim {' '.join(argv)} failed")
         return json.loads(out.read_text())

@@ -61,6 +61,9 @@ def parser() -> argparse.ArgumentParser:
                           "their mean (default: 1)")
     sim.add_argument("--step-ms", type=float, default=None,
                      help="milliseconds per local step instead of the calibration (a reproducible clock)")
+    sim.add_argument("--eval-ms", type=float, default=None,
+                     help="milliseconds per evaluation instead of the calibration (0: free, e.g. when --step-ms "
+                          "already includes them, as a real run's measured computation does)")
     sim.add_argument("--recalibrate", action="store_true", help="measure this machine's step time again")
     sim.add_argument("--sequential", action="store_true",
                      help="step the replicas one after another instead of together (vmap)")
@@ -85,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings(batch_size=args.batch_size, lr=args.lr, steps=args.steps, epochs=args.epochs, seed=args.seed,
                         dirichlet=args.dirichlet, eval_every=args.eval_every, eval_peers=args.eval_peers,
                         message_bytes=args.message_bytes, compute_spread=args.compute_spread,
-                        step_s=args.step_ms / 1000 if args.step_ms else None, batched=not args.sequential,
+                        step_s=args.step_ms / 1000 if args.step_ms else None,
+                        eval_s=args.eval_ms / 1000 if args.eval_ms is not None else None, batched=not args.sequential,
                         recalibrate=args.recalibrate)
     name = f"cnn-{args.width}" if args.model == "cnn" else f"mlp-{args.hidden}"
     try:

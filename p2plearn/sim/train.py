@@ -78,6 +78,7 @@ class Settings:
     message_bytes: float | None = None  # bytes a message occupies on the simulated network (None: the replica's)
     compute_spread: float = 0.0         # per-peer speed factor exp(N(0, spread))
     step_s: float | None = None         # seconds per local step (None: calibrated)
+    eval_s: float | None = None         # seconds per evaluation (None: calibrated)
     batched: bool = True
     recalibrate: bool = False
 
@@ -134,7 +135,8 @@ class VirtualTraining:
         self.message_bytes = float(settings.message_bytes or self.replica_bytes)
         measured = costs(model_factory, model_name, settings.batch_size, data.x_test, data.y_test,
                          recalibrate=settings.recalibrate)
-        self.costs = {**measured, **({"step_s": settings.step_s} if settings.step_s else {})}
+        given = {"step_s": settings.step_s, "eval_s": settings.eval_s}
+        self.costs = {**measured, **{k: v for k, v in given.items() if v is not None}}
         rng = np.random.default_rng(settings.seed)
         self.speed = np.exp(rng.normal(0.0, settings.compute_spread, self.n)) if settings.compute_spread \
             else np.ones(self.n)
