@@ -41,6 +41,9 @@ class SimResult:
     """The rounds of one run and their aggregate."""
 
     rounds: list[RoundResult] = field(default_factory=list)
+    # One entry per flow, arrays in the order flows ended: round, src, dst, start_s, end_s, cap
+    # (pacing rate), rate (wire bytes/s it moved at on average) and delivered (fraction of its message).
+    flows: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def total_s(self) -> float:
@@ -73,7 +76,7 @@ class Simulator:
     sync: "bsp" (a round ends for all when every flow of it is done) or "ssp" (a peer starts its
         next step as soon as its own sends are done and it is at most `staleness` rounds ahead of
         the slowest peer); ssp with staleness 0 is bsp.
-    compute_s: each peer's compute time per step (s). compute_spread: per-peer speed spread, the
+    compute_s: each peer's compute time per step (s; scalar or per peer). compute_spread: per-peer speed spread, the
         step time scaled by exp(N(0, spread)) fixed per peer (0: all equal). jitter: per step, a
         further factor uniform in [1 - jitter, 1 + jitter]. Without spread or jitter SSP gains
         nothing over BSP.
@@ -107,8 +110,8 @@ class Simulator:
         self.latency_s = latency_s
         self.host_rate = np.inf if host_rate is None else float(host_rate)
         rng = np.random.default_rng(seed)
-        self._speed = compute_s * np.exp(rng.normal(0.0, compute_spread, view.n)) if compute_spread else \
-            np.full(view.n, float(compute_s))
+        compute = np.broadcast_to(np.asarray(compute_s, dtype=float), (view.n,))
+        self._speed = compute * np.exp(rng.normal(0.0, compute_spread, view.n)) if compute_spread else compute.copy()
         self._jitter, self._rng = jitter, rng
         self._plans: dict[int, tuple[dict[int, list[int]], tuple]] = {}
 
@@ -148,13 +151,14 @@ class _Run:
         self.waiting = self.live.copy()                          # done with a round, may not start the next
         self.outstanding = np.zeros(n, dtype=np.int64)           # active flows per sender
         self.arrivals: list[tuple[float, int, int]] = []        # (compute end, peer, round)
-        names = ("src", "dst", "cap", "rate", "remaining", "total", "cut", "round", "payload", "survive")
+        names = ("src", "dst", "cap", "rate", "remaining", "total", "cut", "round", "payload", "survive", "start")
         self.f = {k: np.zeros(0, dtype=np.int64 if k in ("src", "dst", "round") else float) for k in names}
         self.dirty = False                                       # flows changed: recompute rates
         self.feasible = True                                     # the caps fit every link
         self.end = np.zeros(rounds)
         self.delivered_sum = np.zeros(rounds)
         self.flows_per_round = np.zeros(rounds)
+        self.ended: list[dict[str, np.ndarray]] = []            # the retired flows, for SimResult.flows
 
     def go(self) -> SimResult:
         self._release(0.0)
@@ -167,7 +171,9 @@ class _Run:
             delivered = self.delivered_sum[r] / self.flows_per_round[r] if self.flows_per_round[r] else 1.0
             results.append(RoundResult(r, float(self.end[r] - prev), average_fanout(plan), float(delivered),
                                        plan_time(self.sim.view, plan), float(self.end[r])))
-        return SimResult(results)
+        keys = ("round", "src", "dst", "start_s", "end_s", "cap", "rate", "delivered")
+        flows = {k: np.concatenate([e[k] for e in self.ended]) if self.ended else np.zeros(0) for k in keys}
+        return SimResult(results, flows)
 
     # --- peers ------------------------------------------------------------------------------
 
@@ -220,6 +226,7 @@ class _Run:
             new["rate"].append(np.zeros(len(d))), new["remaining"].append(total), new["total"].append(total)
             new["cut"].append(np.full(len(d), self.t + sim.deadline if sim.deadline else np.inf))
             new["round"].append(np.full(len(d), r)), new["payload"].append(m), new["survive"].append(1.0 - q)
+            new["start"].append(np.full(len(d), self.t))
             count = np.bincount(s, minlength=view.n)
             self.outstanding += count
             self.flows_per_round[r] += len(d)
@@ -299,6 +306,12 @@ class _Run:
         sent = (f["total"][done] - left) * self.sim.efficiency
         delivered = np.minimum(1.0, sent * f["survive"][done] / f["payload"][done])
         np.add.at(self.delivered_sum, f["round"][done], delivered)
+        start = f["start"][done]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            rate = np.where(ends > start, (f["total"][done] - left) / (ends - start), f["cap"][done])
+        self.ended.append({"round": f["round"][done], "src": f["src"][done], "dst": f["dst"][done], "start_s": start,
+                           "end_s": np.asarray(ends, dtype=float), "cap": f["cap"][done], "rate": rate,
+                           "delivered": delivered})
         np.subtract.at(self.outstanding, f["src"][done], 1)
         keep = np.ones(len(f["src"]), dtype=bool)
         keep[done] = False

@@ -1,0 +1,143 @@
+"""Claim (the seeds' SELMCAST claim, at scale): SELMCAST's rounds are shorter than random-p's at a
+similar or larger average p, so it reaches a target accuracy sooner, at 16 to 256 peers.
+
+    python experiments/sim_scale.py [--quick] [--seeds N] [--peers 16,64,256] [--out DIR]
+
+In virtual time (`p2plearn-sim train`): heterogeneous tiers (downlinks 25/50/100 Mbit/s, uplinks 1
+or 0.5 of them: heterogeneous-16's mix, generated for each size), steady and with a quarter of the
+peers bursting (downlink to 0.1x for 2 s every 10 s); i.i.d. and Dirichlet 0.1 shards; BSP and SSP
+s=2 x SELMCAST p=1, random p = 1, 2, 3, all and the exponential graph (p=1); a round every PERIOD
+steps, STEPS local steps, 3 seeds. The replica is a small MLP (MNIST-1D, hidden HIDDEN) whose
+message occupies MESSAGE_BYTES on the network (`--message-bytes`: a model of ~250k parameters), so
+the network, not the 2-core host, sets the pace. Time to target: the first evaluation (every
+EVAL_EVERY steps) at which the mean test accuracy of ranks 0..EVAL_PEERS-1 reaches the target,
+fixed from seed 0's curves by selmcast_vs_random's rule. Ratio: SELMCAST's median / the best
+random-p's (lowest median) in the same setting. Quick: 16 peers, steady, i.i.d., BSP, one seed.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import common as c
+import selmcast_vs_random as svr
+
+from p2plearn.sim.__main__ import main as sim_main
+from p2plearn.topology import heterogeneous, save
+
+NAME = "sim_scale"
+HIDDEN = 128
+MESSAGE_BYTES = 1e6
+PERIOD = 4
+STEPS = 160
+EVAL_EVERY = 8
+EVAL_PEERS = 8
+SELECTIONS = [("selmcast", 1), ("random", 1), ("random", 2), ("random", 3), ("all", 1), ("exponential", 1)]
+SYNCS = [("bsp", 0), ("ssp", 2)]
+
+
+def topology_file(tmp: Path, n: int, bursts: bool) -> Path:
+    path = tmp / f"heterogeneous-{n}{'-bursts' if bursts else ''}.json"
+    if not path.exists():
+        save(heterogeneous(n, tiers=(25.0, 50.0, 100.0), up_ratios=(1.0, 0.5), bursty=n // 4 if bursts else 0), path)
+    return path
+
+
+def run(tmp: Path, cfg: dict, seed: int) -> dict:
+    out = tmp / "run.json"
+    samples = max(12000, math.ceil(cfg["peers"] * 32 * 4 / 0.8))  # >= 4 batches of 32 per peer per epoch
+    argv = ["train", "--topology", str(topology_file(tmp, cfg["peers"], cfg["bursts"])), "--sync", cfg["sync"],
+            "--staleness", str(cfg["staleness"]), "--selection", cfg["selection"], "--fanout", str(cfg["fanout"]),
+            "--period", str(PERIOD), "--model", "mlp", "--hidden", str(HIDDEN), "--steps", str(STEPS),
+            "--samples", str(samples), "--eval-every", str(EVAL_EVERY), "--eval-peers", str(EVAL_PEERS),
+            "--message-bytes", str(MESSAGE_BYTES), "--seed", str(seed), "--json", str(out),
+            *(["--dirichlet", "0.1"] if cfg["data"] == "dirichlet 0.1" else [])]
+    if sim_main(argv) != 0:
+        return None
+    r = json.loads(out.read_text())
+    return {"virtual_s": r["virtual_s"], "wall_s": r["wall_s"], "average_p": r["average_p"],
+            "round_s": r["virtual_s"] / max(1, r["rounds"]), "delivered": r["delivered"],
+            "final_accuracy": r["averaged_accuracy"], "history": [(t, mean) for t, _, mean in r["history"]],
+            "message_bytes": r["message_bytes"], "parameters": r["parameters"]}
+
+
+def extra_flags(ap) -> None:
+    ap.add_argument("--peers", default="16,64,256", help="comma-separated sizes (default: %(default)s)")
+    ap.add_argument("--bursts", choices=("both", "yes", "no"), default="both", help="default: %(default)s")
+    ap.add_argument("--data", choices=("both", "iid", "dirichlet"), default="both", help="default: %(default)s")
+    ap.add_argument("--sync", choices=("both", "bsp", "ssp"), default="both", help="default: %(default)s")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = c.parse_args(__doc__, argv, extra=extra_flags)
+    os.chdir(c.ROOT)
+    sizes = [16] if args.quick else [int(x) for x in args.peers.split(",")]
+    settings = [(False, "iid")] if args.quick else [(b, d) for b in (False, True) for d in ("iid", "dirichlet 0.1")
+                                                    if args.bursts in ("both", "yes" if b else "no")
+                                                    and args.data in ("both", d.split()[0])]
+    syncs = SYNCS[:1] if args.quick else [(s, st) for s, st in SYNCS if args.sync in ("both", s)]
+    rows: list[c.Row] = []
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="p2psim-") as tmp:
+        for n in sizes:
+            for bursts, data in settings:
+                for sync, staleness in syncs:
+                    for selection, fanout in SELECTIONS:
+                        cfg = {"peers": n, "bursts": bursts, "data": data, "sync": sync, "staleness": staleness,
+                               "selection": selection, "fanout": fanout}
+                        rows += c.repeat(cfg, args.seeds, lambda seed, cfg=cfg: run(Path(tmp), cfg, seed))
+    print(f"{len(rows)} runs in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    keys = ["peers", "bursts", "data", "sync", "selection", "fanout"]
+    tables, verdicts = [], []
+    for group in c.groups(rows, ["peers", "bursts", "data", "sync"]).values():
+        target = svr.target_of(group)
+        for r in group:
+            if r["ok"]:
+                r["target"] = target
+                r["tta_s"] = c.time_to_accuracy(r["history"], target)
+        tta = c.metric("tta_s")
+        medians = {(r["selection"], r["fanout"]): c.summary(tta(x) for x in group if
+                                                            (x["selection"], x["fanout"]) == (r["selection"], r["fanout"]))[0]
+                   for r in group}
+        random_p = {k: v for k, v in medians.items() if k[0] == "random" and math.isfinite(v)}
+        best = min(random_p, key=random_p.get) if random_p else None
+        head = group[0]
+        where = f"{head['peers']} peers, {'bursts' if head['bursts'] else 'steady'}, {head['data']}, {head['sync']}"
+        ratio = medians[("selmcast", 1)] / random_p[best] if best and math.isfinite(medians[("selmcast", 1)]) else math.nan
+        verdicts.append(f"- {where}: target {target:.0%}; SELMCAST / best random-p (p={best[1] if best else '-'}) "
+                        f"time to target = **{ratio:.2f}**")
+        tables.append(f"**{where}** (target {target:.0%})\n\n" + c.table(
+            group, keys, {"time to target s": tta, "final accuracy": c.metric("final_accuracy"),
+                          "average p": c.metric("average_p"), "round s": c.metric("round_s"),
+                          "delivered": c.metric("delivered"), "wall s (simulation)": c.metric("wall_s")}))
+    setup = (f"Virtual time (`p2plearn-sim train`), MNIST-1D MLP hidden {HIDDEN} ({rows[0].get('parameters', '?')} "
+             f"parameters) whose message occupies {MESSAGE_BYTES / 1e6:g} MB on the simulated network "
+             f"(--message-bytes), a round every {PERIOD} steps, {STEPS} local steps, batch 32, SGD lr 0.1 momentum 0.9, "
+             f"{args.seeds} seed(s); heterogeneous tiers 25/50/100 Mbit/s (uplinks 1 or 0.5 of the downlink), "
+             f"bursts: a quarter of the peers' downlinks at 0.1x for 2 s every 10 s. Cells: median [min-max] over "
+             f"seeds. Accuracy: the mean over ranks 0..{EVAL_PEERS - 1}'s own models; final: the average model's. "
+             + c.load_note(rows))
+
+    def draw(ax) -> None:
+        first = [r for r in rows if r["ok"] and r["seed"] == 0 and r is not None]
+        shown = [r for r in first if (r["peers"], r["bursts"], r["data"], r["sync"]) ==
+                 (first[0]["peers"], first[0]["bursts"], first[0]["data"], first[0]["sync"])]
+        for r in shown:
+            t, a = zip(*r["history"])
+            ax.plot(t, a, label=f"{r['selection']} p={r['fanout']}")
+        ax.set_xlabel("virtual seconds")
+        ax.set_ylabel("mean test accuracy")
+        ax.set_title(f"{first[0]['peers']} peers, {first[0]['data']}, {first[0]['sync']}, seed 0")
+        ax.legend()
+
+    c.write_results(args.out, NAME, rows, "SELMCAST vs random-p, all and the exponential graph at scale, in virtual time",
+                    setup, "\n\n".join(tables), draw, notes="\n".join(verdicts))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

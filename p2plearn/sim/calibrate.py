@@ -1,0 +1,112 @@
+"""What a model costs on this machine, measured once and cached: the virtual clocks of
+`p2plearn.sim.train` advance by these times.
+
+    step_s, eval_s, merge_s = costs(model_factory, "mlp-256", batch_size=32, x_test=...)
+
+- step_s: one local step (forward, backward, SGD with momentum) of one process on one core, as a
+  training peer takes it (`torch.set_num_threads(1)`);
+- eval_s: the test accuracy of one model on the given test set (the peers' `--eval-every`);
+- merge_s: the C merge of one received message into the model (`p2plearn.sync.merge`).
+
+Each is the median of several timed blocks after a warm-up, so that one preempted block on a busy
+machine does not set it; a machine busier than when it was calibrated still runs its real steps
+slower (measure on a quiet host, or pass `recalibrate=True` there). The cache is a JSON file under
+~/.cache/p2plearn (or $P2PLEARN_CACHE), keyed by the model's name, batch size, torch version and
+host name.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from p2plearn.sync.merge import Contribution, merge_parameter
+from p2plearn.train.data import _cache_dir
+
+BLOCKS = 5   # timed blocks; the median is kept
+WARMUP = 5   # untimed steps first (allocator, caches)
+
+
+def cache_path() -> str:
+    return os.path.join(_cache_dir(), "calibration.json")
+
+
+def costs(model_factory: Callable[[], torch.nn.Module], name: str, batch_size: int, x_test: torch.Tensor,
+          y_test: torch.Tensor, *, recalibrate: bool = False) -> dict[str, float]:
+    """{"step_s", "eval_s", "merge_s"} of the model `model_factory()` makes (`name` keys the cache)."""
+    key = f"{name} batch {batch_size} test {len(y_test)} torch {torch.__version__} host {platform.node()}"
+    path = cache_path()
+    cached = _read(path)
+    if key in cached and not recalibrate:
+        return cached[key]
+    result = _measure(model_factory, batch_size, x_test, y_test)
+    _write(path, {**_read(path), key: result})
+    return result
+
+
+def _median_block(run: Callable[[], None], per_block: int) -> float:
+    for _ in range(WARMUP):
+        run()
+    times = []
+    for _ in range(BLOCKS):
+        t0 = time.perf_counter()
+        for _ in range(per_block):
+            run()
+        times.append((time.perf_counter() - t0) / per_block)
+    return statistics.median(times)
+
+
+def _measure(model_factory: Callable[[], torch.nn.Module], batch_size: int, x_test: torch.Tensor,
+             y_test: torch.Tensor) -> dict[str, float]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as each training peer runs
+    try:
+        torch.manual_seed(0)
+        model = model_factory()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        x = x_test[:batch_size]
+        y = y_test[:batch_size]
+
+        def step() -> None:
+            opt.zero_grad()
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+
+        def evaluate() -> None:
+            with torch.no_grad():
+                float((model(x_test).argmax(1) == y_test).float().mean())
+
+        flat = torch.nn.utils.parameters_to_vector(model.parameters()).detach().numpy().copy()
+        other = flat + 1.0
+
+        def merge() -> None:
+            merge_parameter(flat, [Contribution(other)])
+
+        return {"step_s": _median_block(step, 20), "eval_s": _median_block(evaluate, 2),
+                "merge_s": _median_block(merge, 20)}
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _read(path: str) -> dict:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def _write(path: str, data: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(tmp, path)  # concurrent runs never read half a file
+

@@ -1,0 +1,323 @@
+"""Training in virtual time: N peers' real model replicas in one process, a simulated network.
+
+    python -m p2plearn.sim train -np 256 --topology t.json --sync ssp --staleness 2 --period 16 \\
+        --model mlp --hidden 300 --epochs 20 --json out.json
+
+Every peer has its own replica, SGD optimizer (momentum 0.9) and data shard (`train.data.shard`,
+i.i.d. or `--dirichlet ALPHA`), and its own virtual clock:
+- a local step advances it by the calibrated step time (`sim.calibrate`, measured once per model
+  and batch size on this machine) times the peer's speed factor (`compute_spread`: a per-peer
+  factor exp(N(0, spread)), seeded: stragglers); an evaluation (`--eval-every`) by the
+  calibrated evaluation time, as the real peers spend it;
+- every `--period` steps a round: its plan comes from `sync.planner.RoundPlanner` (the selection
+  policies of training) on a `GlobalView` built from a `control.estimator.BandwidthEstimator` fed
+  the simulated flows' rates, as the coordinator feeds it the peers' reports; the view that plans
+  round r holds the samples of rounds up to r - VIEW_LAG (a view is published a little ahead of
+  the fastest peer), so it lags bursts as it does live;
+- the round's flows move on the flow-level simulator (`sim.simulator.Simulator`: pacing, max-min
+  sharing, loss with the engine's passes, Early Close at `--loss-bound`, `--deadline-ms`), each
+  sender starting when its own compute ends; the link rates and loss are the topology's with the
+  events (bursts) active when the round's first send starts;
+- what arrived is a chunk mask (the delivered fraction of the message's chunks, the missing ones
+  drawn at random as loss leaves them), merged by the C merge (`sync.merge`), then the outer
+  update (`sync.outer`, `--outer-lr`, `--outer-momentum`);
+- BSP: a peer merges once its own sends are done and its round's messages arrived; SSP: once its
+  sends are done and every peer has finished round r - s, whatever arrived from rounds r-s..r.
+Rounds of the lock-stepped replicas are taken in order, which is causal: a message of round r
+carries its sender's model after its round r - 1 merge, and no merge takes a later round's message.
+
+Approximations (said in every result's `model` field): the flows of one round share the links
+among themselves, not with an overlapping round's (SSP); a round sees the bursts active at its
+start; the message is one bucket (whole-model chunk masks).
+
+Not simulated yet (refused with a message): --sync partitioned, --tolerance other than fixed,
+--filter value, --compress, --overlap, --transport-mode other than unicast.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from p2plearn.control import GlobalView
+from p2plearn.control.estimator import BandwidthEstimator, seed_rates
+from p2plearn.options import Options
+from p2plearn.selection import NetworkView
+from p2plearn.selection.view import DATAGRAM_DATA
+from p2plearn.sim.calibrate import costs
+from p2plearn.sim.replicas import Replicas
+from p2plearn.sim.simulator import Simulator
+from p2plearn.sync.merge import Contribution, merge_parameter
+from p2plearn.sync.outer import OuterOptimizer
+from p2plearn.sync.planner import RoundPlanner
+from p2plearn.topology import Topology
+from p2plearn.topology.topology import BYTES_PER_MBIT
+from p2plearn.train.data import Dataset, shard
+from p2plearn.transport.delivery import ChunkMask
+
+VIEW_LAG = 2  # round r is planned from the samples of rounds up to r - VIEW_LAG
+UNSUPPORTED = {"sync": ("partitioned",), "tolerance": ("adaptive", "layerwise", "phase"), "filter": ("value",),
+               "compress": ("fp16", "bf16", "int8"), "overlap": (True,), "transport_mode": ("multicast", "auto")}
+
+
+@dataclass
+class Settings:
+    """What a virtual run needs beyond the training options (see `python -m p2plearn.sim train --help`)."""
+
+    batch_size: int = 32
+    lr: float = 0.1
+    steps: int = 0                      # local steps per peer (0: whole epochs, `epochs`)
+    epochs: int = 6
+    seed: int = 0
+    dirichlet: float | None = None
+    eval_every: int = 0                 # local steps between evaluations (0: after each epoch)
+    eval_peers: int = 1                 # ranks 0..k-1 evaluated (the history holds rank 0's and their mean)
+    message_bytes: float | None = None  # bytes a message occupies on the simulated network (None: the replica's)
+    compute_spread: float = 0.0         # per-peer speed factor exp(N(0, spread))
+    step_s: float | None = None         # seconds per local step (None: calibrated)
+    eval_s: float | None = None         # seconds per evaluation (None: calibrated)
+    batched: bool = True
+    recalibrate: bool = False
+
+
+def network_at(topology: Topology, t: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per rank (a node with `slots` gives that many ranks), uplink and downlink (bytes/s) and loss at
+    time t, with the topology's events active at t applied."""
+    up, down, loss = [], [], []
+    for peer in topology.peers:
+        link = topology.base_link(peer)
+        for event in topology.events(peer):
+            if _active(event, t):
+                link.update(event.changes)
+        for _ in range(topology.slots(peer)):
+            up.append(link["uplink_mbit"] * BYTES_PER_MBIT)
+            down.append(link["downlink_mbit"] * BYTES_PER_MBIT)
+            loss.append(link["loss"])
+    return np.array(up), np.array(down), np.array(loss)
+
+
+def _active(event, t: float) -> bool:
+    if t < event.at_s:
+        return False
+    k = math.floor((t - event.at_s) / event.every_s) if event.every_s else 0
+    start = event.at_s + k * (event.every_s or 0.0)
+    return start < (event.until_s if event.until_s is not None else math.inf) and t < start + event.duration_s
+
+
+class _PlannedSimulator(Simulator):
+    """A Simulator of one round whose plan is given (the planner's), not drawn by its own policy."""
+
+    def __init__(self, view: NetworkView, plan: dict[int, list[int]], flows: tuple, **kw):
+        super().__init__(view, **kw)
+        self._given = (plan, flows)
+
+    def plan(self, rnd: int):
+        return self._given
+
+
+class VirtualTraining:
+    """One virtual run; `run()` returns its result (a JSON-able dict)."""
+
+    def __init__(self, options: Options, settings: Settings, topology: Topology, data: Dataset,
+                 model_factory, model_name: str):
+        for name, refused in UNSUPPORTED.items():
+            if getattr(options, name) in refused:
+                raise ValueError(f"--{name.replace('_', '-')} {getattr(options, name)}: not simulated yet")
+        self.options, self.settings, self.topology, self.data = options, settings, topology, data
+        self.n = sum(topology.slots(p) for p in topology.peers)
+        torch.manual_seed(settings.seed)  # every peer starts from the same model, as in training
+        model = model_factory()
+        self.replicas = Replicas(model, self.n, lr=settings.lr, batched=settings.batched)
+        self.replica_bytes = self.replicas.parameters * 4
+        self.message_bytes = float(settings.message_bytes or self.replica_bytes)
+        measured = costs(model_factory, model_name, settings.batch_size, data.x_test, data.y_test,
+                         recalibrate=settings.recalibrate)
+        given = {"step_s": settings.step_s, "eval_s": settings.eval_s}
+        self.costs = {**measured, **{k: v for k, v in given.items() if v is not None}}
+        rng = np.random.default_rng(settings.seed)
+        self.speed = np.exp(rng.normal(0.0, settings.compute_spread, self.n)) if settings.compute_spread \
+            else np.ones(self.n)
+        self.step_s = self.costs["step_s"] * self.speed
+        self.mask_rng = np.random.default_rng(settings.seed + 1)
+        self.estimator = BandwidthEstimator(seed_rates(topology))
+        policy = {"max_fanout": options.max_fanout or None, "max_fanin": options.max_fanin or None,
+                  "mixing_slack": options.mixing_slack} if options.selection == "selmcast" else {}
+        self.planner = RoundPlanner(options.selection, options.fanout, settings.seed, **policy)
+        self.views: list[GlobalView] = []
+        self.outer = [OuterOptimizer(options.outer_lr, options.outer_momentum) for _ in range(self.n)]
+        self.nchunks = max(1, math.ceil(self.message_bytes / DATAGRAM_DATA))
+        self.chunk_size = max(1, math.ceil(self.replica_bytes / self.nchunks))
+
+    # --- the run --------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        s, o = self.settings, self.options
+        wall0 = time.monotonic()
+        staleness = o.staleness if o.sync == "ssp" else 0
+        clock = np.zeros(self.n)                       # when each peer starts its next step
+        history: list[tuple[float, float, float]] = []  # (rank 0's virtual s, its accuracy, eval peers' mean)
+        rounds: list[dict] = []
+        messages: dict[int, np.ndarray] = {}           # round -> every peer's message of it
+        done_at: dict[int, np.ndarray] = {}            # round -> when each peer's sends of it were done
+        pending = {k: np.zeros(0) for k in ("round", "src", "dst", "arrival", "delivered")}
+        anchors = None if all(opt.plain for opt in self.outer) else self.replicas.numpy().copy()
+        batches, per_epoch = self._batches()
+        total = s.steps or s.epochs * per_epoch
+        step = 0
+        rnd = 0
+        while step < total:
+            x, y = next(batches)
+            self.replicas.step(x, y)
+            step += 1
+            clock += self.step_s
+            if step % o.period == 0:  # the round is part of the step (DecentralizedOptimizer.step), as in training
+                clock, pending = self._round(rnd, clock, staleness, pending, messages, done_at, anchors, rounds)
+                rnd += 1
+            if (s.eval_every and step % s.eval_every == 0) or (not s.eval_every and step % per_epoch == 0):
+                history.append(self._evaluate(float(clock[0])))
+                clock += self.costs["eval_s"]
+        return self._result(history, rounds, clock, time.monotonic() - wall0)
+
+    def _round(self, rnd: int, clock: np.ndarray, staleness: int, pending: dict[str, np.ndarray],
+               messages: dict[int, np.ndarray], done_at: dict[int, np.ndarray], anchors: np.ndarray | None,
+               rounds: list[dict]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Round `rnd`, every peer sending once its compute is done (at `clock`): its transfers, each
+        peer's merge of what it takes, and the clocks after them; the deliveries still pending."""
+        messages[rnd] = self.replicas.numpy().copy()
+        flows, sends_done = self._transfer(rnd, clock)
+        done_at[rnd] = sends_done
+        pending = {k: np.concatenate([pending[k], flows[k]]) for k in pending}
+        if staleness == 0:
+            arrivals = np.zeros(self.n)
+            mine = pending["round"] == rnd
+            np.maximum.at(arrivals, pending["dst"][mine].astype(int), pending["arrival"][mine])
+            merge_at = np.maximum(sends_done, arrivals)
+        else:
+            merge_at = np.maximum(sends_done, done_at[rnd - staleness].max()) if rnd >= staleness else sends_done
+        taken = (pending["round"] >= rnd - staleness) & (pending["arrival"] <= merge_at[pending["dst"].astype(int)])
+        self._merge(pending, taken, messages, anchors)
+        # merged, or past the bound: SSP's next round takes rounds rnd + 1 - s.. only
+        gone = taken | (pending["round"] < rnd + 1 - staleness)
+        counts = np.bincount(pending["dst"][taken].astype(int), minlength=self.n)
+        pending = {k: v[~gone] for k, v in pending.items()}
+        clock = merge_at + self.costs["merge_s"] * counts
+        if anchors is not None:
+            anchors[...] = self.replicas.numpy()
+        rounds.append({"round": rnd, "end_s": float(clock.max()), "average_p": len(flows["src"]) / self.n,
+                       "delivered": float(flows["delivered"].mean()) if len(flows["delivered"]) else 1.0,
+                       "merged": float(counts.mean())})
+        messages.pop(rnd - staleness, None)
+        done_at.pop(rnd - staleness, None)
+        return clock, pending
+
+    def _batches(self):
+        """(x [n, batch, ...], y [n, batch]) per local step, every peer's from its own shard; and the
+        steps per epoch (every shard yields as many)."""
+        s = self.settings
+
+        def epoch(e: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+            per_peer = [list(shard(self.data, s.batch_size, rank=i, world_size=self.n, epoch=e, seed=s.seed,
+                                   dirichlet=s.dirichlet)) for i in range(self.n)]
+            return [(torch.stack([p[k][0] for p in per_peer]), torch.stack([p[k][1] for p in per_peer]))
+                    for k in range(len(per_peer[0]))]
+
+        first = epoch(0)
+        if not first:
+            raise ValueError(f"{len(self.data)} training samples over {self.n} peers leave no batch of "
+                             f"{s.batch_size}: give more --samples or a smaller --batch-size")
+
+        def steps():
+            e, batches = 0, first
+            while True:
+                yield from batches
+                e += 1
+                batches = epoch(e)
+
+        return steps(), len(first)
+
+    def _evaluate(self, t: float) -> tuple[float, float, float]:
+        accs = [self.replicas.accuracy(self.replicas.flat[i], self.data.x_test, self.data.y_test)
+                for i in range(min(self.settings.eval_peers, self.n))]
+        return (t, accs[0], float(np.mean(accs)))
+
+    def _view(self, rnd: int) -> GlobalView:
+        """The view round `rnd` is planned from: the estimates up to round rnd - VIEW_LAG, and the
+        load the peers would report (compute per period, merge time per message)."""
+        zeros = np.zeros(self.n)
+        arrays = self.estimator.arrays(self.n)
+        return GlobalView(round=rnd, **arrays, compute_s=self.step_s * self.options.period,
+                          merge_s=np.full(self.n, self.costs["merge_s"]), backlog=zeros, in_flight_bytes=zeros,
+                          in_flight_msgs=zeros, alive=np.ones(self.n, dtype=bool), clock=np.full(self.n, rnd),
+                          message_bytes=np.full(self.n, self.message_bytes), version=rnd)
+
+    def _transfer(self, rnd: int, send_at: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Round `rnd`'s flows, each peer sending from send_at[i]: per flow (round, src, dst, arrival
+        time, delivered fraction), and when each peer's sends were done."""
+        if rnd >= VIEW_LAG:
+            self.estimator.close_round(rnd - VIEW_LAG)
+        # The whole plan every peer cuts its own part from (RoundPlanner.plan); taken whole here,
+        # once, rather than n times.
+        planned, _, _, _ = self.planner._whole_plan(self._view(rnd), rnd, self.message_bytes)
+        plan = {i: [j for j, _, _ in rs] for i, rs in planned.items()}
+        src = np.array([i for i, rs in planned.items() for _ in rs], dtype=np.int64)
+        dst = np.array([j for rs in planned.values() for j, _, _ in rs], dtype=np.int64)
+        cap = np.array([rate for rs in planned.values() for _, rate, _ in rs], dtype=float)
+        probes = {(i, j): probe for i, rs in planned.items() for j, _, probe in rs}
+        t0 = float(send_at.min())
+        up, down, loss = network_at(self.topology, t0)
+        view = NetworkView(up, down, np.full(self.n, self.message_bytes), np.ones(self.n, dtype=bool))
+        o = self.options
+        sim = _PlannedSimulator(view, plan, (src, dst, cap), loss=loss, bound=o.loss_bound,
+                                deadline=o.deadline_ms / 1000 if o.deadline_ms else None, compute_s=send_at - t0)
+        f = sim.run(1).flows
+        fsrc, fdst = f["src"].astype(int), f["dst"].astype(int)
+        # what the senders report: the ACK-timed rate of what arrived, against the pace
+        reports: dict[int, dict[int, dict]] = {}
+        for i, j, paced, rate in zip(fsrc.tolist(), fdst.tolist(), f["cap"].tolist(), (f["rate"] * (1 - loss[fdst])).tolist()):
+            reports.setdefault(i, {})[j] = {"paced": paced, "rate": rate, "probe": probes[(i, j)]}
+        for i, links in reports.items():
+            self.estimator.observe(i, rnd, links)
+        done = send_at.copy()
+        np.maximum.at(done, fsrc, t0 + f["end_s"])
+        return {"round": np.full(len(fsrc), float(rnd)), "src": fsrc.astype(float), "dst": fdst.astype(float),
+                "arrival": t0 + f["end_s"], "delivered": f["delivered"]}, done
+
+    def _merge(self, pending: dict[str, np.ndarray], taken: np.ndarray, messages: dict[int, np.ndarray],
+               anchors: np.ndarray | None) -> None:
+        """Merge the `taken` deliveries into their receivers' replicas (C merge, chunk masks), then
+        each receiver's outer update."""
+        own = self.replicas.numpy()
+        by_receiver: dict[int, list[Contribution]] = {}
+        for k in np.flatnonzero(taken).tolist():
+            values = messages[int(pending["round"][k])][int(pending["src"][k])]
+            by_receiver.setdefault(int(pending["dst"][k]), []).append(
+                Contribution(values, chunks=self._mask(float(pending["delivered"][k]))))
+        for i, contributions in sorted(by_receiver.items()):
+            merge_parameter(own[i], contributions)
+            if anchors is not None:
+                self.outer[i].step([own[i]], [anchors[i]])
+
+    def _mask(self, delivered: float) -> ChunkMask | None:
+        """The chunks of a message that arrived, `delivered` of them, the missing ones at random."""
+        if delivered >= 1.0:
+            return None
+        arrived = np.zeros(self.nchunks, dtype=bool)
+        arrived[self.mask_rng.permutation(self.nchunks)[:int(delivered * self.nchunks)]] = True
+        return ChunkMask(arrived, 0, self.chunk_size)
+
+    def _result(self, history, rounds, clock, wall_s: float) -> dict:
+        test = (self.data.x_test, self.data.y_test)
+        s = self.settings
+        return {"peers": self.n, "parameters": self.replicas.parameters, "replica_bytes": self.replica_bytes,
+                "message_bytes": self.message_bytes,
+                "message_bytes_source": "--message-bytes" if s.message_bytes else "the replica's",
+                "costs": self.costs, "virtual_s": float(clock.max()), "mean_virtual_s": float(clock.mean()), "wall_s": wall_s,
+                "rounds": len(rounds), "average_p": float(np.mean([r["average_p"] for r in rounds])) if rounds else 0.0,
+                "delivered": float(np.mean([r["delivered"] for r in rounds])) if rounds else 1.0,
+                "own_accuracy": self.replicas.accuracy(self.replicas.flat[0], *test),
+                "averaged_accuracy": self.replicas.accuracy(self.replicas.flat.mean(0), *test), "history": history, "round_log": rounds,
+                "model": "virtual time: flow-level network (one round's flows share the links), bursts as at a "
+                         "round's start, calibrated compute"}
