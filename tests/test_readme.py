@@ -127,7 +127,9 @@ def test_transport_example_runs_as_written():
 
 
 # `p2plearn-run ...`, `python -m p2plearn.x ...` in a code block or span, up to a comment or the span's end.
-DOCUMENTED = re.compile(r"(?:^|`)(?:sudo )?((?:p2plearn-run|p2plearn-testbed|python -m p2plearn[\w.]*)[^`\n#]*)", re.M)
+DOCUMENTED = re.compile(r"(?:^|`)(?:sudo )?((?:p2plearn-run|p2plearn-testbed|p2plearn-sim|python -m p2plearn[\w.]*)[^`\n#]*)",
+                        re.M)
+WITH_SUBCOMMANDS = ("p2plearn.bench", "p2plearn.sim", "p2plearn-sim")  # `... train --help` is train's manual
 
 
 def documented_commands() -> list[tuple[str, str]]:
@@ -140,12 +142,11 @@ def entry_point(command: str) -> tuple[list[str], list[str]]:
     """(argv that prints the command's --help, the flags the command uses), without the script after --."""
     words = shlex.split(command.split(" -- ")[0])
     if words[0] == "python":
-        module, rest = words[2], words[3:]
-        argv = [sys.executable, "-m", module]
-        if module == "p2plearn.bench" and rest and not rest[0].startswith("-"):
-            argv, rest = argv + [rest[0]], rest[1:]
+        command, argv, rest = words[2], [sys.executable, "-m", words[2]], words[3:]
     else:
-        argv, rest = [str(BIN / words[0])], words[1:]
+        command, argv, rest = words[0], [str(BIN / words[0])], words[1:]
+    if command in WITH_SUBCOMMANDS and rest and not rest[0].startswith("-"):
+        argv, rest = argv + [rest[0]], rest[1:]
     return argv + ["--help"], [w.split("=")[0] for w in rest if w.startswith("--") and w != "--help"]
 
 

@@ -15,8 +15,8 @@ root of the final average (rank 0) the validation loss of the averaged model.
 Tuning: the default (4 layers, dim 192, 4 heads, context 64, batch 8: 1.9M parameters, 7.6 MB a
 message) takes ~0.15 s a step on a free CPU core, so 4 ranks train its 300 steps in minutes. --layers 12 --dim 768 --heads 12
 --context 1024 is GPT-2 small's body (86M parameters without GPT-2's 50257-token vocabulary);
---dim 1024 --layers 16 ~200M: give those --device cuda (p2plearn averages host copies of the
-tensors; an optimizer that refuses device tensors says so at start). --lr 1e-3 suits the default
+--dim 1024 --layers 16 ~200M: give those --device cuda (p2plearn averages the device model
+through host buffers: docs/memory.md says what that costs). --lr 1e-3 suits the default
 size; larger models want less (3e-4 at 100M+). --checkpoint DIR saves every rank's state every
 --eval-every steps and resumes from DIR's newest complete step when started again.
 """
