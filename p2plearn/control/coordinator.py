@@ -399,6 +399,7 @@ class Coordinator:
                 known.clock = donor.clock
                 self._awaiting_state.add(rank)
                 self._publish(p.DONATE, to=donor.rank, rank=rank, engine=known.engine, clock=known.clock)
+                self._advance_clock()
             elif resumed is not None:
                 known.clock = max(known.clock, resumed)
                 self._advance_clock()  # BSP peers far ahead wait on it, and report no round meanwhile
@@ -517,6 +518,7 @@ class Coordinator:
             member.clock = max(member.clock, donor.clock)
             self._awaiting_state.add(rank)
             self._publish(p.DONATE, to=donor.rank, rank=rank, engine=member.engine, clock=member.clock)
+            self._advance_clock()
         return {"type": p.OK, "donor": donor.to_dict() if donor else None}
 
     def _on_reach(self, body: dict, blobs: list[bytes]) -> dict:
@@ -671,7 +673,11 @@ class Coordinator:
     def _advance_clock(self) -> bool:
         """Publish the slowest live clock when it moves, and with it the view (once per completed
         round); True if it moved."""
-        low = min((m.clock for m in self._members.values()), default=self._min_clock)
+        # A joiner waiting for its state reports no round until it has one, and gets one from a
+        # donor's next step: were it the slowest, a donor could wait on it (BSP's lead bound) for
+        # the cap before sending it anything.
+        low = min((m.clock for m in self._members.values() if m.rank not in self._awaiting_state),
+                  default=self._min_clock)
         if low == self._min_clock:
             return False
         self._min_clock = low

@@ -302,6 +302,26 @@ def test_joiner_is_given_a_donor_and_the_donor_is_told(connect):
     assert wait_event(a, "donate", timeout=0.2) is None  # only the donor is asked
 
 
+def test_a_joiner_waiting_for_its_state_holds_no_one_back(connect):
+    """Until it reports a round (it holds a state by then) a joiner is not the slowest clock: its
+    donor sends the state between two of its own rounds, and BSP's lead bound must not make the
+    donor wait on the joiner first (the cap, 30 s, with a restarted peer in a loaded job)."""
+    a, b = connect(0, ("127.0.0.1", 9000)), connect(1, ("127.0.0.1", 9001))
+    a.report(4)
+    b.report(4)
+    assert a.wait_min_clock(4, timeout=5)
+    joiner = connect(None, ("127.0.0.1", 9100), join=True)
+    assert joiner.donor is not None and joiner.start_clock == 4
+    a.report(9)
+    b.report(9)
+    assert a.wait_min_clock(9, timeout=5), f"the slowest clock stayed {a.min_clock}"
+    joiner.report(5)  # it took a state from clock 4: from now on it is the slowest
+    deadline = time.monotonic() + 5
+    while a.min_clock != 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert a.min_clock == 5
+
+
 def test_hostile_frames_neither_kill_nor_stall_the_coordinator(coordinator, connect, key):
     import zmq
 
