@@ -113,6 +113,23 @@ class Runtime:
     secret: JobSecret | None = None  # None: data-plane tags off (in-process tests)
     files: JobFiles | None = None
 
+    def engine_host(self) -> str:
+        """Where this peer's engine listens: the launcher's choice (testbed namespaces), loopback when
+        the coordinator is on loopback or a unix socket (a job on one machine), else the address this
+        host uses towards the coordinator (host names say nothing: containers and namespaces share them)."""
+        if os.environ.get("P2PLEARN_ENGINE_HOST"):
+            return os.environ["P2PLEARN_ENGINE_HOST"]
+        address = self.client.address
+        coordinator_host = address.rsplit(":", 1)[0].split("//")[-1]
+        if not address.startswith("tcp://") or coordinator_host in ("127.0.0.1", "localhost", "::1"):
+            return "127.0.0.1"
+        probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            probe.connect((coordinator_host, 9))
+            return probe.getsockname()[0]
+        finally:
+            probe.close()
+
     def register(self, engine_address: tuple[str, int] | None) -> dict[int, Member]:
         """Publish (or change) the address of this peer's data engine; returns the members."""
         return self.client.register(engine_address)

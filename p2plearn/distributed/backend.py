@@ -223,8 +223,6 @@ def _copy_back(outputs: list[torch.Tensor], flat: list[torch.Tensor] | None) -> 
 def create(options: Any, backend_options: Any) -> ProcessGroupP2P:
     """``init_process_group("p2plearn")``'s creator (torch's extended API): joins the job through
     ``p2plearn.init()``, opens this rank's engine and publishes its address."""
-    from p2plearn.train.optimizer import _engine_host  # where the training API's engines listen too
-
     rank, size = options.group_rank, options.group_size
     ranks = list(options.global_ranks_in_group or range(size))
     if dist.is_initialized() or ranks != list(range(size)):
@@ -237,7 +235,7 @@ def create(options: Any, backend_options: Any) -> ProcessGroupP2P:
     runtime = init(environ=env, timeout=min(timeout.total_seconds(), 300.0))
     try:
         secret, job = runtime.secret, runtime.job_id
-        channel = Channel(host=_engine_host(runtime), sender_id=runtime.rank, job_id=job,
+        channel = Channel(host=runtime.engine_host(), sender_id=runtime.rank, job_id=job,
                           key=data_key(secret.value, job) if secret else None)
         runtime.register(channel.address)
         engines = _engines(options.store, runtime.rank, size, channel.address)

@@ -24,7 +24,7 @@ import numpy as np
 
 from p2plearn.sync.merge import Contribution, merge_parameter
 from p2plearn.selection import PACING_HEADROOM
-from p2plearn.sync.partitioned import _Layout
+from p2plearn.sync.partitioned import PartLayout
 from p2plearn.tolerance import RoundRecord
 from p2plearn.transport import Channel, Delivery, Reason, SendHandle
 from p2plearn.transport.channel import PROBE_MSG_IDS
@@ -95,7 +95,7 @@ class Collectives:
         self.timeout = timeout
         self.mailbox = Mailbox(channel)
         self.others = [r for r in range(world_size) if r != rank]
-        self._layouts: dict[tuple[int, ...], _Layout] = {}  # by the layers' sizes: DDP's buckets repeat
+        self._layouts: dict[tuple[int, ...], PartLayout] = {}  # by the layers' sizes: DDP's buckets repeat
 
     # -- point to point ------------------------------------------------------------------------
     def _send(self, msg_id: int, arrays: list[np.ndarray], to: Sequence[int], bounds: float | Sequence[float] = 0.0,
@@ -200,7 +200,7 @@ class Collectives:
         bounds = list(bounds) if bounds is not None else [0.0] * len(layers)
         sizes = tuple(a.size for a in layers)
         if sizes not in self._layouts:
-            self._layouts[sizes] = _Layout.from_view(self.links, list(sizes), sum(a.nbytes for a in layers))
+            self._layouts[sizes] = PartLayout.from_view(self.links, list(sizes), sum(a.nbytes for a in layers))
         layout = self._layouts[sizes]
         slices = layout.slices
         mean_merge = layers[0].dtype.kind == "f" and op in ("sum", "avg")

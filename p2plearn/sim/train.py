@@ -260,7 +260,7 @@ class VirtualTraining:
             self.estimator.close_round(rnd - VIEW_LAG)
         # The whole plan every peer cuts its own part from (RoundPlanner.plan); taken whole here,
         # once, rather than n times.
-        planned, _, _, _ = self.planner._whole_plan(self._view(rnd), rnd, self.message_bytes)
+        planned, _, _, _ = self.planner.whole_plan(self._view(rnd), rnd, self.message_bytes)
         plan = {i: [j for j, _, _ in rs] for i, rs in planned.items()}
         src = np.array([i for i, rs in planned.items() for _ in rs], dtype=np.int64)
         dst = np.array([j for rs in planned.values() for j, _, _ in rs], dtype=np.int64)

@@ -102,7 +102,7 @@ class Partitioned(Synchronizer):
             raise ValueError("the value filter does not apply to partitioned rounds (each part is averaged whole)")
         super().__init__(*args, **kwargs)
         self._flat = [p.reshape(-1) for p in self.params]  # views of the (contiguous) parameters
-        self._layout: tuple[tuple, _Layout] | None = None  # the last view's layout, by the view's order
+        self._layout: tuple[tuple, PartLayout] | None = None  # the last view's layout, by the view's order
 
     def _wanted_rounds(self) -> tuple[int, int]:
         """Message ids: round r scatters as 2r and gathers as 2r + 1."""
@@ -201,13 +201,13 @@ class Partitioned(Synchronizer):
                           layout.planned_time, comm_s, max((st.elapsed_s for st in stats), default=0.0), sent_bytes,
                           sum(st.retransmitted for st in stats), results, sorted(merged_from))
 
-    def _plan(self, view: Any) -> _Layout | None:
+    def _plan(self, view: Any) -> PartLayout | None:
         """This round's parts and pacing, from the view (the same on every peer that holds it)."""
         if view is None:
             return None
         key = view.order
         if self._layout is None or self._layout[0] != key:
-            self._layout = (key, _Layout.from_view(view, [p.size for p in self.params],
+            self._layout = (key, PartLayout.from_view(view, [p.size for p in self.params],
                                                    self._model_bytes()))
         layout = self._layout[1]
         return layout if len(layout.ranks) >= 2 else None
@@ -240,7 +240,7 @@ class Partitioned(Synchronizer):
 
 
 @dataclass(frozen=True)
-class _Layout:
+class PartLayout:
     """Who aggregates which elements, and how fast each flow is paced (bytes/s), for one view."""
 
     ranks: list[int]
@@ -250,7 +250,7 @@ class _Layout:
     planned_time: float
 
     @classmethod
-    def from_view(cls, view: Any, numels: list[int], model_bytes: float) -> _Layout:
+    def from_view(cls, view: Any, numels: list[int], model_bytes: float) -> PartLayout:
         ranks = [int(r) for r in np.flatnonzero(np.asarray(view.alive, dtype=bool))]
         up = np.asarray(view.uplink, dtype=float)[ranks]
         down = np.asarray(view.downlink, dtype=float)[ranks]

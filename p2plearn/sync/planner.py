@@ -73,7 +73,7 @@ class RoundPlanner:
         """``own_bytes``: this peer's message size, standing in for sizes the view does not know yet."""
         key = (view.order, rnd)
         if key not in self._cache:
-            self._cache[key] = self._whole_plan(view, rnd, own_bytes)
+            self._cache[key] = self.whole_plan(view, rnd, own_bytes)
             while len(self._cache) > self.CACHED:
                 del self._cache[next(iter(self._cache))]
         flows, groups, planned_time, fanout = self._cache[key]
@@ -82,7 +82,10 @@ class RoundPlanner:
         return LocalPlan([(j, rate) for j, rate, _ in mine], senders, planned_time, fanout,
                          {j: probe for j, _, probe in mine if probe}, frozenset(groups.get(rank, [])))
 
-    def _whole_plan(self, view: GlobalView, rnd: int, own_bytes: float):
+    def whole_plan(self, view: GlobalView, rnd: int, own_bytes: float):
+        """Every sender's plan of round ``rnd`` at once (what ``plan`` caches and each peer reads its
+        part of): (flows per sender as (receiver, rate, probe), multicast group per sender, T, average p).
+        Uncached: the simulator, which plans for all peers, calls it once per round."""
         sizes = np.where(view.message_bytes > 0, view.message_bytes, float(own_bytes))
         net = NetworkView.from_global(view, sizes).probed(rnd)  # probes: see selection.view
         # the domains this job sends by, whatever the view says: the policy, pacing and T read them

@@ -17,8 +17,6 @@ works (a step skipped for inf/NaN gradients still takes part in its round).
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -124,24 +122,6 @@ def _to_numpy(value: Any) -> Any:
     if isinstance(value, dict):
         return {k: _to_numpy(v) for k, v in value.items()}
     return value
-
-
-def _engine_host(runtime: Runtime) -> str:
-    """Where this peer's engine listens: the launcher's choice (testbed namespaces), loopback when
-    the coordinator is on loopback or a unix socket (a job on one machine), else the address this
-    host uses towards the coordinator (host names say nothing: containers and namespaces share them)."""
-    if os.environ.get("P2PLEARN_ENGINE_HOST"):
-        return os.environ["P2PLEARN_ENGINE_HOST"]
-    address = runtime.client.address
-    coordinator_host = address.rsplit(":", 1)[0].split("//")[-1]
-    if not address.startswith("tcp://") or coordinator_host in ("127.0.0.1", "localhost", "::1"):
-        return "127.0.0.1"
-    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    try:
-        probe.connect((coordinator_host, 9))
-        return probe.getsockname()[0]
-    finally:
-        probe.close()
 
 
 def _emulated_link(options: Options, rank: int) -> tuple[float, float]:
@@ -283,7 +263,7 @@ class DecentralizedOptimizer(Optimizer):
                         lambda self, defaults: setattr(self.optimizer, "defaults", defaults))
 
     def _make_channel(self) -> Channel:
-        host = _engine_host(self.runtime)
+        host = self.runtime.engine_host()
         kwargs: dict[str, Any] = {}
         if self.options.emulate:
             if not self.options.topology:
