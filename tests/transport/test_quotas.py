@@ -212,8 +212,14 @@ def test_waiting_messages_claim_at_most_the_partial_byte_quota_by_default(channe
     assert st["messages_delivered"] >= 500, st
     assert st["queued_messages"] == quota // CHUNK_CLAIM and st["queued_bytes"] <= quota, st
     assert st["drop_queue_full"] == st["messages_delivered"] - st["queued_messages"], st
-    legit_message_arrives(channels(sender_id=1, key=KEY, job_id=JOB), b, size=50_000)  # claims 4 chunks
-    assert b.stats()["drop_queue_full"] > st["drop_queue_full"]  # the flood's oldest made room for it
+    x = np.random.default_rng(0).random(50_000).astype(np.float32)  # 200 KB: claims 4 chunks
+    honest = channels(sender_id=1, key=KEY, job_id=JOB)
+    assert honest.send(1, [x], [b.address]).wait(10)[0].result == "exact"  # waiting at b now
+    after = b.stats()
+    assert after["drop_queue_full"] > st["drop_queue_full"] and after["queued_bytes"] <= quota, after
+    mine = [d for d in take_all(b) if d.sender == 1]  # the flood's oldest made room for it
+    assert len(mine) == 1 and mine[0].complete
+    np.testing.assert_array_equal(mine[0].arrays[0], x)
 
 
 @pytest.mark.slow
