@@ -80,6 +80,8 @@ int p2p_engine_open(const p2p_config *cfg_in, p2p_engine **out) {
     if (!cfg.max_partial_per_source) cfg.max_partial_per_source = 64;
     if (!cfg.max_partial_bytes) cfg.max_partial_bytes = 16ull << 30;
     if (cfg.max_partial_per_source > cfg.max_partial_messages) cfg.max_partial_per_source = cfg.max_partial_messages;
+    if (!cfg.max_queued_messages) cfg.max_queued_messages = cfg.max_partial_messages;
+    if (!cfg.max_queued_bytes) cfg.max_queued_bytes = cfg.max_partial_bytes;
     if (!cfg.socket_buffer) cfg.socket_buffer = 32u << 20;
 
     p2p_engine *eng = calloc(1, sizeof *eng);
@@ -532,14 +534,28 @@ static int delivery_or_closing(const void *arg) {
     return eng->dq_head || eng->closing;
 }
 
+void dq_remove(p2p_engine *eng, struct delivery_priv *d, struct delivery_priv *prev) {
+    if (prev) prev->next = d->next; else eng->dq_head = d->next;
+    if (eng->dq_tail == d) eng->dq_tail = prev;
+    d->next = NULL;
+    struct queued_source *s = d->from;
+    s->messages--;
+    s->bytes -= d->claim;
+    if (!s->messages) {
+        for (struct queued_source **pp = &eng->dq_sources; *pp; pp = &(*pp)->next)
+            if (*pp == s) { *pp = s->next; break; }
+        free(s);
+    }
+    d->from = NULL;
+    CNT(eng, queued_messages, -1);
+    CNT(eng, queued_bytes, -d->claim);
+}
+
 int p2p_recv(p2p_engine *eng, int timeout_ms, p2p_delivery **out) {
     pthread_mutex_lock(&eng->mu);
     wait_ready(eng, delivery_or_closing, eng, timeout_ms);
     struct delivery_priv *d = eng->dq_head;
-    if (d) {
-        eng->dq_head = d->next;
-        if (!eng->dq_head) eng->dq_tail = NULL;
-    }
+    if (d) dq_remove(eng, d, NULL);
     int closing = eng->closing;
     pthread_mutex_unlock(&eng->mu);
     if (d) { *out = &d->pub; return 0; }
@@ -554,6 +570,14 @@ void p2p_delivery_free(p2p_delivery *pub) {
     free(d->bitmap);
     free(d->segs);
     free(d);
+}
+
+void deliveries_free(struct delivery_priv *list) {
+    while (list) {
+        struct delivery_priv *next = list->next;
+        p2p_delivery_free(&list->pub);
+        list = next;
+    }
 }
 
 /* Calls fn for each [lo, hi) piece of segment i, in data-region offsets, that a missing chunk covers. */

@@ -93,11 +93,23 @@ struct tombstone {
 };
 #define TOMBSTONES 4096
 
+/* A source (address and port) with deliveries waiting on the queue, and what they hold of its
+ * quotas (max_queued_*). Lives while it has one; owned by the engine, under its mu. */
+struct queued_source {
+    struct queued_source *next;
+    struct sockaddr_in addr;
+    uint32_t messages;
+    uint64_t bytes;
+};
+
 struct delivery_priv {
     p2p_delivery pub;             /* first: the public view */
     struct delivery_priv *next;
     uint8_t *base, *bitmap;
     uint64_t *segs;
+    /* While on the queue (under eng->mu): its source's record, and the bytes it claims (its whole chunks). */
+    struct queued_source *from;
+    uint64_t claim;
 };
 
 struct p2p_engine {
@@ -108,7 +120,10 @@ struct p2p_engine {
     pthread_cond_t cv;
     int closing, refs;            /* under mu */
     struct p2p_send *cmd_head, *cmd_tail;
+    /* Under mu: the delivery queue, oldest first (the I/O thread adds, p2p_recv takes), and the
+     * sources it holds deliveries of; counters.queued_* are its totals, written under mu only. */
     struct delivery_priv *dq_head, *dq_tail;
+    struct queued_source *dq_sources;
     /* I/O thread only: */
     struct p2p_send *active;
     struct rx *rxs;               /* newest first */
@@ -135,6 +150,10 @@ void segment_coverage(const uint8_t *bitmap, uint32_t nchunks, uint32_t chunk, u
                       const uint64_t *seg_off, const uint64_t *seg_len, uint32_t nseg, uint64_t *out);
 int set_error(int err, const char *fmt, ...);
 void engine_unref(p2p_engine *eng);
+/* With mu held: takes d (the one after prev; prev NULL: the head) off the delivery queue and out of its quotas. */
+void dq_remove(p2p_engine *eng, struct delivery_priv *d, struct delivery_priv *prev);
+/* Frees deliveries linked through next. */
+void deliveries_free(struct delivery_priv *list);
 
 /* io.c: the I/O thread (tx.c and rx.c are its parts, see io.h) */
 int io_init(p2p_engine *eng);

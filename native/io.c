@@ -75,15 +75,16 @@ void *io_main(void *arg) {
 void io_finish_all(p2p_engine *eng) {
     tx_cancel_all(eng, now_ns());
     rx_free_all(eng);
+    struct delivery_priv *unread = NULL;
     pthread_mutex_lock(&eng->mu);
-    struct delivery_priv *d = eng->dq_head;
-    eng->dq_head = eng->dq_tail = NULL;
-    pthread_mutex_unlock(&eng->mu);
-    while (d) {
-        struct delivery_priv *next = d->next;
-        p2p_delivery_free(&d->pub);
-        d = next;
+    while (eng->dq_head) {
+        struct delivery_priv *d = eng->dq_head;
+        dq_remove(eng, d, NULL); /* (frees the sources' records with their last delivery) */
+        d->next = unread;
+        unread = d;
     }
+    pthread_mutex_unlock(&eng->mu);
+    deliveries_free(unread);
 }
 
 int io_init(p2p_engine *eng) {

@@ -61,6 +61,13 @@ typedef struct {
     uint32_t max_partial_messages;  /* open at once, every source together; 0 = 1024 */
     uint32_t max_partial_per_source; /* open at once from one address and port; 0 = 64 */
     uint64_t max_partial_bytes;     /* bytes the open ones may claim together; 0 = 16 GiB */
+    /* Quotas on delivered messages waiting for p2p_recv (the delivery queue), each claiming its whole
+     * chunks as above: when a newly delivered one would exceed one, the oldest waiting delivery of the
+     * source (address and port) holding the most of it is dropped, until it fits: a source never
+     * loses a delivery to another that holds less than it (a flood drops the flooder's own first).
+     * Its sender was already told that the message arrived. */
+    uint32_t max_queued_messages;   /* waiting at once, every source together; 0 = max_partial_messages */
+    uint64_t max_queued_bytes;      /* bytes they may claim together; 0 = max_partial_bytes */
     double uplink_rate;           /* bytes/s this peer may send in total; 0 = unpaced */
     double drop_prob;             /* drop incoming DATA with this probability (loss injection) */
     uint64_t seed;                /* for drop_prob */
@@ -159,15 +166,19 @@ typedef struct {
     uint64_t drop_injected;       /* dropped on purpose by drop_prob */
     uint64_t drop_too_large;      /* larger than max_message_bytes */
     uint64_t drop_evicted;        /* partial messages dropped for a newer one (quotas above) */
+    uint64_t drop_queue_full;     /* delivered messages dropped unread: the delivery queue's quotas (max_queued_*) */
     uint64_t ack_limited;         /* ACKs not sent: 3x the bytes the message brought in (anti-amplification) */
     uint64_t send_errors;         /* sends the kernel refused (EACCES, ENETUNREACH, ...): receiver ended */
     uint64_t mcast_datagrams_sent; /* DATA datagrams sent to a group (each counted once in datagrams_sent) */
     uint64_t mcast_datagrams_received; /* datagrams that arrived through a group */
     uint64_t mcast_refused;       /* announced messages this engine could not join the group of (got them by unicast) */
     uint64_t drop_not_member;     /* multicast DATA for a message not announced to this engine */
-    /* Gauges, not counters: incoming messages still being received now, and their bytes still to come. */
+    /* Gauges, not counters: incoming messages still being received now, and their bytes still to come;
+     * delivered messages waiting for p2p_recv, and the bytes they claim (max_queued_*). */
     uint64_t receiving_messages;
     uint64_t receiving_bytes;
+    uint64_t queued_messages;
+    uint64_t queued_bytes;
 } p2p_counters;
 
 const char *p2p_last_error(void);

@@ -153,6 +153,13 @@ class Channel:
             message (that source's first), counted as ``drop_evicted``. Size max_partial_bytes for
             what arrives at once: a few messages from each peer that sends to this one (every
             member, at the end of a job's final average).
+        max_queued_messages, max_queued_bytes: quotas on delivered messages waiting for `recv`
+            (all sources together; the bytes they claim, as above; None = the same as
+            max_partial_messages and max_partial_bytes). A newly delivered message that would
+            exceed one drops the oldest waiting message of the source (address and port) holding
+            the most, counted as ``drop_queue_full``: a source never loses a message to another
+            that holds less than it, so a key holder's flood of messages between two `recv` calls
+            drops its own. ``queued_messages`` and ``queued_bytes`` in `stats` say what waits now.
         uplink_rate: bytes/s this peer may send in total (its uplink); 0 = unpaced. Per-receiver
             rates are given with each send.
         drop_prob, seed: drop incoming data datagrams with this probability (loss injection for
@@ -179,7 +186,8 @@ class Channel:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, *, sender_id: int = 0, job_id: str | int = "",
                  key: bytes | None = None, max_datagram: int | None = None, window_bytes: int = 8 << 20,
                  rx_idle: float = 5.0, max_message_bytes: int = 4 << 30, max_partial_messages: int = 1024,
-                 max_partial_per_source: int = 64, max_partial_bytes: int | None = None, uplink_rate: float = 0.0,
+                 max_partial_per_source: int = 64, max_partial_bytes: int | None = None,
+                 max_queued_messages: int | None = None, max_queued_bytes: int | None = None, uplink_rate: float = 0.0,
                  drop_prob: float = 0.0, seed: int = 0, socket_buffer: int = 32 << 20, gso: bool = True,
                  transport_mode: str = "unicast", mcast_port: int = 0, mcast_groups: str = "239.77.0.0/16",
                  mcast_ttl: int = 1, mcast_max_joined: int = 16):
@@ -214,6 +222,8 @@ class Channel:
         if max_partial_bytes is None:
             max_partial_bytes = 4 * (max_message_bytes + CHUNK_CLAIM)
         cfg.max_partial_bytes = max_partial_bytes
+        cfg.max_queued_messages = max_partial_messages if max_queued_messages is None else max_queued_messages
+        cfg.max_queued_bytes = max_partial_bytes if max_queued_bytes is None else max_queued_bytes
         cfg.uplink_rate = uplink_rate
         cfg.drop_prob = drop_prob
         cfg.seed = seed
@@ -413,7 +423,9 @@ class Channel:
         return delivery
 
     def stats(self) -> dict[str, int]:
-        """Engine counters: bytes and datagrams each way, retransmissions, drops by reason; and
+        """Engine counters: bytes and datagrams each way, retransmissions, drops by reason (the
+        quotas': ``drop_evicted``, partial messages; ``drop_queue_full``, delivered ones not taken
+        yet); gauges of what it holds now (``receiving_*``, ``queued_*``); and
         ``drop_bad_descriptor``, messages `recv` refused."""
         c = ffi.new("p2p_counters *")
         with self._held() as eng:

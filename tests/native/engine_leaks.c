@@ -1,7 +1,8 @@
 /* The engine alone under AddressSanitizer with leak detection (`make asan`): no Python, so every
  * leak reported is the engine's. Runs what a peer does and what can go wrong around it: tagged
  * messages under loss, a replay, garbage datagrams, undelivered messages and sends in flight at
- * close, close while another thread is blocked in p2p_recv, and multicast sends (through a group
+ * close, deliveries dropped for the queue's quota and left waiting at close, close while another
+ * thread is blocked in p2p_recv, and multicast sends (through a group
  * where loopback carries multicast, else by the fallback to unicast). Exits non-zero on any failure. */
 #include <arpa/inet.h>
 #include <pthread.h>
@@ -23,9 +24,10 @@
 
 #define MCAST_PORT 47399
 
-static p2p_engine *open_engine_mc(uint16_t id, double drop, uint16_t mcast_port) {
+static p2p_engine *open_engine_mc(uint16_t id, double drop, uint16_t mcast_port, uint32_t max_queued) {
     p2p_config cfg;
     p2p_config_default(&cfg);
+    cfg.max_queued_messages = max_queued;
     cfg.sender_id = id;
     cfg.job_id = 7;
     for (int i = 0; i < 32; i++) cfg.key[i] = (uint8_t)(i + 1);
@@ -38,7 +40,7 @@ static p2p_engine *open_engine_mc(uint16_t id, double drop, uint16_t mcast_port)
     return e;
 }
 
-static p2p_engine *open_engine(uint16_t id, double drop) { return open_engine_mc(id, drop, 0); }
+static p2p_engine *open_engine(uint16_t id, double drop) { return open_engine_mc(id, drop, 0, 0); }
 
 static uint16_t port_of(p2p_engine *e) {
     char host[16];
@@ -102,8 +104,8 @@ int main(void) {
     CHECK(p2p_recv(b, 500, &none) == 1);
 
     /* Multicast to two receivers (one lossy), exact and within a bound; then one left in flight at close. */
-    p2p_engine *m[3] = {open_engine_mc(5, 0, MCAST_PORT), open_engine_mc(6, 0, MCAST_PORT),
-                        open_engine_mc(7, 0.05, MCAST_PORT)};
+    p2p_engine *m[3] = {open_engine_mc(5, 0, MCAST_PORT, 0), open_engine_mc(6, 0, MCAST_PORT, 0),
+                        open_engine_mc(7, 0.05, MCAST_PORT, 0)};
     p2p_segment seg = {x, n * sizeof *x, 0};
     p2p_receiver group[2] = {{"127.0.0.1", port_of(m[1]), 0, 1}, {"127.0.0.1", port_of(m[2]), 0, 1}};
     p2p_send_options opt = {.app = "f4", .app_len = 2};
@@ -127,6 +129,24 @@ int main(void) {
     p2p_engine_close(m[2]);
     CHECK(p2p_send_wait(inflight, 0) == 0);
     p2p_send_release(inflight);
+
+    /* A receiver with room for 4 that takes nothing: the oldest 6 of 10 are dropped and counted, 2
+     * are taken, and close frees the 2 still waiting (and their source's record). */
+    p2p_engine *q = open_engine_mc(8, 0, 0, 4);
+    for (uint32_t msg = 1; msg <= 10; msg++) {
+        p2p_send *qs = send_to(a, q, msg, x, 256, 0, 0);
+        CHECK(p2p_send_wait(qs, 10000) == 0); /* (q sends DONE once the delivery is queued) */
+        p2p_send_release(qs);
+    }
+    p2p_counters qc;
+    p2p_engine_counters(q, &qc);
+    CHECK(qc.drop_queue_full == 6 && qc.queued_messages == 4);
+    for (uint32_t msg = 7; msg <= 8; msg++) {
+        p2p_delivery *d = NULL;
+        CHECK(p2p_recv(q, 0, &d) == 0 && d->msg_id == msg);
+        p2p_delivery_free(d);
+    }
+    p2p_engine_close(q);
 
     /* Left open at close: a message b never took, a send to a peer that is gone, a partial message. */
     p2p_send *s = send_to(a, b, 10, x, n, 0, 0);

@@ -1,9 +1,11 @@
 """What a key holder can make a receiver allocate or send: a message larger than the job sends is
 refused; partial messages are bounded by count (per source and in all) and by the bytes they claim,
-oldest dropped first; the answers to a message are bounded by 3x what it brought in. Legitimate
-traffic goes on meanwhile."""
+oldest dropped first; delivered messages waiting for recv are bounded by count and bytes, the
+source holding the most losing its oldest; the answers to a message are bounded by 3x what it
+brought in. Legitimate traffic goes on meanwhile."""
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import struct
@@ -15,7 +17,7 @@ import torch
 
 from p2plearn.transport import CHUNK_CLAIM, message_bytes
 from tests.train.conftest import job, on_peers  # noqa: F401 - `job` is a fixture
-from tests.transport.craft import DATA, PROBE, datagram, settled
+from tests.transport.craft import DATA, PROBE, RawPeer, datagram, message_chunks, settled
 
 KEY, JOB = bytes(range(32)), 7
 
@@ -32,6 +34,22 @@ def last_chunk(to: tuple[str, int], msg: int, nchunks: int, chunk_size: int) -> 
     """A message's last chunk alone (8 bytes): the cheapest datagram that opens a partial message."""
     return datagram(DATA, sender=9, msg=msg, chunk=nchunks - 1, nchunks=nchunks, chunk_size=chunk_size,
                     meta_len=24, body=bytes(8), job=JOB, key=KEY, to=to)
+
+
+def whole_message(to: tuple[str, int], msg: int, chunk_size: int = 64) -> bytes:
+    """A finished message (no arrays) in one datagram of 88 bytes, claiming one chunk of `chunk_size`
+    bytes: the cheapest way to make a receiver queue a delivery."""
+    (chunk,), meta_len = message_chunks([], [], chunk_size)
+    return datagram(DATA, sender=9, msg=msg, nchunks=1, chunk_size=chunk_size, meta_len=meta_len, body=chunk,
+                    job=JOB, key=KEY, to=to)
+
+
+def take_all(receiver) -> list:
+    """Every delivery waiting at `receiver` (none comes within 0.5 s after the last)."""
+    got = []
+    while (d := receiver.recv(timeout=0.5)) is not None:
+        got.append(d)
+    return got
 
 
 def legit_message_arrives(sender, receiver, size: int = 250_000) -> None:
@@ -134,6 +152,74 @@ def test_a_key_holder_allocates_at_most_a_few_of_the_largest_messages(channels, 
     # 300 x 240 KiB written (70 MiB) without the bound on claims; 4 x 256 KiB with it
     assert grown < 16 << 20, f"RSS grew {grown / 2**20:.0f} MiB (budget 16 MiB)"
     legit_message_arrives(channels(sender_id=1, key=KEY, job_id=JOB), b, size=50_000)  # 200 KB: within the bound
+
+
+def test_delivered_messages_waiting_for_recv_are_bounded_a_flooder_drops_its_own_oldest(channels, raw_peer):
+    b = channels(key=KEY, job_id=JOB, max_queued_messages=32)
+    for msg in range(1000):  # a key holder finishes 1,000 messages between two of b's recv calls
+        raw_peer.send(whole_message(b.address, msg), b.address)
+    st = settled(b, "messages_delivered", quiet=0.3)
+    delivered = st["messages_delivered"]
+    assert delivered >= 500, st  # the kernel may drop some of the 1,000 itself
+    assert (st["queued_messages"], st["queued_bytes"]) == (32, 32 * 64), st
+    assert st["drop_queue_full"] == delivered - 32, st
+    x = np.random.default_rng(0).random(250_000).astype(np.float32)
+    honest = channels(sender_id=1, key=KEY, job_id=JOB)
+    assert honest.send(1, [x], [b.address]).wait(10)[0].result == "exact"  # sent after the flood
+    got = take_all(b)
+    assert len(got) == 32 and [d.sender for d in got].count(1) == 1
+    mine = next(d for d in got if d.sender == 1)
+    assert mine.complete
+    np.testing.assert_array_equal(mine.arrays[0], x)
+    flood = [d.msg_id for d in got if d.sender == 9]
+    assert flood == sorted(flood) and flood[0] >= delivered - 31, flood  # its newest kept, in order
+    st = b.stats()
+    assert st["drop_queue_full"] == delivered - 31 and st["queued_messages"] == st["queued_bytes"] == 0, st
+
+
+def test_a_flood_from_many_sources_leaves_an_honest_sender_its_share(channels):
+    """Eight sources fill the queue; a sender holding less than each of them loses nothing."""
+    b = channels(key=KEY, job_id=JOB, max_queued_messages=32)
+    with contextlib.ExitStack() as stack:
+        floods = [stack.enter_context(contextlib.closing(RawPeer())) for _ in range(8)]
+        for msg in range(200):
+            for peer in floods:
+                peer.send(whole_message(b.address, msg), b.address)
+        st = settled(b, "messages_delivered", quiet=0.3)
+    assert st["queued_messages"] == 32 and st["drop_queue_full"] >= 500, st
+    honest = channels(sender_id=1, key=KEY, job_id=JOB)
+    x = np.arange(10_000, dtype=np.float32)
+    for msg in (1, 2, 3):  # at most 3 of 33 waiting: fewer than the largest flooding source (30 among 8: 4)
+        assert honest.send(msg, [x + msg], [b.address]).wait(10)[0].result == "exact"
+    got = take_all(b)
+    assert len(got) == 32
+    mine = [d for d in got if d.sender == 1]
+    assert [d.msg_id for d in mine] == [1, 2, 3]
+    for d in mine:
+        np.testing.assert_array_equal(d.arrays[0], x + d.msg_id)
+    st = b.stats()
+    assert st["drop_queue_full"] == st["messages_delivered"] - 32 and st["queued_messages"] == 0, st
+
+
+def test_waiting_messages_claim_at_most_the_partial_byte_quota_by_default(channels, raw_peer):
+    """88 bytes on the wire that claim a whole chunk each: 1,000 of them would hold 62 MiB."""
+    largest = 256 << 10
+    b = channels(key=KEY, job_id=JOB, max_message_bytes=largest)
+    quota = 4 * (largest + CHUNK_CLAIM)  # max_partial_bytes' default, which max_queued_bytes follows
+    for msg in range(1000):
+        raw_peer.send(whole_message(b.address, msg, chunk_size=CHUNK_CLAIM), b.address)
+    st = settled(b, "messages_delivered", quiet=0.3)
+    assert st["messages_delivered"] >= 500, st
+    assert st["queued_messages"] == quota // CHUNK_CLAIM and st["queued_bytes"] <= quota, st
+    assert st["drop_queue_full"] == st["messages_delivered"] - st["queued_messages"], st
+    x = np.random.default_rng(0).random(50_000).astype(np.float32)  # 200 KB: claims 4 chunks
+    honest = channels(sender_id=1, key=KEY, job_id=JOB)
+    assert honest.send(1, [x], [b.address]).wait(10)[0].result == "exact"  # waiting at b now
+    after = b.stats()
+    assert after["drop_queue_full"] > st["drop_queue_full"] and after["queued_bytes"] <= quota, after
+    mine = [d for d in take_all(b) if d.sender == 1]  # the flood's oldest made room for it
+    assert len(mine) == 1 and mine[0].complete
+    np.testing.assert_array_equal(mine[0].arrays[0], x)
 
 
 @pytest.mark.slow
