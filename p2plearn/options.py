@@ -86,6 +86,13 @@ class Options:
     period: int = _opt(16, "local steps between rounds (H): a round every H steps costs 1/H of the communication; "
                           "larger drifts the peers further apart between rounds (4-16 is typical, as in local SGD)",
                    valid=(lambda value: value >= 1, "must be >= 1"))
+    fragments: int = _opt(1, "streaming rounds: the exchanged buckets split into F fragments of whole buckets, in model "
+                             "order, balanced in bytes; a round runs every period/F steps and carries one fragment in "
+                             "turn (round r: fragment r mod F), so each fragment is averaged every --period steps at its "
+                             "own offset and a round's message (each uplink's peak) is about 1/F of the model. --period "
+                             "must be a multiple of F, the model must have at least F buckets (lower --bucket-mb), and "
+                             "--filter value does not apply; 1: every round carries the whole model",
+                          valid=_within(1, 1024))
     outer_lr: float = _opt(1.0, "step size of the outer update on a round's averaged change (DiLoCo): the model becomes "
                                 "its value at the last round + outer-lr x the change; 1 with --outer-momentum 0 is plain "
                                 "averaging; DiLoCo uses 0.7 with momentum 0.9; in (0, 2]: beyond 2 each round overshoots the "
@@ -156,6 +163,12 @@ class Options:
                 raise OptionsError(f"{_flag(f.name)}: {why} (got {getattr(self, f.name)!r})")
         if self.emulate and not self.topology:
             raise OptionsError("--emulate: needs --topology")
+        if self.period % self.fragments:
+            raise OptionsError(f"--fragments: --period ({self.period}) must be a multiple of --fragments "
+                               f"({self.fragments}): a fragment's round runs every period / fragments steps")
+        if self.fragments > 1 and self.filter != "none":
+            raise OptionsError("--fragments: does not apply with --filter value (the filter picks what travels per "
+                               "layer, from the whole model's change)")
         if self.compress != "none" and self.filter != "none":
             raise OptionsError("--compress: does not apply with --filter value yet (the filter picks what travels)")
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -26,6 +27,7 @@ from p2plearn.filter.wire import DENSE, SPARSE, layout
 from p2plearn.protocols import ControlClient, DataChannel
 from p2plearn.sync.bfloat16 import values
 from p2plearn.sync.compress import Compressor
+from p2plearn.sync.fragments import Fragments
 from p2plearn.sync.inbox import UNUSABLE, Inbox
 from p2plearn.sync.merge import Contribution, merge_parameter, unfit
 from p2plearn.sync.outer import OuterOptimizer
@@ -86,6 +88,9 @@ class Synchronizer(ABC):
             whose accumulated change crossed its threshold, carrying their current values;
             receivers average just those and keep their own values elsewhere.
         outer: the outer update on each round's averaged change (DiLoCo); None averages plainly.
+            With fragments, a round's outer step and new anchor are its fragment's arrays' only.
+        fragments: F; round r exchanges only fragment r mod F of the arrays (see
+            `p2plearn.sync.fragments`; at least F arrays; no value filter); 1: every array every round.
         compress: "none", or the format values travel in ("fp16", "bf16", "int8"; see
             `p2plearn.sync.compress`), with error feedback.
         policy_options: the selection policy's own options (SELMCAST: max_fanout, mixing_slack).
@@ -106,7 +111,7 @@ class Synchronizer(ABC):
                  value_filter: UpdateFilter | None = None, outer: OuterOptimizer | None = None,
                  compress: str = "none", round_cap_s: float = 30.0, start_clock: int = 0,
                  policy_options: dict | None = None, transport_mode: str = "unicast",
-                 layer_ranges: list[tuple[int, int, int]] | None = None):
+                 layer_ranges: list[tuple[int, int, int]] | None = None, fragments: int = 1):
         if not all(p.flags.c_contiguous for p in params):
             raise ValueError("the synchronizer merges in place: its arrays must be C-contiguous")
         self.params = [p.reshape(-1) for p in params]  # 1-D views: layers are element ranges of them
@@ -125,6 +130,10 @@ class Synchronizer(ABC):
             nonempty = [i for i in layers if self.layer_ranges[i][2] > self.layer_ranges[i][1]]
             self._norm_cuts.append((np.array([self.layer_ranges[i][1] for i in nonempty], dtype=np.int64),
                                     np.array(nonempty, dtype=np.int64)))
+        if fragments > 1 and value_filter is not None:
+            raise ValueError("--fragments: does not apply with --filter value (the filter picks what travels per "
+                             "layer, from the whole model's change)")
+        self.fragments = Fragments([p.nbytes for p in self.params], fragments)
         self.channel = channel
         self.client = client
         self.tolerance = tolerance
@@ -149,14 +158,16 @@ class Synchronizer(ABC):
         self._merge_s = 0.0
         self._backlog = 0
         self._probes: dict[int, str] = {}  # this round's flows that probe an end (see selection.view)
+        self._fragment_bytes: dict[int, int] = {}  # per fragment, its last message's bytes
 
     def step(self, loss: float | None = None) -> RoundStats:
         """Run one round; returns its stats. Call it after each local optimizer step."""
         rnd = self.clock
+        carried = self.fragments.arrays(rnd)
         t0 = time.monotonic()
         self._computed_until(t0)
         deltas = self._track_updates(loss)
-        arrays, to_wire = self._message(rnd, deltas)
+        arrays, to_wire = self._message(rnd, deltas, carried)
         self.network.expected_bytes = sum(a.nbytes for a in arrays)
         view = self.client.view_for(rnd)
         plan = self.planner.plan(view, rnd, self.client.rank, self.network.expected_bytes)
@@ -182,15 +193,21 @@ class Synchronizer(ABC):
         inputs = self._inputs(rnd)
         merged, delivered = self._merge(inputs)
         self._backlog = self.inbox.pending()
-        if self.outer is not None:
-            self.outer.step(self.params, self._previous)  # the model as last merged is the anchor
-        self._previous = [p.copy() for p in self.params]
+        self._outer_step(carried)
         results = dict(Counter(st.result for st in sent))
         send_s = max((st.elapsed_s for st in sent), default=0.0)
         self._round_end = time.monotonic()
         return RoundStats(rnd, [j for j, _ in receivers], plan.senders, merged, delivered, plan.fanout,
                           plan.planned_time, comm_s, send_s, self.network.expected_bytes * _copies(sent),
                           sum(st.retransmitted for st in sent), results, sorted({d.sender for d in inputs}))
+
+    def _outer_step(self, carried: list[int]) -> None:
+        """The outer update of the arrays the round carried, from their anchors (the model as last
+        merged), which then become these arrays' values; the other arrays keep theirs."""
+        if self.outer is not None:
+            self.outer.step(self.params, self._previous, carried)
+        for i in carried:
+            self._previous[i] = self.params[i].copy()
 
     def state_dict(self) -> dict[str, Any]:
         """What resuming exactly needs: the round clock, the model as last merged (the filter's
@@ -276,13 +293,18 @@ class Synchronizer(ABC):
         """Whether an expected sender is still worth waiting for."""
         return rank in self.client.members and not self._interrupted
 
-    def _message(self, rnd: int, deltas: list[np.ndarray]) -> tuple[list[np.ndarray], Any]:
-        """What to send, and how per-layer bounds make it a message: bounds -> (arrays, their bounds)."""
+    def _message(self, rnd: int, deltas: list[np.ndarray], carried: list[int]) -> tuple[list[np.ndarray], Any]:
+        """What to send of the arrays `carried`, and how per-layer bounds make it a message:
+        bounds -> (arrays, their bounds). Compression residuals change only for what is sent."""
         if self.compressor is not None:
-            encoded = self.compressor.encode(self.params, [(t, 0, p.size) for t, p in enumerate(self.params)])
-            return encoded, lambda bounds: (encoded, self.compressor.loss_bounds(self.array_bounds(bounds)))
+            encoded = self.compressor.encode([self.params[t] for t in carried],
+                                             [(t, 0, self.params[t].size) for t in carried])
+            def wire(bounds: list[float]) -> tuple[list[np.ndarray], list[float]]:
+                per_array = self.array_bounds(bounds)
+                return encoded, self.compressor.loss_bounds([per_array[t] for t in carried])
+            return encoded, wire
         if self.filter is None:
-            return self.params, self._segments
+            return [self.params[t] for t in carried], lambda bounds: self._segments(bounds, carried)
         msg = self.filter.encode(rnd, [deltas[a][lo:hi] for a, lo, hi in self.layer_ranges])
         arrays = list(msg.arrays)
         shapes = [p.shape for p in self.layer_views]
@@ -299,11 +321,12 @@ class Synchronizer(ABC):
         its layers' bounds (compressed or partitioned rounds), none of them loses more than its own."""
         return [min((bounds[i] for i in layers), default=0.0) for layers in self._array_layers]
 
-    def _runs(self, bounds: list[float]) -> list[tuple[int, int, int, float]]:
-        """(array, start, end, bound): each array cut where its layers' bounds change; one run per
-        array when they are all alike (every policy but the per-layer one)."""
+    def _runs(self, bounds: list[float], carried: Sequence[int]) -> list[tuple[int, int, int, float]]:
+        """(array, start, end, bound): each of the arrays `carried` cut where its layers' bounds
+        change; one run per array when they are all alike (every policy but the per-layer one)."""
         runs = []
-        for a, layers in enumerate(self._array_layers):
+        for a in carried:
+            layers = self._array_layers[a]
             start, bound = 0, bounds[layers[0]] if layers else 0.0
             for i in layers:
                 if bounds[i] != bound:
@@ -313,9 +336,10 @@ class Synchronizer(ABC):
             runs.append((a, start, self.params[a].size, bound))
         return runs
 
-    def _segments(self, bounds: list[float]) -> tuple[list[np.ndarray], list[float]]:
-        """The plain message: the arrays, cut into runs of one loss bound each, and the bounds."""
-        runs = self._runs(bounds)
+    def _segments(self, bounds: list[float], carried: Sequence[int] | None = None) -> tuple[list[np.ndarray], list[float]]:
+        """The plain message: the arrays `carried` (None: all), cut into runs of one loss bound
+        each, and the bounds."""
+        runs = self._runs(bounds, range(len(self.params)) if carried is None else carried)
         return [self.params[a][lo:hi] for a, lo, hi, _ in runs], [b for *_, b in runs]
 
     def _contributions(self, d: Delivery) -> list[Contribution | None] | None:
@@ -336,22 +360,35 @@ class Synchronizer(ABC):
         return out
 
     def _decode(self, d: Delivery) -> list[Contribution | None] | None:
+        carried = self.fragments.arrays(d.msg_id)  # the fragment of the delivery's own round
         if self.compressor is not None:
-            return self.compressor.contributions(d, [p.size for p in self.params])
+            sent = self.compressor.contributions(d, [self.params[t].size for t in carried])
+            return None if sent is None else self._spread(sent, carried)
         if self.filter is None:
-            return self._plain_contributions(d)
+            return self._plain_contributions(d, carried)
         masks = [None if f >= 1.0 else d.element_mask(i) for i, f in enumerate(d.fractions)]
         return self._filtered_contributions(d, masks)
 
-    def _plain_contributions(self, d: Delivery) -> list[Contribution] | None:
-        """One contribution per array from a plain message (its arrays cut into segments as the
-        sender's bounds fell: consecutive segments that fill each array exactly, in order); None
-        if the message is not of this model."""
+    def _spread(self, contributions: list[Contribution], carried: list[int]) -> list[Contribution | None]:
+        """Per array of the model, what a message carrying the arrays `carried` brings for it."""
+        if len(carried) == len(self.params):
+            return contributions
+        out: list[Contribution | None] = [None] * len(self.params)
+        for t, c in zip(carried, contributions):
+            out[t] = c
+        return out
+
+    def _plain_contributions(self, d: Delivery, carried: list[int]) -> list[Contribution | None] | None:
+        """Per array, the contribution of a plain message that carries the arrays `carried` (cut
+        into segments as the sender's bounds fell: consecutive segments that fill each array
+        exactly, in order; None for the arrays it does not carry); None if the message is not of
+        this model."""
+        targets = [self.params[t] for t in carried]
         out, pieces, filled = [], [], 0
         for i, a in enumerate(d.arrays):
-            if len(out) == len(self.params):
-                return None  # more segments than the model holds
-            own = self.params[len(out)]
+            if len(out) == len(targets):
+                return None  # more segments than the fragment holds
+            own = targets[len(out)]
             if a.dtype != own.dtype or filled + a.size > own.size:
                 return None
             pieces.append(i)
@@ -359,7 +396,7 @@ class Synchronizer(ABC):
             if filled == own.size:
                 out.append(self._joined_contribution(d, pieces))
                 pieces, filled = [], 0
-        return out if len(out) == len(self.params) and not pieces else None
+        return self._spread(out, carried) if len(out) == len(targets) and not pieces else None
 
     @staticmethod
     def _joined_contribution(d: Delivery, pieces: list[int]) -> Contribution:
@@ -401,12 +438,17 @@ class Synchronizer(ABC):
 
     def _merge(self, inputs: list[Delivery]) -> tuple[int, float]:
         t0 = time.monotonic()
-        usable = [c for c in (self._contributions(d) for d in inputs) if c is not None]
+        usable = [(d.msg_id, c) for d, c in ((d, self._contributions(d)) for d in inputs) if c is not None]
         if not usable:
             return 0, 1.0
+        targets = self._merge_targets()
+        # the arrays the messages' rounds carried (every target with one fragment): each delivery
+        # merges into its own round's fragment only (SSP merges several rounds at once)
+        carried = range(len(targets)) if self.fragments.count == 1 else \
+            sorted({t for rnd, _ in usable for t in self.fragments.arrays(rnd)})
         fractions = []
-        for i, own in enumerate(self._merge_targets()):
-            fractions.append(merge_parameter(own, [c[i] for c in usable if c[i] is not None]))
+        for i in carried:
+            fractions.append(merge_parameter(targets[i], [c[i] for _, c in usable if c[i] is not None]))
         self._merge_s = (time.monotonic() - t0) / len(usable)
         return len(usable), float(np.mean(fractions))
 
@@ -442,8 +484,11 @@ class Synchronizer(ABC):
         engine = self.channel.stats()
         load = {"compute_s": self._compute_s, "merge_s": self._merge_s, "backlog": self._backlog,
                 "in_flight_bytes": engine.get("receiving_bytes", 0), "in_flight_msgs": engine.get("receiving_messages", 0)}
+        # The size the view plans every round with: the largest fragment's, steady from round to
+        # round (a size that alternated would publish a new view, and risk a round, every round).
+        self._fragment_bytes[self.fragments.of_round(rnd)] = self.network.expected_bytes
         self.client.report(rnd + 1, loss=loss, step_time=comm_s, links=links, load=load,
-                           message_bytes=self.network.expected_bytes)
+                           message_bytes=max(self._fragment_bytes.values()))
         record = RoundRecord(round=rnd, elapsed_s=comm_s,
                              delivered=float(np.mean([st.delivered for st in sent])) if sent else 1.0,
                              loss_rate=float(np.mean([st.loss_rate for st in sent])) if sent else 0.0,

@@ -9,10 +9,12 @@ update then treats the averaged change since the last round as a (negative) grad
 
 With lr 1 and momentum 0 the model is the plain average (the update is skipped). Tuning: with a
 long period (tens to hundreds of local steps) DiLoCo's lr 0.7 and momentum 0.9 speed up
-convergence; with a short period momentum adds little and lr above 1 can diverge.
+convergence; with a short period momentum adds little and lr above 1 can diverge. With
+``--fragments`` each round steps its fragment's parameters only, each with its own momentum.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -40,13 +42,16 @@ class OuterOptimizer:
         """Whether the update leaves the average as it is (lr 1, no momentum)."""
         return self.lr == 1.0 and self.momentum == 0.0
 
-    def step(self, params: list[np.ndarray], anchors: list[np.ndarray]) -> None:
-        """`params` hold the round's merged model; each becomes its outer update from `anchors`."""
+    def step(self, params: list[np.ndarray], anchors: list[np.ndarray], only: Sequence[int] | None = None) -> None:
+        """`params` hold the round's merged model; each becomes its outer update from `anchors`.
+        `only`: the indices of the parameters the round carried (a fragment): the others, and
+        their momentum, are left as they are; None: all."""
         if self.plain:
             return
         if self.buffers is None:
             self.buffers = [np.zeros(p.shape, np.float64 if p.dtype == np.float64 else np.float32) for p in params]
-        for p, anchor, buffer in zip(params, anchors, self.buffers):
+        for i in range(len(params)) if only is None else only:
+            p, anchor, buffer = params[i], anchors[i], self.buffers[i]
             change = values(p).astype(buffer.dtype) - values(anchor)
             if self.momentum:
                 buffer *= self.momentum

@@ -18,15 +18,17 @@ Loss bounds and Early Close apply per part (the smallest bound of the layers in 
 covers: a part cuts an array anywhere) and the deadline per phase. The value filter does not apply (each part is averaged whole).
 Peers that plan a round from different views cut different parts: such a message does not fit and
 counts as not arrived (the round keeps those elements as they are), so a view change costs at
-most a partial round. Tuning: this mode pays where a full average is wanted each round (few
-peers, a large --period); with many peers, a sparse plan (--sync bsp --selection selmcast) mixes
-less per round but its uplinks carry only p copies.
+most a partial round. With ``--fragments F`` a round parts and averages its fragment's arrays
+only (see `p2plearn.sync.fragments`), each fragment with its own layout. Tuning: this mode pays
+where a full average is wanted each round (few peers, a large --period); with many peers, a
+sparse plan (--sync bsp --selection selmcast) mixes less per round but its uplinks carry only p
+copies.
 """
 from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -102,7 +104,8 @@ class Partitioned(Synchronizer):
             raise ValueError("the value filter does not apply to partitioned rounds (each part is averaged whole)")
         super().__init__(*args, **kwargs)
         self._flat = [p.reshape(-1) for p in self.params]  # views of the (contiguous) parameters
-        self._layout: tuple[tuple, PartLayout] | None = None  # the last view's layout, by the view's order
+        # per fragment, the last view's layout, by the view's order
+        self._layouts: dict[int, tuple[tuple, PartLayout]] = {}
 
     def _wanted_rounds(self) -> tuple[int, int]:
         """Message ids: round r scatters as 2r and gathers as 2r + 1."""
@@ -120,12 +123,13 @@ class Partitioned(Synchronizer):
 
     def step(self, loss: float | None = None) -> RoundStats:
         rnd = self.clock
+        carried = self.fragments.arrays(rnd)
         t0 = time.monotonic()
         self._computed_until(t0)
         self._track_updates(loss)
         me = self.client.rank
-        self.network.expected_bytes = self._model_bytes()
-        layout = self._plan(self.client.view_for(rnd))
+        self.network.expected_bytes = self._model_bytes(carried)
+        layout = self._plan(self.client.view_for(rnd), rnd)
         self.network.planned_time_s = layout.planned_time if layout else 0.0
         bounds, deadline = self.tolerance.bounds(rnd, self.layers, self.network, self.training)
         bounds = self.array_bounds(bounds)  # parts cut arrays anywhere: each keeps its array's smallest bound
@@ -185,9 +189,7 @@ class Partitioned(Synchronizer):
             merged_from.add(d.sender)
         gathered = gather.wait() if gather is not None else []
         comm_s = time.monotonic() - t0
-        if self.outer is not None:
-            self.outer.step(self.params, self._previous)
-        self._previous = [p.copy() for p in self.params]
+        self._outer_step(carried)
         self.clock = rnd + 1
         flows = [(k, layout.scatter_rate[me][k]) for k, _ in scatter] + \
                 ([(j, layout.gather_rate[me][j]) for j in others] if gather is not None else [])
@@ -201,22 +203,28 @@ class Partitioned(Synchronizer):
                           layout.planned_time, comm_s, max((st.elapsed_s for st in stats), default=0.0), sent_bytes,
                           sum(st.retransmitted for st in stats), results, sorted(merged_from))
 
-    def _plan(self, view: Any) -> PartLayout | None:
-        """This round's parts and pacing, from the view (the same on every peer that holds it)."""
+    def _plan(self, view: Any, rnd: int) -> PartLayout | None:
+        """Round `rnd`'s parts (of its fragment's arrays) and pacing, from the view (the same on
+        every peer that holds it)."""
         if view is None:
             return None
-        key = view.order
-        if self._layout is None or self._layout[0] != key:
-            self._layout = (key, PartLayout.from_view(view, [p.size for p in self.params],
-                                                   self._model_bytes()))
-        layout = self._layout[1]
+        fragment = self.fragments.of_round(rnd)
+        cached = self._layouts.get(fragment)
+        if cached is None or cached[0] != view.order:
+            carried = self.fragments.groups[fragment]
+            layout = PartLayout.from_view(view, [self.params[t].size for t in carried], self._model_bytes(carried))
+            if len(carried) != len(self.params):  # the parts index the fragment's arrays: make them the model's
+                layout = replace(layout, slices={k: [(carried[t], a, b) for t, a, b in s]
+                                                 for k, s in layout.slices.items()})
+            cached = self._layouts[fragment] = (view.order, layout)
+        layout = cached[1]
         return layout if len(layout.ranks) >= 2 else None
 
-    def _model_bytes(self) -> int:
-        """The bytes of one whole model on the wire."""
+    def _model_bytes(self, carried: list[int]) -> int:
+        """The bytes of the arrays `carried` (a round's fragment: all of them without fragments) on the wire."""
         if self.compressor is not None:
-            return self.compressor.wire_bytes([p.size for p in self.params])
-        return sum(p.nbytes for p in self.params)
+            return self.compressor.wire_bytes([self.params[t].size for t in carried])
+        return sum(self.params[t].nbytes for t in carried)
 
     def _fits(self, d: Delivery, slices: Slices) -> list[Contribution] | None:
         """d's arrays as contributions to the pieces `slices` cut, or None when they do not fit

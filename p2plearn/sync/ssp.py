@@ -16,7 +16,8 @@ class SSP(Synchronizer):
     clock is over live peers only, so it never blocks on a dead peer. With s = 0 every round-r
     message has arrived when the wait ends: it behaves like BSP. While the coordinator is silent
     (failing over) the slowest clock is stale; a message from a peer within the bound stands in for
-    it (``Synchronizer._hold``).
+    it (``Synchronizer._hold``). With ``fragments`` (see `p2plearn.sync.fragments`) the rounds
+    merged together carry different fragments: each message merges into its own round's arrays.
 
     Args (beyond Synchronizer's): staleness: s. Larger hides stragglers and bursts better but
     merges older models; 1-4 is typical.

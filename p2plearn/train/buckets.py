@@ -10,6 +10,7 @@ larger than the cap gets a bucket of its own; no tensor is split).
 Tuning: ``cap_bytes`` (the option ``--bucket-mb``) trades Python work per round (a few calls per
 bucket) against the size of one segment (a larger segment waits longer for its last chunk
 before its merge can start); a cap above the model's size leaves one bucket per dtype.
+``--fragments F`` makes fragments of whole buckets: it needs at least F of them.
 """
 from __future__ import annotations
 
@@ -71,6 +72,10 @@ class Buckets:
     def device(self) -> torch.device:
         """The device the tensors live on (CPU for a model without any)."""
         return self.flats[0].device if self.flats else torch.device("cpu")
+
+    def nbytes(self) -> list[int]:
+        """The bytes of each bucket, in order (what `p2plearn.sync.fragments` balances)."""
+        return [f.numel() * f.element_size() for f in self.flats]
 
     def ranges(self) -> list[tuple[int, int, int]]:
         """(bucket, start, end) per tensor, for the synchronizer."""

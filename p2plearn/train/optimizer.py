@@ -1,5 +1,6 @@
 """`DecentralizedOptimizer`: a torch optimizer whose `step()` is a local step, and every
-`--period` steps also a communication round (overlapped with the next steps under `--overlap`).
+`--period` steps also a communication round (overlapped with the next steps under `--overlap`;
+with `--fragments F`, a round of one fragment of the model every period / F steps).
 
     import p2plearn
     rt = p2plearn.init()                        # rank, size, options from the launcher or mpirun/srun
@@ -33,6 +34,7 @@ from p2plearn.runtime import Runtime, init
 from p2plearn.selection import NetworkView, plan_flows
 from p2plearn.sync import SYNCHRONIZERS, RoundStats, Synchronizer
 from p2plearn.sync.bfloat16 import bf16_values, values
+from p2plearn.sync.fragments import Fragments
 from p2plearn.sync.inbox import MAX_STATES, STATE_FLAG
 from p2plearn.sync.outer import OuterOptimizer
 from p2plearn.filter import make_filter
@@ -156,7 +158,9 @@ class DecentralizedOptimizer(Optimizer):
     per round), ``outer_lr`` and ``outer_momentum`` (the outer update on each round's averaged
     change, DiLoCo-style; 1 and 0 average plainly), ``overlap`` (the round runs in the background
     while the next H steps compute; its merge is added to the parameters as a change when the
-    next round starts, so a step waits only for a round longer than the period).
+    next round starts, so a step waits only for a round longer than the period), ``fragments``
+    (F: a round every period / F steps, each carrying one fragment of the buckets in turn; see
+    `p2plearn.sync.fragments`).
 
     The exchanged tensors are packed into contiguous buckets (``bucket_mb``, one per dtype at
     least): each parameter and floating buffer becomes a view of its bucket, so a round reads and
@@ -198,6 +202,7 @@ class DecentralizedOptimizer(Optimizer):
         exchanged = exchanged_tensors(model, buffers)
         self.buckets = Buckets(exchanged, max(1, int(self.options.bucket_mb * 2**20)))
         self.tensors = {name: t.data for name, t in exchanged.items()}  # views of the buckets now
+        Fragments(self.buckets.nbytes(), self.options.fragments)  # too few buckets: refused before any engine starts
         self.params = list(self.tensors.values())
         # Overlapped rounds work on a copy of the model, so local steps go on meanwhile.
         self.staging = HostStaging(self.buckets, self.options.staging, separate=self.options.overlap)
@@ -230,7 +235,7 @@ class DecentralizedOptimizer(Optimizer):
                                                       "mixing_slack": self.options.mixing_slack}
                                       if self.options.selection == "selmcast" else None,
                                       transport_mode=self.options.transport_mode,
-                                      layer_ranges=self.buckets.ranges(), **extra)
+                                      layer_ranges=self.buckets.ranges(), fragments=self.options.fragments, **extra)
         self._donations: list[int] = []
         # Each rank's last engine address, and the ranks last heard of as dead: a final average
         # sends to a root that left the job (it is averaging), never to one known dead.
@@ -246,7 +251,9 @@ class DecentralizedOptimizer(Optimizer):
         self.runtime.client.on_event(self._on_event)
         self._stats = TrainingStats()
         self.last_round: RoundStats | None = None
-        self.steps = self.runtime.client.start_clock * self.options.period  # local steps taken (a joiner's: the donor's)
+        # local steps per round: each of the F fragments is averaged once every period
+        self.round_steps = self.options.period // self.options.fragments
+        self.steps = self.runtime.client.start_clock * self.round_steps  # local steps taken (a joiner's: the donor's)
         self._round: threading.Thread | None = None  # the overlapped round in flight
         self._round_outcome: RoundStats | BaseException | None = None
         self._snapshot: list[np.ndarray] = []  # what the round in flight started from
@@ -286,7 +293,7 @@ class DecentralizedOptimizer(Optimizer):
                        max_partial_bytes=3 * max(self.runtime.world_size, 2) * (largest + CHUNK_CLAIM), **kwargs)
 
     def step(self, closure: Any = None, loss: torch.Tensor | float | None = None) -> Any:
-        """A local step of the wrapped optimizer and, every `period` steps, a communication round;
+        """A local step of the wrapped optimizer and, every `round_steps` steps, a communication round;
         returns what the closure returned (None without one), as torch optimizers do. `loss` (or
         else the closure's) feeds the phase-aware tolerance. The last round's figures are in
         `last_round`."""
@@ -300,7 +307,7 @@ class DecentralizedOptimizer(Optimizer):
         result = self._local_step(closure)
         self.steps += 1
         waited = 0.0
-        if self.steps % self.options.period == 0:
+        if self.steps % self.round_steps == 0:
             if loss is None:
                 loss = result
             value = float(loss.detach()) if isinstance(loss, torch.Tensor) else loss
@@ -410,7 +417,7 @@ class DecentralizedOptimizer(Optimizer):
         self.optimizer.load_state_dict(state)
         if own is not None and not self.joined:
             own = _to_numpy(own)
-            self.steps = int(own.get("steps", own["clock"] * self.options.period))
+            self.steps = int(own.get("steps", own["clock"] * self.round_steps))
             self.sync.load_state_dict(own)
 
     def report_accuracy(self, accuracy: float) -> None:
@@ -491,9 +498,9 @@ class DecentralizedOptimizer(Optimizer):
             np.copyto(own, a.reshape(own.shape))  # the bits as sent: bfloat16 stays bfloat16
         self.staging.to_device()
         self.sync.clock = d.msg_id & ~STATE_FLAG
-        # The donor sent this just before its round `clock`, at its step (clock + 1) * period: the
-        # next local step here is that round's, as it is the others'.
-        self.steps = (self.sync.clock + 1) * self.options.period - 1
+        # The donor sent this just before its round `clock`, at its step (clock + 1) * round_steps:
+        # the next local step here is that round's, as it is the others'.
+        self.steps = (self.sync.clock + 1) * self.round_steps - 1
         self.sync._previous = [a.copy() for a in self._arrays]
 
     def average_model(self, root: int = 0, timeout: float = 60.0) -> dict[str, torch.Tensor] | None:
