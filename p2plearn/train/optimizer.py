@@ -287,10 +287,14 @@ class DecentralizedOptimizer(Optimizer):
         # the root of the final average, which takes one from each).
         widest = [np.broadcast_to(np.float32(0), (p.numel(),)) for p in self.params]  # per layer: filtered or cut by bounds
         largest = max(message_bytes(self._arrays), message_bytes(widest)) + 64 * (2 * len(widest) + 1) + 4096
+        # Delivered messages wait for the next drain (between rounds, while steps compute): from every
+        # member, its rounds up to the staleness bound ahead of this peer's, a state and a final model.
+        members, claim = max(self.runtime.world_size, 2), largest + CHUNK_CLAIM
         secret, job = self.runtime.secret, self.runtime.job_id
         return Channel(host=host, sender_id=self.runtime.rank, job_id=job,
                        key=data_key(secret.value, job) if secret else None, max_message_bytes=largest,
-                       max_partial_bytes=3 * max(self.runtime.world_size, 2) * (largest + CHUNK_CLAIM), **kwargs)
+                       max_partial_bytes=3 * members * claim,
+                       max_queued_bytes=(self.options.staleness + 3) * members * claim, **kwargs)
 
     def step(self, closure: Any = None, loss: torch.Tensor | float | None = None) -> Any:
         """A local step of the wrapped optimizer and, every `round_steps` steps, a communication round;
