@@ -30,7 +30,10 @@ from p2plearn.transport.delivery import Delivery
 
 MODES = ("none", "fp16", "bf16", "int8", "int4")
 BLOCK = 256  # int8: values per scale (4 bytes of scale per 256 of values: 1.6% more bytes)
-BLOCK4 = 64  # int4: values per scale (4 bytes per 32 of codes: 12.5% more bytes, for a smaller block's error)
+# int4: values per scale (4 bytes per 32 of codes: 12.5% more bytes). Measured on the outer change of
+# MNIST-1D's CNN and MLP (relative L2 error of one round): 32 errs 14-15% less for 11% more bytes,
+# 128 errs 14-18% more for 6% fewer.
+BLOCK4 = 64
 INT4_MAX = 7  # int4 codes -7..7: symmetric, so 0 is exact and a block's largest value is sent exactly
 FP16_MAX = 65504.0
 
