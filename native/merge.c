@@ -14,7 +14,23 @@
 
 #define BLOCK 2048
 
+/* Bytes per element; P2P_I4 packs two elements in a byte (see byte_of, first_at, value_bytes). */
 static const uint32_t ITEM_SIZE[] = {[P2P_F32] = 4, [P2P_F64] = 8, [P2P_F16] = 2, [P2P_BF16] = 2, [P2P_I8] = 1};
+
+/* The offset of the byte that holds element e. */
+static uint64_t byte_of(int dtype, uint64_t e) {
+    return dtype == P2P_I4 ? e / 2 : e * ITEM_SIZE[dtype];
+}
+
+/* The first element that starts at byte offset b or later. */
+static uint64_t first_at(int dtype, uint64_t b) {
+    return dtype == P2P_I4 ? 2 * b : (b + ITEM_SIZE[dtype] - 1) / ITEM_SIZE[dtype];
+}
+
+/* The bytes that n elements take. */
+static uint64_t value_bytes(int dtype, uint64_t n) {
+    return dtype == P2P_I4 ? n / 2 + (n & 1) : n * ITEM_SIZE[dtype];
+}
 
 static float f16_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
@@ -62,14 +78,19 @@ static uint16_t float_to_f16(float f) {
     return sign | (uint16_t)((rounded - 0x38000000u) >> 13);
 }
 
-/* Element e of values of dtype (scales and block for P2P_I8 only). */
+/* Element e of values of dtype (scales and block for P2P_I8 and P2P_I4 only). */
 static double load(const void *v, int dtype, const float *scales, uint32_t block, uint64_t e) {
     switch (dtype) {
     case P2P_F32: return ((const float *)v)[e];
     case P2P_F64: return ((const double *)v)[e];
     case P2P_F16: return f16_to_float(((const uint16_t *)v)[e]);
     case P2P_BF16: return bf16_to_float(((const uint16_t *)v)[e]);
-    default: return (double)((const int8_t *)v)[e] * scales[e / block];
+    case P2P_I8: return (double)((const int8_t *)v)[e] * scales[e / block];
+    default: {
+        uint8_t pair = ((const uint8_t *)v)[e / 2];
+        int code = (e & 1) ? pair >> 4 : pair & 0x0f;
+        return (double)(code - 8) * scales[e / block];
+    }
     }
 }
 
@@ -96,13 +117,13 @@ static void add_run(double *sum, double *count, const p2p_contribution *c, uint6
 
 /* Adds c's elements [start, end) that arrived; returns how many did. */
 static uint64_t add_block(double *sum, double *count, const p2p_contribution *c, uint64_t start, uint64_t end) {
-    uint64_t added = 0, size = ITEM_SIZE[c->dtype];
+    uint64_t added = 0;
     for (uint64_t e = start; e < end;) {
         uint64_t run_end = end;
         int arrived = 1;
         if (c->chunk_arrived) {
-            uint64_t k = (c->first_byte + e * size) / c->chunk_size;
-            uint64_t chunk_end = ((k + 1) * c->chunk_size - c->first_byte + size - 1) / size;
+            uint64_t k = (c->first_byte + byte_of(c->dtype, e)) / c->chunk_size;
+            uint64_t chunk_end = first_at(c->dtype, (k + 1) * c->chunk_size - c->first_byte);
             if (chunk_end < run_end) run_end = chunk_end;
             arrived = c->chunk_arrived[k] != 0;
         }
@@ -123,14 +144,23 @@ static uint64_t add_block(double *sum, double *count, const p2p_contribution *c,
 }
 
 static int check_contribution(const p2p_contribution *c, uint64_t n, uint32_t i) {
-    if (c->dtype < P2P_F32 || c->dtype > P2P_I8)
+    if (c->dtype < P2P_F32 || c->dtype > P2P_I4)
         return set_error(EINVAL, "merge: contribution %u has unknown dtype %d", i, c->dtype);
     if (n && !c->values) return set_error(EINVAL, "merge: contribution %u has no values", i);
-    if (c->dtype == P2P_I8 && (!c->scales || !c->block))
-        return set_error(EINVAL, "merge: int8 contribution %u has no scales", i);
+    if (c->values_bytes < value_bytes(c->dtype, n))
+        return set_error(EINVAL, "merge: contribution %u has %llu bytes of values, %llu elements need %llu", i,
+                         (unsigned long long)c->values_bytes, (unsigned long long)n,
+                         (unsigned long long)value_bytes(c->dtype, n));
+    if (c->dtype == P2P_I8 || c->dtype == P2P_I4) {
+        if (!c->scales || !c->block) return set_error(EINVAL, "merge: contribution %u has no scales", i);
+        uint64_t blocks = n / c->block + (n % c->block != 0);
+        if (c->nscales < blocks)
+            return set_error(EINVAL, "merge: contribution %u has %llu scales, %llu elements need %llu", i,
+                             (unsigned long long)c->nscales, (unsigned long long)n, (unsigned long long)blocks);
+    }
     if (!c->chunk_arrived || !n) return 0;
     if (!c->chunk_size) return set_error(EINVAL, "merge: contribution %u has chunk_size 0", i);
-    uint64_t last_byte = c->first_byte + n * ITEM_SIZE[c->dtype] - 1;
+    uint64_t last_byte = c->first_byte + value_bytes(c->dtype, n) - 1;
     if (last_byte < c->first_byte || last_byte / c->chunk_size >= c->nchunks)
         return set_error(EINVAL, "merge: contribution %u reaches past its %llu chunks", i,
                          (unsigned long long)c->nchunks);

@@ -260,20 +260,27 @@ void p2p_plan_free(p2p_plan *plan);
  * p2p_merge averages one tensor in place with k senders' values for it: each element becomes the
  * mean of its own value and the contributions' values for it that arrived (a lost chunk never
  * drags an element anywhere). A contribution's element e arrived when the chunk holding it did
- * (chunk_arrived[(first_byte + e * item size) / chunk_size] != 0; first_byte is where values[0]
+ * (chunk_arrived[(first_byte + the offset of e's byte) / chunk_size] != 0; first_byte is where values[0]
  * sits in the message's chunk numbering: meta_len + the segment's offset) and, with an element
  * mask, when element_arrived[e] != 0; NULL for either means everything arrived. Sums in double.
- * *arrived_out: the fraction of (element, contribution) pairs that arrived. */
+ * *arrived_out: the fraction of (element, contribution) pairs that arrived. A contribution whose
+ * arrays are shorter than n elements need (values_bytes, nscales), or that reaches past its chunks,
+ * is refused (EINVAL) before anything changes. */
 #define P2P_F32 0
 #define P2P_F64 1
 #define P2P_F16 2
 #define P2P_BF16 3
 #define P2P_I8 4                  /* contributions only: value of element e = q[e] * scales[e / block] */
+#define P2P_I4 5                  /* contributions only: 4-bit codes, two per byte (element 2i in the low
+                                     nibble of byte i, 2i + 1 in the high one; (n + 1) / 2 bytes): value of
+                                     element e = (code - 8) * scales[e / block]; senders use codes 1..15 */
 
 typedef struct {
     const void *values;           /* n elements of dtype (the caller's memory, read only) */
+    uint64_t values_bytes;        /* bytes at values: at least what n elements of dtype take */
     int dtype;                    /* P2P_* */
-    const float *scales;          /* P2P_I8 only: one per block of values (the caller's) */
+    const float *scales;          /* P2P_I8, P2P_I4 only: one per block of values (the caller's) */
+    uint64_t nscales;             /* at least ceil(n / block) */
     uint32_t block;
     const uint8_t *chunk_arrived; /* one byte per chunk of the message, or NULL (the caller's) */
     uint64_t nchunks;

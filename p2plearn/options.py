@@ -110,10 +110,11 @@ class Options:
     bucket_mb: float = _opt(25.0, "the exchanged tensors travel and merge in contiguous buckets of at most this many "
                                   "MiB per dtype (DDP's default): a round's Python work grows with the buckets, not "
                                   "the tensors", valid=_within(0.0, 1e6, low_open=True))
-    compress: str = _opt("none", "send values as fp16 (half the bytes), bf16 (half) or int8 with a scale per 256 "
-                                 "values (a little over a quarter), with error feedback, merged in float32; fp16's "
-                                 "error (5e-4 of a value) is far below an SGD step's, int8's (1/254 of the block's "
-                                 "largest) is not", ("none", "fp16", "bf16", "int8"))
+    compress: str = _opt("none", "send values as fp16 (half the bytes), bf16 (half), int8 with a scale per 256 "
+                                 "values (a little over a quarter) or int4 with a scale per 64 (a seventh), with error "
+                                 "feedback, merged in float32; fp16's error (5e-4 of a value) is far below an SGD "
+                                 "step's, int8's (1/254 of the block's largest) and int4's (1/14) are not",
+                         ("none", "fp16", "bf16", "int8", "int4"))
     filter: str = _opt("none", "value: send only updates above a decaying threshold (with residuals)",
                        ("none", "value"))
     filter_granularity: str = _opt("per_element", "--filter value: per_element sends the elements above the threshold "

@@ -60,7 +60,7 @@ from p2plearn.transport.delivery import ChunkMask
 
 VIEW_LAG = 2  # round r is planned from the samples of rounds up to r - VIEW_LAG
 UNSUPPORTED = {"sync": ("partitioned",), "tolerance": ("adaptive", "layerwise", "phase"), "filter": ("value",),
-               "compress": ("fp16", "bf16", "int8"), "overlap": (True,), "transport_mode": ("multicast", "auto")}
+               "compress": ("fp16", "bf16", "int8", "int4"), "overlap": (True,), "transport_mode": ("multicast", "auto")}
 
 
 @dataclass

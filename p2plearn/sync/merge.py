@@ -4,7 +4,8 @@ Each element of a parameter becomes the mean of the receiver's own value and the
 arrived for it; a sender whose chunk was lost does not count for that element, so a lost
 chunk never drags a parameter towards zero (or anywhere else). What arrived is read straight
 from the message's chunk mask (no per-element mask is built), and the values are read in the
-dtype they travelled in (float32/64, float16, bfloat16 bits, or int8 times a scale per block).
+dtype they travelled in (float32/64, float16, bfloat16 bits, or int8 or packed int4 times a scale
+per block).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from p2plearn.transport._native import check, ffi, lib
 from p2plearn.transport.delivery import ChunkMask
 
 _DTYPES = {np.dtype(np.float32): lib.P2P_F32, np.dtype(np.float64): lib.P2P_F64,
-           np.dtype(np.float16): lib.P2P_F16, np.dtype(np.int8): lib.P2P_I8}
+           np.dtype(np.float16): lib.P2P_F16, np.dtype(np.int8): lib.P2P_I8, np.dtype(np.uint8): lib.P2P_I4}
 
 
 @dataclass
@@ -26,7 +27,8 @@ class Contribution:
 
     mask: per element, True where it arrived; chunks: what arrived, per chunk of the message that
     carried `values`; None for both = every element arrived. values of dtype uint16 are bfloat16
-    bits; int8 values stand for values[e] * scales[e // block] (block 0: one scale for all).
+    bits; int8 values stand for values[e] * scales[e // block] (block 0: one scale for all); uint8
+    values are int4 codes, two per byte (`p2plearn.sync.compress.pack_int4`), scaled the same way.
     """
 
     values: np.ndarray
@@ -45,16 +47,23 @@ def _code(a: np.ndarray) -> int:
         raise TypeError(f"cannot merge values of dtype {a.dtype}") from None
 
 
+def _packed(values: np.ndarray) -> bool:
+    """Whether values are int4 codes, two per byte."""
+    return values.dtype == np.uint8
+
+
 def unfit(own: np.ndarray, c: Contribution) -> str | None:
     """Why `c` cannot be merged into `own` (its values come from the network: a peer's bug or a
     hostile key holder), or None when it can."""
-    if c.values.size != own.size:
-        return f"a contribution of {c.values.size} elements for a parameter of {own.size}"
+    if c.values.size != (-(-own.size // 2) if _packed(c.values) else own.size):
+        what = "int4 pairs" if _packed(c.values) else "elements"
+        return f"a contribution of {c.values.size} {what} for a parameter of {own.size} elements"
     if c.values.dtype not in _DTYPES and c.values.dtype != np.uint16:
         return f"values of dtype {c.values.dtype}"
     block = c.block or max(own.size, 1)
-    if c.values.dtype == np.int8 and (c.scales is None or c.scales.size != -(-own.size // block)):
-        return f"int8 values need {-(-own.size // block)} scales (one per {block} values)"
+    if c.values.dtype in (np.int8, np.uint8) and (c.scales is None or c.scales.size != -(-own.size // block)):
+        return f"{'int4' if _packed(c.values) else 'int8'} values need {-(-own.size // block)} scales " \
+               f"(one per {block} values)"
     if c.mask is not None and c.mask.size != own.size:
         return f"a mask of {c.mask.size} elements for a parameter of {own.size}"
     if c.chunks is not None and own.size:
@@ -74,8 +83,8 @@ def merge_parameter(own: np.ndarray, contributions: list[Contribution]) -> float
     if not own.flags.c_contiguous:
         raise ValueError("merge needs a C-contiguous parameter")
     own_code = _code(own)
-    if own_code == lib.P2P_I8:
-        raise TypeError("cannot merge into an int8 tensor")
+    if own_code in (lib.P2P_I8, lib.P2P_I4):
+        raise TypeError(f"cannot merge into a tensor of dtype {own.dtype}")
     structs = ffi.new("p2p_contribution[]", len(contributions))
     keep = []  # the buffers the structs point into, alive until the call returns
     for s, c in zip(structs, contributions):
@@ -85,12 +94,12 @@ def merge_parameter(own: np.ndarray, contributions: list[Contribution]) -> float
             raise ValueError(problem)
         values = np.ascontiguousarray(c.values)
         keep.append(values)
-        s.values, s.dtype = ffi.from_buffer(values), code
-        if s.dtype == lib.P2P_I8:
+        s.values, s.values_bytes, s.dtype = ffi.from_buffer(values), values.nbytes, code
+        if s.dtype in (lib.P2P_I8, lib.P2P_I4):
             block = c.block or max(own.size, 1)
             scales = np.ascontiguousarray(c.scales, dtype=np.float32)
             keep.append(scales)
-            s.scales, s.block = ffi.from_buffer("float[]", scales), block
+            s.scales, s.nscales, s.block = ffi.from_buffer("float[]", scales), scales.size, block
         if c.mask is not None:
             mask = np.ascontiguousarray(c.mask, dtype=bool)
             keep.append(mask)

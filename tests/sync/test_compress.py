@@ -1,4 +1,4 @@
-"""--compress: values travel as fp16, bf16 or int8 with error feedback and are merged in float32."""
+"""--compress: values travel as fp16, bf16, int8 or int4 with error feedback and are merged in float32."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,15 +6,16 @@ import pytest
 
 from p2plearn.options import Options, OptionsError
 from p2plearn.sync import BSP
-from p2plearn.sync.compress import BLOCK, Compressor
+from p2plearn.sync.compress import BLOCK, BLOCK4, Compressor, pack_int4, unpack_int4
 from p2plearn.sync.merge import merge_parameter
 from p2plearn.sync.partitioned import Partitioned
 from p2plearn.transport import Delivery, Reason
 from tests.sync.test_rounds import job, run_threads  # noqa: F401 - job is the fixture
 
 # the largest error of one value sent, relative to its own magnitude (fp16, bf16) or to its
-# block's largest (int8)
-ERROR = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8, "int8": 0.5 / 127}
+# block's largest (int8, int4: half the scale)
+ERROR = {"fp16": 2.0 ** -11, "bf16": 2.0 ** -8, "int8": 0.5 / 127, "int4": 0.5 / 7}
+BLOCKS = {"int8": BLOCK, "int4": BLOCK4}
 
 
 def _sent(c: Compressor, x: np.ndarray) -> np.ndarray:
@@ -27,13 +28,14 @@ def _sent(c: Compressor, x: np.ndarray) -> np.ndarray:
     return 2 * got  # the mean of 0 and what was sent
 
 
-@pytest.mark.parametrize("mode", ["fp16", "bf16", "int8"])
+@pytest.mark.parametrize("mode", ["fp16", "bf16", "int8", "int4"])
 def test_one_round_errs_by_at_most_the_formats_rounding(mode):
     rng = np.random.default_rng(0)
-    x = (rng.standard_normal(5000) * 0.05).astype(np.float32)
+    x = (rng.standard_normal(5001) * 0.05).astype(np.float32)  # odd, and not a whole number of blocks
     got = _sent(Compressor(mode, [x.size]), x)
-    if mode == "int8":
-        peak = np.repeat(np.abs(np.pad(x, (0, -x.size % BLOCK))).reshape(-1, BLOCK).max(axis=1), BLOCK)[:x.size]
+    if mode in BLOCKS:
+        block = BLOCKS[mode]
+        peak = np.repeat(np.abs(np.pad(x, (0, -x.size % block))).reshape(-1, block).max(axis=1), block)[:x.size]
         assert (np.abs(got - x) <= ERROR[mode] * peak * 1.0001).all()
     else:
         smallest = 2.0 ** -25 if mode == "fp16" else 0.0  # half fp16's subnormal step
@@ -41,7 +43,7 @@ def test_one_round_errs_by_at_most_the_formats_rounding(mode):
     assert np.abs(got - x).max() > 0, "nothing was rounded: the test would not see a missing feedback"
 
 
-@pytest.mark.parametrize("mode", ["fp16", "bf16", "int8"])
+@pytest.mark.parametrize("mode", ["fp16", "bf16", "int8", "int4"])
 def test_error_feedback_sends_what_rounding_took_in_later_rounds(mode):
     """The values sent over rounds add up to the true values' sum, less the last residual: a
     rounding error is sent later, not lost; without feedback the same error would repeat."""
@@ -57,10 +59,48 @@ def test_error_feedback_sends_what_rounding_took_in_later_rounds(mode):
 
 
 def test_the_compressed_message_is_smaller():
-    x = np.zeros(10_000, dtype=np.float32)
-    sizes = {m: sum(a.nbytes for a in Compressor(m, [x.size]).encode([x], [(0, 0, x.size)]))
-             for m in ("fp16", "bf16", "int8")}
-    assert sizes == {"fp16": 20_000, "bf16": 20_000, "int8": 10_000 + 4 * -(-10_000 // BLOCK)}
+    x = np.zeros(10_001, dtype=np.float32)
+    modes = ("fp16", "bf16", "int8", "int4")
+    sizes = {m: sum(a.nbytes for a in Compressor(m, [x.size]).encode([x], [(0, 0, x.size)])) for m in modes}
+    assert sizes == {"fp16": 20_002, "bf16": 20_002, "int8": 10_001 + 4 * -(-10_001 // BLOCK),
+                     "int4": 5_001 + 4 * -(-10_001 // BLOCK4)}
+    assert {m: Compressor(m, [x.size]).wire_bytes([x.size]) for m in modes} == sizes
+
+
+def test_int4_packs_two_codes_per_byte_low_nibble_first():
+    q = np.array([-7, 7, 0, -1, 3], dtype=np.int8)
+    packed = pack_int4(q)
+    assert packed.tolist() == [1 | 15 << 4, 8 | 7 << 4, 11 | 8 << 4]  # each as q + 8; the odd one out padded
+    np.testing.assert_array_equal(unpack_int4(packed, q.size), q)
+
+
+def test_a_lost_int4_chunk_loses_both_elements_of_each_byte_and_a_lost_scale_its_block():
+    """The message as the engine hands it over: the codes, then the scales at the next 8-byte
+    boundary, in chunks of 8 bytes; what was lost reads as zeros. The merge takes exactly the
+    elements whose byte and scale both arrived."""
+    n = 4 * BLOCK4 + 1  # odd: 129 bytes of codes, 5 scales
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(n).astype(np.float32)
+    c = Compressor("int4", [n])
+    codes, scales = c.encode([x], [(0, 0, n)])
+    sent = x - c.residuals[0]  # what the encoder says a receiver reads
+    offsets = [0, 136]
+    arrived = np.ones(-(-(offsets[1] + scales.nbytes) // 8), dtype=bool)
+    arrived[[3, 16]] = False  # bytes 24-31 (elements 48-63) and 128 (element 256, alone in its byte)
+    arrived[18] = False  # scales 2 and 3: elements 128-255
+    element_arrived = arrived[np.arange(n) // 2 // 8] & arrived[(offsets[1] + 4 * (np.arange(n) // BLOCK4)) // 8]
+    codes[~arrived[np.arange(codes.size) // 8]] = 0
+    scales[~arrived[(offsets[1] + 4 * np.arange(scales.size)) // 8]] = 0
+    d = Delivery(0, 0, [codes, scales], arrived, Reason.CLOSED, ("127.0.0.1", 1), [15 / 17, 2 / 3], chunk_size=8,
+                 offsets=offsets)
+    contributions = c.contributions(d, [n])
+    assert contributions[0].mask.shape == (n,) and contributions[0].chunks is None  # per element, as merges read
+    own = rng.standard_normal(n).astype(np.float32)
+    want = np.where(element_arrived, (own.astype(np.float64) + sent) / 2, own)
+    assert merge_parameter(own, contributions) == pytest.approx(element_arrived.mean())
+    np.testing.assert_allclose(own, want, rtol=1e-6, atol=1e-7)
+    decoded = c.decode(contributions[0], own)  # what a partitioned gather copies where the mask says
+    np.testing.assert_allclose(decoded[element_arrived], sent[element_arrived], rtol=1e-6)
 
 
 def test_a_lost_scale_loses_its_blocks_and_nothing_else():
@@ -86,25 +126,32 @@ def test_messages_of_another_format_or_size_are_not_merged():
     assert Compressor("fp16", [100]).contributions(d, [100]) is not None
 
 
-def test_the_residuals_are_state_to_resume_from():
-    c = Compressor("int8", [10, 20])
-    c.encode([np.full(10, 0.3, np.float32), np.full(20, 0.7, np.float32)], [(0, 0, 10), (1, 0, 20)])
-    d = Compressor("int8", [10, 20])
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_the_residuals_are_state_to_resume_from(mode):
+    rng = np.random.default_rng(6)
+    c = Compressor(mode, [10, 21])
+    xs = [rng.standard_normal(10).astype(np.float32), rng.standard_normal(21).astype(np.float32)]
+    c.encode(xs, [(0, 0, 10), (1, 0, 21)])
+    d = Compressor(mode, [10, 21])
     d.load_state_dict(c.state_dict())
     assert all(np.array_equal(a, b) for a, b in zip(c.residuals, d.residuals))
+    # the next round's message from the restored state is the one the original would have sent
+    for a, b in zip(c.encode(xs, [(0, 0, 10), (1, 0, 21)]), d.encode(xs, [(0, 0, 10), (1, 0, 21)])):
+        np.testing.assert_array_equal(a, b)
     with pytest.raises(ValueError, match="compress fp16"):
-        Compressor("int8", [10, 20]).load_state_dict(Compressor("fp16", [10, 20]).state_dict())
+        Compressor(mode, [10, 21]).load_state_dict(Compressor("fp16", [10, 21]).state_dict())
 
 
 def test_options_refuse_compression_with_the_value_filter():
     assert Options(compress="int8").compress == "int8"
+    assert Options(compress="int4").compress == "int4"
     with pytest.raises(OptionsError, match="--compress"):
         Options(compress="fp16", filter="value")
     with pytest.raises(OptionsError, match="--compress"):
         Options(compress="fp4")
 
 
-@pytest.mark.parametrize("mode", ["fp16", "int8"])
+@pytest.mark.parametrize("mode", ["fp16", "int8", "int4"])
 def test_a_compressed_round_among_real_engines_averages_what_was_sent(job, mode):  # noqa: F811
     peers = job(3, BSP, compress=mode)
     rng = np.random.default_rng(3)
@@ -119,7 +166,7 @@ def test_a_compressed_round_among_real_engines_averages_what_was_sent(job, mode)
             want = (start[i][t].astype(np.float64) + sum(sent[j][t] for j in range(3) if j != i)) / 3
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
     model = sum(a.nbytes for a in peers[0].params)
-    assert peers[0].sync.network.expected_bytes <= (0.5 if mode == "fp16" else 0.27) * model
+    assert peers[0].sync.network.expected_bytes <= {"fp16": 0.5, "int8": 0.27, "int4": 0.15}[mode] * model
 
 
 def test_a_compressed_partitioned_round_is_the_average_to_fp16_rounding(job):  # noqa: F811

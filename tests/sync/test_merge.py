@@ -4,6 +4,7 @@ import pytest
 
 from p2plearn.sync import Contribution, merge_parameter
 from p2plearn.sync.bfloat16 import BF16Array, store
+from p2plearn.transport._native import InvalidArgument, check, ffi, lib
 from p2plearn.transport.delivery import ChunkMask
 
 
@@ -131,3 +132,81 @@ def test_int8_blocks_have_their_own_scales():
     q = np.array([2, 4, 2, 4, 2], dtype=np.int8)
     merge_parameter(own, [Contribution(q, scales=np.array([1.0, 10.0, 100.0], np.float32), block=2)])
     np.testing.assert_allclose(own, [1, 2, 10, 20, 100])
+
+
+def _int4_reference(codes: np.ndarray, scales: np.ndarray, block: int) -> np.ndarray:
+    """The values int4 codes (0..15, one per element) stand for, computed without the packing."""
+    return (codes.astype(np.float64) - 8) * np.repeat(scales.astype(np.float64), block)[:codes.size]
+
+
+def _pack(codes: np.ndarray) -> np.ndarray:
+    """Codes two per byte, element 2i in the low nibble (written out here, not taken from compress.py)."""
+    padded = np.append(codes, 8) if codes.size % 2 else codes
+    return (padded[0::2] + 16 * padded[1::2]).astype(np.uint8)
+
+
+def test_int4_merges_as_a_numpy_reference_with_lost_chunks():
+    """A byte of int4 codes holds two elements: a lost chunk loses both of each of its bytes, also
+    where the array starts or ends inside a chunk and where the count is odd."""
+    rng = np.random.default_rng(4)
+    n, block, chunk_size = 1001, 64, 16
+    own = rng.standard_normal(n).astype(np.float32)
+    contributions, values, arrived = [], [], []
+    for first_byte in (0, 3, 1000):
+        codes = rng.integers(1, 16, n)
+        scales = rng.random(-(-n // block)).astype(np.float32)
+        nchunks = (first_byte + -(-n // 2) + chunk_size - 1) // chunk_size
+        chunk_arrived = rng.random(nchunks) < 0.7
+        element = rng.random(n) < 0.9
+        contributions.append(Contribution(_pack(codes), element, ChunkMask(chunk_arrived, first_byte, chunk_size),
+                                          scales=scales, block=block))
+        values.append(_int4_reference(codes, scales, block))
+        arrived.append(chunk_arrived[(first_byte + np.arange(n) // 2) // chunk_size] & element)
+    expected = _expected_mean(own, values, arrived)
+    fraction = merge_parameter(own, contributions)
+    np.testing.assert_allclose(own, expected, rtol=1e-6)
+    assert fraction == pytest.approx(np.mean(arrived))
+
+
+def test_int4_codes_cover_every_nibble():
+    """All 256 bytes, both nibbles: code c reads as c - 8 times its block's scale."""
+    codes = np.empty(512, dtype=np.int64)
+    codes[0::2], codes[1::2] = np.arange(256) % 16, np.arange(256) // 16  # byte b: low b % 16, high b // 16
+    own = np.zeros(512, dtype=np.float32)
+    merge_parameter(own, [Contribution(_pack(codes), scales=np.array([2.0, 0.5], np.float32), block=256)])
+    np.testing.assert_array_equal(own, _int4_reference(codes, np.array([2.0, 0.5]), 256) / 2)
+
+
+def test_malformed_int4_contributions_are_refused():
+    own = np.zeros(101, dtype=np.float32)  # 51 bytes of codes, 2 scales of 64
+    with pytest.raises(ValueError, match="int4 pairs"):
+        merge_parameter(own, [Contribution(np.zeros(50, np.uint8), scales=np.ones(2, np.float32), block=64)])
+    with pytest.raises(ValueError, match="int4 pairs"):
+        merge_parameter(own, [Contribution(np.zeros(101, np.uint8), scales=np.ones(2, np.float32), block=64)])
+    with pytest.raises(ValueError, match="scales"):
+        merge_parameter(own, [Contribution(np.zeros(51, np.uint8), scales=np.ones(1, np.float32), block=64)])
+    with pytest.raises(ValueError, match="scales"):
+        merge_parameter(own, [Contribution(np.zeros(51, np.uint8), block=64)])
+    with pytest.raises(ValueError, match="reaching past"):  # 3 chunks of 16 hold 48 of the 51 bytes
+        merge_parameter(own, [Contribution(np.zeros(51, np.uint8), scales=np.ones(2, np.float32), block=64,
+                                           chunks=ChunkMask(np.ones(3, dtype=bool), 0, 16))])
+    with pytest.raises(TypeError, match="uint8"):
+        merge_parameter(np.zeros(4, np.uint8), [Contribution(np.zeros(2, np.uint8), scales=np.ones(1, np.float32))])
+    np.testing.assert_array_equal(own, 0)
+
+
+@pytest.mark.parametrize("values_bytes, nscales, block", [(50, 2, 64), (51, 1, 64), (51, 2, 0), (0, 2, 64)])
+def test_the_c_merge_checks_the_lengths_itself(values_bytes, nscales, block):
+    """Called with lengths that do not fit (bypassing the Python checks), the C merge refuses
+    before it reads or writes anything."""
+    own = np.zeros(101, dtype=np.float32)
+    codes, scales = np.full(51, 0x99, np.uint8), np.ones(2, np.float32)
+    s = ffi.new("p2p_contribution[]", 1)
+    s[0].values, s[0].values_bytes, s[0].dtype = ffi.from_buffer(codes), values_bytes, lib.P2P_I4
+    s[0].scales, s[0].nscales, s[0].block = ffi.from_buffer("float[]", scales), nscales, block
+    with pytest.raises(InvalidArgument, match="merge"):
+        check(lib.p2p_merge(ffi.from_buffer(own), lib.P2P_F32, own.size, s, 1, ffi.NULL))
+    np.testing.assert_array_equal(own, 0)
+    s[0].values_bytes, s[0].nscales, s[0].block = 51, 2, 64  # the same call, fitting, merges
+    check(lib.p2p_merge(ffi.from_buffer(own), lib.P2P_F32, own.size, s, 1, ffi.NULL))
+    np.testing.assert_array_equal(own, 0.5)  # code 9 = 1, times scale 1, averaged with 0
