@@ -169,19 +169,27 @@ def test_a_compressed_round_among_real_engines_averages_what_was_sent(job, mode)
     assert peers[0].sync.network.expected_bytes <= {"fp16": 0.5, "int8": 0.27, "int4": 0.15}[mode] * model
 
 
-def test_a_compressed_partitioned_round_is_the_average_to_fp16_rounding(job):  # noqa: F811
-    peers = job(4, Partitioned, compress="fp16")
+# Per format: the largest rounding error relative to the largest value (a block's, for int8 and int4),
+# and the bytes per float32 byte.
+ROUNDING = {"fp16": 2.0 ** -11, "int8": 1 / 254, "int4": 1 / 14}
+BYTES = {"fp16": 0.5, "int8": (1 + 4 / 256) / 4, "int4": (0.5 + 4 / 64) / 4}
+
+
+@pytest.mark.parametrize("mode", ["fp16", "int8", "int4"])
+def test_a_compressed_partitioned_round_is_the_average_to_the_formats_rounding(job, mode):  # noqa: F811
+    peers = job(4, Partitioned, compress=mode)
     rng = np.random.default_rng(4)
     for p in peers:
         for a in p.params:
             a[...] = (rng.standard_normal(a.shape) * 0.1).astype(np.float32)
     mean = [np.mean([p.params[t].astype(np.float64) for p in peers], axis=0) for t in range(2)]
+    largest = max(float(np.abs(a).max()) for p in peers for a in p.params)
     results = []
     run_threads(peers, 1, after_step=results.append)
     for p in peers:
         for got, want in zip(p.params, mean):
-            # scatter and gather each round once: two fp16 roundings of values below 0.5 in magnitude
-            np.testing.assert_allclose(got, want, atol=2 * 0.5 * 2.0 ** -11, rtol=0)
+            # scatter and gather each round once: two roundings of values at most `largest` in magnitude
+            np.testing.assert_allclose(got, want, atol=2 * largest * ROUNDING[mode], rtol=0)
     model = sum(a.nbytes for a in peers[0].params)
-    for rs in results:  # half a ring all-reduce's bytes
-        assert rs.bytes_sent == pytest.approx(0.5 * 2 * 3 / 4 * model, rel=0.05)
+    for rs in results:  # a ring all-reduce's bytes, compressed
+        assert rs.bytes_sent == pytest.approx(BYTES[mode] * 2 * 3 / 4 * model, rel=0.05)

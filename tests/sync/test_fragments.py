@@ -230,7 +230,7 @@ def test_several_rounds_merged_at_once_each_go_into_their_own_fragment(jobs):
     assert peer.sync.inbox.drops == {"unmergeable: not this model's message": 1}
 
 
-@pytest.mark.parametrize("compress", ["none", "int8"])
+@pytest.mark.parametrize("compress", ["none", "int8", "int4"])
 def test_resume_from_state_dict_mid_period_continues_bit_for_bit(jobs, compress):
     """Three rounds (F = 2: the period's second half is next), state_dict, a new job of new peers
     that load it: after three more rounds they hold what an uninterrupted job's peers hold."""
