@@ -17,19 +17,17 @@ import numpy as np
 import pytest
 import torch
 
-from p2plearn.control import Client, Coordinator
+from p2plearn.control import Coordinator
 from p2plearn.options import Options, OptionsError
 from p2plearn.sync import BSP, SSP, Partitioned
 from p2plearn.sync.fragments import Fragments, balanced_cuts
 from p2plearn.sync.outer import OuterOptimizer
-from p2plearn.tolerance import Layer, make_tolerance
 from p2plearn.topology import homogeneous, save
-from p2plearn.transport import Channel, Delivery, Reason
-from tests.sync.test_rounds import run_threads
+from p2plearn.transport import Delivery, Reason
+from tests.sync.test_rounds import JOB, Peer, run_threads
 from tests.train.conftest import in_process_job, on_peers
 from tests.train.test_schedule import local_step, mlp, params
 
-JOB = "fragments-test"
 SIZES = [600, 200, 300, 500]  # float32 arrays: 2400, 800, 1200, 2000 bytes; F = 2 cuts after the second
 
 
@@ -90,27 +88,11 @@ def test_the_simulator_refuses_fragments():
 
 # -- rounds over real channels ----------------------------------------------------------------------
 
-class Peer:
-    """A rank of an in-process job holding len(SIZES) arrays (rank-dependent values)."""
-
-    def __init__(self, rank: int, coordinator: Coordinator, key: str, cls, **kw):
-        self.channel = Channel(sender_id=rank)
-        self.client = Client(coordinator.address, JOB, key, rank=rank, connect_timeout=5.0)
-        self.client.register(self.channel.address)
-        rng = np.random.default_rng(rank)
-        # multiples of 1/64: sums of a few are exact, so the reference's mean is the merge's to the bit
-        self.params = [(rng.integers(-640, 640, size=n) / 64).astype(np.float32) for n in SIZES]
-        layers = [Layer(f"p{i}", p.size, p.nbytes, i) for i, p in enumerate(self.params)]
-        try:
-            self.sync = cls(self.params, layers, self.channel, self.client, selection="all", fanout=2, seed=0,
-                            tolerance=make_tolerance("fixed"), **kw)
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        self.client.close()
-        self.channel.close()
+def fragment_params(rank: int) -> list[np.ndarray]:
+    """len(SIZES) arrays of rank-dependent values, multiples of 1/64: sums of a few are exact, so the
+    reference's mean is the merge's to the bit."""
+    rng = np.random.default_rng(rank)
+    return [(rng.integers(-640, 640, size=n) / 64).astype(np.float32) for n in SIZES]
 
 
 @pytest.fixture
@@ -124,7 +106,7 @@ def jobs():
         coord = Coordinator(JOB, key, heartbeat=0.2, startup_grace=1.0).start()
         peers: list[Peer] = []
         made.append((coord, peers))
-        peers.extend(Peer(r, coord, key, cls, **dict(kw)) for r in range(n))
+        peers.extend(Peer(r, coord, key, cls, params=fragment_params(r), **dict(kw)) for r in range(n))
         for p in peers:
             p.client.wait_members(n, 5.0, receiving=True)
         return peers

@@ -19,11 +19,13 @@ JOB = "sync-test"
 
 
 class Peer:
-    def __init__(self, rank: int, coordinator: Coordinator, key: str, cls, **kw):
+    def __init__(self, rank: int, coordinator: Coordinator, key: str, cls, params: list[np.ndarray] | None = None,
+                 **kw):
         self.channel = Channel(sender_id=rank)
         self.client = Client(coordinator.address, JOB, key, rank=rank, connect_timeout=5.0)
         self.client.register(self.channel.address)
-        self.params = [np.full((50, 40), float(rank), np.float32), np.full(7, 10.0 * rank, np.float32)]
+        self.params = params if params is not None else [np.full((50, 40), float(rank), np.float32),
+                                                         np.full(7, 10.0 * rank, np.float32)]
         layers = [Layer(f"p{i}", p.size, p.nbytes, i) for i, p in enumerate(self.params)]
         try:
             self.sync = cls(self.params, layers, self.channel, self.client, selection=kw.pop("selection", "all"),
