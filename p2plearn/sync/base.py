@@ -18,7 +18,7 @@ from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -207,7 +207,7 @@ class Synchronizer(ABC):
         if self.outer is not None:
             self.outer.step(self.params, self._previous, carried)
         for i in carried:
-            self._previous[i] = self.params[i].copy()
+            np.copyto(self._previous[i], self.params[i])  # in place: no second copy of the model, even briefly
 
     def state_dict(self) -> dict[str, Any]:
         """What resuming exactly needs: the round clock, the model as last merged (the filter's
@@ -293,7 +293,7 @@ class Synchronizer(ABC):
         """Whether an expected sender is still worth waiting for."""
         return rank in self.client.members and not self._interrupted
 
-    def _message(self, rnd: int, deltas: list[np.ndarray], carried: list[int]) -> tuple[list[np.ndarray], Any]:
+    def _message(self, rnd: int, deltas: list[np.ndarray] | None, carried: list[int]) -> tuple[list[np.ndarray], Any]:
         """What to send of the arrays `carried`, and how per-layer bounds make it a message:
         bounds -> (arrays, their bounds). Compression residuals change only for what is sent."""
         if self.compressor is not None:
@@ -452,11 +452,13 @@ class Synchronizer(ABC):
         self._merge_s = (time.monotonic() - t0) / len(usable)
         return len(usable), float(np.mean(fractions))
 
-    def _track_updates(self, loss: float | None) -> list[np.ndarray]:
-        """The model's change since the last round (for the filter), and its norms (for the
-        tolerance policies)."""
-        deltas = [values(p) - values(q) for p, q in zip(self.params, self._previous)]
-        norms = self._layer_norms(deltas)
+    def _track_updates(self, loss: float | None) -> list[np.ndarray] | None:
+        """The model's change since the last round, when the filter reads it (else None), and its
+        norms (for the tolerance policies). Without a filter each array's change is dropped once
+        its norms are taken, so a round holds one array of it, not a copy of the model."""
+        changes = (values(p) - values(q) for p, q in zip(self.params, self._previous))
+        deltas = list(changes) if self.filter is not None else None
+        norms = self._layer_norms(changes if deltas is None else deltas)
         self.training.layer_update_norms.append(norms)
         self.training.update_norms.append(float(np.sqrt(sum(n * n for n in norms))))
         if loss is not None:
@@ -466,7 +468,7 @@ class Synchronizer(ABC):
             del series[:-HISTORY]
         return deltas
 
-    def _layer_norms(self, deltas: list[np.ndarray]) -> list[float]:
+    def _layer_norms(self, deltas: Iterable[np.ndarray]) -> list[float]:
         """Each layer's update norm, a few numpy calls per array (not per layer): the squares
         summed between layer boundaries."""
         norms = np.zeros(len(self.layers))
