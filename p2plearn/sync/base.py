@@ -336,10 +336,9 @@ class Synchronizer(ABC):
             runs.append((a, start, self.params[a].size, bound))
         return runs
 
-    def _segments(self, bounds: list[float], carried: Sequence[int] | None = None) -> tuple[list[np.ndarray], list[float]]:
-        """The plain message: the arrays `carried` (None: all), cut into runs of one loss bound
-        each, and the bounds."""
-        runs = self._runs(bounds, range(len(self.params)) if carried is None else carried)
+    def _segments(self, bounds: list[float], carried: Sequence[int]) -> tuple[list[np.ndarray], list[float]]:
+        """The plain message: the arrays `carried`, cut into runs of one loss bound each, and the bounds."""
+        runs = self._runs(bounds, carried)
         return [self.params[a][lo:hi] for a, lo, hi, _ in runs], [b for *_, b in runs]
 
     def _contributions(self, d: Delivery) -> list[Contribution | None] | None:

@@ -74,4 +74,4 @@ class Fragments:
 
     def arrays(self, rnd: int) -> list[int]:
         """The indices of the arrays round `rnd` carries."""
-        return self.groups[rnd % self.count]
+        return self.groups[self.of_round(rnd)]

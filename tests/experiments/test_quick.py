@@ -1,8 +1,10 @@
-"""Smoke test of the experiment harness: the cheapest script in --quick mode (~70 s) writes a
-non-trivial CSV, Markdown table and PNG plot."""
+"""Smoke tests of the experiment harness: scripts in --quick mode write a non-trivial CSV, Markdown
+table and PNG plot. The cheapest MNIST-1D script (~70 s), and the transformer experiment (local SGD
+and two p2plearn configurations, 60 steps each, 4 ranks)."""
 from __future__ import annotations
 
 import csv
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -12,18 +14,31 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def run_quick(name: str, out: Path, timeout: float) -> tuple[list[dict[str, str]], str]:
+    """Run experiments/`name`.py --quick into `out`; its CSV rows and Markdown table, after checking
+    that it exits 0 and that its PNG plot is one."""
+    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / f"{name}.py"), "--quick", "--out", str(out)],
+                          cwd=ROOT / "experiments", capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    png = (out / f"{name}.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    with open(out / f"{name}.csv") as f:
+        return list(csv.DictReader(f)), (out / f"{name}.md").read_text()
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)  # three 4-peer trainings: minutes on a busy 2-core machine
 def test_layerwise_bounds_quick(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, str(ROOT / "experiments" / "layerwise_bounds.py"), "--quick",
-                           "--out", str(tmp_path)], cwd=ROOT / "experiments", capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    with open(tmp_path / "layerwise_bounds.csv") as f:
-        rows = list(csv.DictReader(f))
+    rows, md = run_quick("layerwise_bounds", tmp_path, timeout=600)
     assert len(rows) == 3 and all(r["ok"] == "True" for r in rows), rows
     assert all(0.0 <= float(r["averaged_accuracy"]) <= 1.0 for r in rows)
-    md = (tmp_path / "layerwise_bounds.md").read_text()
     assert "Emulated" in md and md.count("\n| ") >= 4 and "layerwise_bounds.png" in md
-    png = (tmp_path / "layerwise_bounds.png").read_bytes()
-    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # three 4-rank trainings: minutes each on a busy 2-core machine
+def test_charlm_time_to_loss_quick(tmp_path: Path) -> None:
+    rows, md = run_quick("charlm_time_to_loss", tmp_path, timeout=1700)
+    assert [r["system"] for r in rows] == ["local SGD", "p2plearn", "p2plearn"] and all(r["ok"] == "True" for r in rows)
+    assert all(math.isfinite(float(r["averaged_loss"])) and float(r["averaged_loss"]) < math.log(256) for r in rows)
+    assert "homogeneous-4" in md and md.count("\n| ") >= 4 and "charlm_time_to_loss.png" in md
