@@ -103,6 +103,16 @@ class Options:
     overlap: bool = _opt(False, "run each round while the next period's local steps compute: a step waits only when a "
                                 "round outlasts the period; the round's merge is added to the current parameters as "
                                 "a change (one round late), not copied over them")
+    overlap_steps: int | None = _opt(None, "--overlap with a bounded delay (tau): a round runs while the next tau local steps "
+                                           "compute, then its result is mixed in (a step waits if it is not done); "
+                                           "0 <= tau <= period/fragments; implies --overlap (default: the whole round "
+                                           "interval, period/fragments steps)", valid=_within(0, 1_000_000))
+    overlap_alpha: float | None = _opt(None, "--overlap: how a round's result enters parameters that took local steps since "
+                                             "it started: parameters = (1 - alpha) x local + alpha x result, in the "
+                                             "arrays the round carried (Streaming DiLoCo's mixing; 1 drops the steps "
+                                             "taken meanwhile, lower keeps part of them and of the peers' differences); "
+                                             "in (0, 1] (default: none: the round's change is added to the local "
+                                             "parameters, every local step kept)", valid=_within(0.0, 1.0, low_open=True))
     staging: str = _opt("direct", "direct: a CPU model's rounds read and merge its own memory (no copy); host: "
                                   "through separate host buffers and copies, exactly as a CUDA model's are (a "
                                   "device model is always staged; this tests that path on the CPU)",
@@ -170,6 +180,13 @@ class Options:
         if self.fragments > 1 and self.filter != "none":
             raise OptionsError("--fragments: does not apply with --filter value (the filter picks what travels per "
                                "layer, from the whole model's change)")
+        if self.overlap_steps is not None:
+            if self.overlap_steps > self.period // self.fragments:
+                raise OptionsError(f"--overlap-steps: a round must land before the next one starts: at most "
+                                   f"period/fragments = {self.period // self.fragments} (got {self.overlap_steps})")
+            object.__setattr__(self, "overlap", True)  # frozen: the dataclass idiom for a derived field
+        if self.overlap_alpha is not None and not self.overlap:
+            raise OptionsError("--overlap-alpha: applies to overlapped rounds: add --overlap or --overlap-steps")
         if self.compress != "none" and self.filter != "none":
             raise OptionsError("--compress: does not apply with --filter value yet (the filter picks what travels)")
 

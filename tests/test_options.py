@@ -46,6 +46,9 @@ REFUSED = [
     ("heartbeat", "1000", "must be in [0.01, 60]"),
     ("phi_threshold", "300", "must be in (0, 300)"),
     ("staleness", "1.5", "not a valid int"),
+    ("overlap_steps", "-1", "must be in 0..1000000"),
+    ("overlap_alpha", "0", "must be in (0, 1]"),
+    ("overlap_alpha", "1.5", "must be in (0, 1]"),
 ]
 
 
@@ -77,10 +80,20 @@ def test_a_value_that_does_not_work_is_refused_from_code():
                              ({"emulate": 1}, "--emulate: must be true or false (got 1)"),
                              ({"sync": "async"}, "--sync: must be one of bsp, ssp, partitioned (got 'async')"),
                              ({"fanout": MAX_RANKS}, "--fanout: must be in 1..65535 (got 65536)"),
-                             ({"compress": "fp16", "filter": "value"}, "--compress: does not apply with --filter")]:
+                             ({"compress": "fp16", "filter": "value"}, "--compress: does not apply with --filter"),
+                             ({"period": 8, "fragments": 2, "overlap_steps": 5},
+                              "--overlap-steps: a round must land before the next one starts: at most "
+                              "period/fragments = 4 (got 5)"),
+                             ({"overlap_alpha": 0.5}, "--overlap-alpha: applies to overlapped rounds")]:
         with pytest.raises(OptionsError) as error:
             Options(**changes)
         assert str(error.value).startswith(message)
+
+
+def test_overlap_steps_implies_overlap_and_survives_the_environment():
+    options = Options(period=4, overlap_steps=2, overlap_alpha=0.5)
+    assert options.overlap and Options.from_env(options.to_env()) == options
+    assert Options(period=4, overlap_steps=4).overlap_steps == 4 and not Options().overlap
 
 
 def test_the_ends_of_each_range_are_taken():

@@ -158,7 +158,10 @@ class DecentralizedOptimizer(Optimizer):
     per round), ``outer_lr`` and ``outer_momentum`` (the outer update on each round's averaged
     change, DiLoCo-style; 1 and 0 average plainly), ``overlap`` (the round runs in the background
     while the next H steps compute; its merge is added to the parameters as a change when the
-    next round starts, so a step waits only for a round longer than the period), ``fragments``
+    next round starts, so a step waits only for a round longer than the period), ``overlap_steps``
+    (tau: the round lands after tau steps instead, so its result is tau steps late, not a period;
+    try the fewest steps whose compute covers a round's transfer), ``overlap_alpha`` (how it lands:
+    none adds its change, alpha in (0, 1] mixes (1 - alpha) x local + alpha x result), ``fragments``
     (F: a round every period / F steps, each carrying one fragment of the buckets in turn; see
     `p2plearn.sync.fragments`).
 
@@ -254,9 +257,13 @@ class DecentralizedOptimizer(Optimizer):
         # local steps per round: each of the F fragments is averaged once every period
         self.round_steps = self.options.period // self.options.fragments
         self.steps = self.runtime.client.start_clock * self.round_steps  # local steps taken (a joiner's: the donor's)
+        # --overlap: a round lands overlap_steps local steps after it starts (at the latest, as the next starts)
+        self.overlap_steps = self.round_steps if self.options.overlap_steps is None else self.options.overlap_steps
         self._round: threading.Thread | None = None  # the overlapped round in flight
+        self._round_start = 0  # the local step it started at
+        self._round_arrays: list[int] = []  # the arrays it carries (its fragment)
         self._round_outcome: RoundStats | BaseException | None = None
-        self._snapshot: list[np.ndarray] = []  # what the round in flight started from
+        self._snapshot: dict[int, np.ndarray] = {}  # what it started from, by array (add-the-change mixing only)
         self._last_step_end = time.monotonic()
         self.joined = self.runtime.client.donor is not None  # took a running job's state, not its own start
         if self.joined:
@@ -311,14 +318,17 @@ class DecentralizedOptimizer(Optimizer):
         result = self._local_step(closure)
         self.steps += 1
         waited = 0.0
+        if self._round is not None and self.steps - self._round_start >= self.overlap_steps:
+            waited = self._finish_round()
         if self.steps % self.round_steps == 0:
             if loss is None:
                 loss = result
             value = float(loss.detach()) if isinstance(loss, torch.Tensor) else loss
-            waited = self._finish_round()
             self._serve_donations()
             if self.options.overlap:
                 self._start_round(value)
+                if self.overlap_steps == 0:
+                    waited += self._finish_round()
             else:
                 self.staging.to_host()
                 self.staging.wait_host()
@@ -348,15 +358,17 @@ class DecentralizedOptimizer(Optimizer):
         st.send_times.append(rs.send_s)
         self.last_round = rs
 
-    # -- overlapped rounds: one in flight on a snapshot, its merge added to the model as a change --
+    # -- overlapped rounds: one in flight on the host arrays, mixed into the model when it lands --
 
     def _start_round(self, loss: float | None) -> None:
         self.staging.to_host()
+        self._round_start, self._round_arrays = self.steps, self.sync.fragments.arrays(self.sync.clock)
 
         def run() -> None:
             try:
                 self.staging.wait_host()  # this thread waits for the copy; the training thread goes on
-                self._snapshot = self.staging.snapshot()
+                if self.options.overlap_alpha is None:
+                    self._snapshot = self.staging.snapshot(self._round_arrays)
                 self._round_outcome = self.sync.step(loss=loss)
             except BaseException as exc:  # noqa: BLE001 - raised again in the training thread
                 self._round_outcome = exc
@@ -365,8 +377,9 @@ class DecentralizedOptimizer(Optimizer):
         self._round.start()
 
     def _finish_round(self, apply: bool = True) -> float:
-        """Wait for the round in flight (if any) and add what it changed to the model; returns the
-        seconds waited. The model has taken local steps since the snapshot: they are kept."""
+        """Wait for the round in flight (if any) and mix its result into the model, which has taken
+        local steps since it started (``overlap_alpha``: none adds the round's change, keeping
+        them; alpha moves the model alpha of the way to the result); returns the seconds waited."""
         if self._round is None:
             return 0.0
         t0 = time.monotonic()
@@ -375,8 +388,11 @@ class DecentralizedOptimizer(Optimizer):
         self._round, outcome, self._round_outcome = None, self._round_outcome, None
         if isinstance(outcome, BaseException):
             raise outcome
-        if apply:
+        if apply and self.options.overlap_alpha is None:
             self.staging.add_change(self._snapshot)
+        elif apply:
+            self.staging.mix(self._round_arrays, self.options.overlap_alpha)
+        self._snapshot = {}
         self._record(outcome)
         return waited
 

@@ -36,6 +36,11 @@ def numpy_view(t: torch.Tensor) -> np.ndarray:
     return t.numpy()
 
 
+def _wide(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a change or mix of `dtype` values is computed in: float64 stays, the rest float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def _as_tensor(a: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
     """The torch tensor over a host array made by `numpy_view` (no copy)."""
     if dtype == torch.bfloat16:
@@ -54,9 +59,10 @@ class HostStaging:
         separate: the rounds need a copy even on the CPU (``--overlap``: the model moves on).
 
     Use: ``to_host()`` as a round starts, ``wait_host()`` before the host arrays are read,
-    then either ``to_device()`` (the round's result replaces the model) or
-    ``add_change(before)`` (the result's change is added to a model that took steps meanwhile);
-    ``before_step()`` before each optimizer step.
+    then either ``to_device()`` (the round's result replaces the model), or, for a model that
+    took steps meanwhile, ``add_change(before)`` (the result's change is added) or ``mix(arrays,
+    alpha)`` (the model moves alpha of the way to the result); ``before_step()`` before each
+    optimizer step.
     """
 
     def __init__(self, buckets: Buckets, staging: str = "direct", separate: bool = False):
@@ -111,22 +117,34 @@ class HostStaging:
         for h, f in zip(self.host, self.buckets.flats):
             f.copy_(h, non_blocking=True)  # on the compute stream: ordered before the steps that read it
 
-    def add_change(self, before: list[np.ndarray]) -> None:
-        """Add what the round changed (host arrays minus `before`, the arrays it started from) to
-        the model, which took local steps since: those are kept. Half-precision values add in
-        float32 and round once."""
-        for h, b, f in zip(self.host, before, self.buckets.flats):
-            wide = torch.float64 if f.dtype == torch.float64 else torch.float32
-            change = h.to(wide) - _as_tensor(b, f.dtype).to(wide)
-            change = change.to(f.device, non_blocking=True)
+    def add_change(self, before: dict[int, np.ndarray]) -> None:
+        """Add what the round changed (host array i minus ``before[i]``, what it started from, for
+        the arrays it carried) to the model, which took local steps since: those are kept.
+        Half-precision values add in float32 and round once."""
+        for i, b in before.items():
+            h, f = self.host[i], self.buckets.flats[i]
+            wide = _wide(f.dtype)
+            change = (h.to(wide) - _as_tensor(b, f.dtype).to(wide)).to(f.device, non_blocking=True)
             if f.dtype == wide:
                 f.add_(change)
             else:
                 f.copy_(f.to(wide) + change)
 
-    def snapshot(self) -> list[np.ndarray]:
-        """A copy of the host arrays (what a round starts from)."""
-        return [a.copy() for a in self.arrays]
+    def mix(self, arrays: list[int], alpha: float) -> None:
+        """The model's arrays `arrays` become (1 - alpha) x themselves + alpha x the host arrays (a
+        round's result): alpha = 1 copies the result exactly. Half precision mixes in float32."""
+        for i in arrays:
+            h, f = self.host[i], self.buckets.flats[i]
+            wide = _wide(f.dtype)
+            result = h.to(f.device, non_blocking=True).to(wide)
+            if f.dtype == wide:
+                f.lerp_(result, alpha)  # exact at alpha = 1: torch computes end - (end - start) * 0
+            else:
+                f.copy_(f.to(wide).lerp_(result, alpha))
+
+    def snapshot(self, arrays: list[int]) -> dict[int, np.ndarray]:
+        """Copies of the host arrays `arrays` (what a round starts from), by index."""
+        return {i: self.arrays[i].copy() for i in arrays}
 
     def model_copy(self) -> list[np.ndarray]:
         """A copy of the model's values as host arrays, taken now (for a joiner, the final average)."""

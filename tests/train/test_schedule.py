@@ -1,5 +1,6 @@
 """The communication schedule: a round every --period steps, the outer update on the averaged change
-(DiLoCo), and rounds overlapped with the next period's steps."""
+(DiLoCo), and rounds overlapped with the next period's steps or a few of them (--overlap-steps),
+their result added as a change or mixed in (--overlap-alpha)."""
 from __future__ import annotations
 
 import threading
@@ -10,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from p2plearn.sync.outer import OuterOptimizer
-from tests.train.conftest import on_peers
+from tests.train.conftest import in_process_job, on_peers
 
 
 def mlp(seed: int = 0) -> torch.nn.Module:
@@ -129,6 +130,59 @@ def test_an_overlapped_job_without_local_change_ends_at_the_average(job):
         assert rounds == 2
         for p, a, b in zip(got, starts[0].parameters(), starts[1].parameters()):
             torch.testing.assert_close(p, (a + b) / 2)
+
+
+def train_two_peers(steps: int, **options) -> list[list[torch.Tensor]]:
+    """Two peers of a job of their own, each on its own batches from the same start: their models."""
+    def body(rank, opt):
+        for i in range(steps):
+            local_step(opt, 100 * rank + i)
+        opt.flush()
+        return params(opt.model)
+
+    with in_process_job(2) as job:
+        return on_peers(job, [mlp(), mlp()], body, **options)
+
+
+def test_a_round_landing_after_no_steps_with_alpha_one_is_the_round_in_line():
+    inline = train_two_peers(7, period=2)
+    mixed = train_two_peers(7, period=2, overlap_steps=0, overlap_alpha=1.0)
+    for a, b in zip(inline, mixed):
+        for x, y in zip(a, b):
+            assert torch.equal(x, y), "--overlap-steps 0 --overlap-alpha 1 differs from a round in line"
+
+
+@pytest.mark.parametrize("fragments", [1, 2])
+def test_a_round_lands_after_overlap_steps_mixed_with_alpha_in_its_fragment_only(job, fragments):
+    """Period 2 per fragment, tau 1, alpha 0.25: the round started after step 2 lands in step 3,
+    whose local step was taken from the unmixed model: its fragment's arrays become 0.75 x the
+    local step's result + 0.25 x the average of the peers' models at step 2; the others stay local."""
+    snapshots: dict[int, list[torch.Tensor]] = {}
+    both_started = threading.Barrier(2)
+
+    def body(rank, opt):
+        local_step(opt, rank)
+        local_step(opt, 10 + rank)  # the round starts here
+        snapshots[rank] = params(opt.model)
+        both_started.wait(10)
+        g = torch.Generator().manual_seed(20 + rank)
+        F.cross_entropy(opt.model(torch.randn(32, 8, generator=g)), torch.randint(0, 3, (32,), generator=g)).backward()
+        local = [p.detach() - 0.1 * p.grad for p in opt.model.parameters()]  # SGD lr 0.1, as the job's inner
+        in_flight = opt.stats().rounds == 0
+        opt.step()  # step 3: the local step, then the round lands
+        return in_flight, local, params(opt.model), opt.stats().rounds
+
+    results = on_peers(job, [mlp(), mlp()], body, period=2 * fragments, fragments=fragments, bucket_mb=1e-6,
+                       overlap_steps=1, overlap_alpha=0.25)
+    carried = 4 if fragments == 1 else 1  # fragment 0 of 2: the first layer's weight (512 of 780 bytes)
+    for in_flight, local, after, rounds in results:
+        assert in_flight and rounds == 1, "the round did not land at step 3"
+        for i, (got, mine) in enumerate(zip(after, local)):
+            if i < carried:
+                average = (snapshots[0][i] + snapshots[1][i]) / 2
+                torch.testing.assert_close(got, 0.75 * mine + 0.25 * average)
+            else:
+                torch.testing.assert_close(got, mine)  # not mixed: the average is far from it
 
 
 def test_partitioned_rounds_average_whole_models_through_the_optimizer(job):
