@@ -86,13 +86,12 @@ class Options:
     period: int = _opt(16, "local steps between rounds (H): a round every H steps costs 1/H of the communication; "
                           "larger drifts the peers further apart between rounds (4-16 is typical, as in local SGD)",
                    valid=(lambda value: value >= 1, "must be >= 1"))
-    fragments: int = _opt(1, "streaming rounds: the exchanged buckets split into F fragments of whole buckets, in model "
-                             "order, balanced in bytes; a round runs every period/F steps and carries one fragment in "
-                             "turn (round r: fragment r mod F), so each fragment is averaged every --period steps at its "
-                             "own offset and a round's message (each uplink's peak) is about 1/F of the model. --period "
-                             "must be a multiple of F, the model must have at least F buckets (lower --bucket-mb), and "
-                             "--filter value does not apply; 1: every round carries the whole model",
-                          valid=_within(1, 1024))
+    fragments: int = _opt(1, "streaming rounds: the exchanged tensors cut, in model order, into F fragments of equal "
+                             "bytes (a tensor larger than a share is split); a round runs every period/F steps and "
+                             "carries one fragment in turn (round r: fragment r mod F), so each fragment is averaged "
+                             "every --period steps at its own offset and a round's message is 1/F of the model. "
+                             "--period must be a multiple of F, and --filter value does not apply; 1: every round "
+                             "carries the whole model", valid=_within(1, 1024))
     outer_lr: float = _opt(1.0, "step size of the outer update on a round's averaged change (DiLoCo): the model becomes "
                                 "its value at the last round + outer-lr x the change; 1 with --outer-momentum 0 is plain "
                                 "averaging; DiLoCo uses 0.7 with momentum 0.9; in (0, 2]: beyond 2 each round overshoots the "

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import p2plearn
+from p2plearn.bench.uplink import UplinkMeter
 from p2plearn.options import Options
 from p2plearn.train.data import accuracy, mnist1d, shard
 
@@ -103,6 +104,7 @@ def main(argv: list[str] | None = None) -> None:
               f"overlap={opt.options.overlap} outer_lr={opt.options.outer_lr} "
               f"outer_momentum={opt.options.outer_momentum}; {sum(p.numel() for p in model.parameters())} parameters",
               flush=True)
+    meter = UplinkMeter(opt.channel)  # the JSON's peak_uplink_bytes_per_s: this rank's, per 1 s window
     start = time.monotonic()
     history: list[tuple[float, float]] = []  # (wall s, this peer's test accuracy), for time-to-accuracy
     steps = 0
@@ -126,6 +128,7 @@ def main(argv: list[str] | None = None) -> None:
               f"test accuracy {acc:.3f}, {time.monotonic() - start:.1f} s", flush=True)
     opt.flush()  # the last overlapped round, if any, is part of the training
     wall = time.monotonic() - start
+    peak_uplink = meter.stop()
     st = opt.stats()
     own = accuracy(model, data.x_test, data.y_test)
     print(f"{tag} done: own model test accuracy {own:.3f}; {st.rounds} rounds, average p {st.average_p:.2f}, "
@@ -144,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
                            "comm_s": st.comm_s, "compute_s": st.compute_s, "bytes_sent": st.bytes_sent,
                            "history": history, "round_times": st.round_times,
                            "send_times": st.send_times,
-                           "retransmitted": st.retransmitted}, f)
+                           "retransmitted": st.retransmitted, "peak_uplink_bytes_per_s": peak_uplink}, f)
     opt.close()
 
 

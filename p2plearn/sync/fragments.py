@@ -1,17 +1,36 @@
 """Streaming rounds: the exchanged arrays split into fragments, one fragment per round.
 
-With ``--fragments F`` the arrays a round exchanges (the buckets of `p2plearn.train.buckets`)
-are cut, in model order, into F consecutive groups of whole arrays whose largest holds as few
-bytes as any such cut allows. Round r carries fragment ``r mod F`` only, and rounds run every
+With ``--fragments F`` the arrays a round exchanges are cut, in model order, into F consecutive
+groups of whole arrays whose largest holds as few bytes as any such cut allows. The optimizer
+first cuts its buckets (`p2plearn.train.buckets`) where the running total of bytes crosses each
+F-th of the model (`fragment_pieces`), so the fragments come out equal to an element, whatever
+the sizes of the tensors: a tensor larger than a share (an MLP's hidden matrix, an embedding)
+is split between fragments. Round r carries fragment ``r mod F`` only, and rounds run every
 H/F local steps: each fragment is averaged every H steps, fragment f at offset f*H/F of the
 period, and a round's message (the peak on each uplink) is about 1/F of the model. Which fragment a
 round carries follows from the round clock alone, so every peer agrees on it, joiners, rejoiners
 and resumed peers too.
 
-A fragment is made of whole arrays, so a model needs at least F of them: with fewer (a small
-model in one 25 MiB bucket), lower ``--bucket-mb`` (`Fragments` names the value to try).
+`Fragments` itself groups whole arrays, so it needs at least F of them.
 """
 from __future__ import annotations
+
+
+def fragment_pieces(nbytes: list[int], itemsizes: list[int], count: int) -> list[tuple[int, int, int]]:
+    """Arrays of `nbytes` bytes (elements of `itemsizes` bytes), in order, cut where the running
+    total crosses k/`count` of all bytes (k = 1..count-1), at the element there: (array, first
+    element, end element) per piece, in order. Arrays no cut crosses stay whole; `count` 1 cuts
+    nothing. Fragments of whole pieces can then be equal to an element."""
+    total = sum(nbytes)
+    targets = [k * total // count for k in range(1, count)]
+    pieces, offset = [], 0
+    for a, (size, item) in enumerate(zip(nbytes, itemsizes)):
+        end = size // item
+        cuts = sorted({(t - offset) // item for t in targets if offset < t < offset + size} - {0, end})
+        bounds = [0, *cuts, end]
+        pieces += [(a, lo, hi) for lo, hi in zip(bounds[:-1], bounds[1:])]
+        offset += size
+    return pieces
 
 
 def balanced_cuts(sizes: list[int], count: int) -> list[int]:
@@ -60,9 +79,8 @@ class Fragments:
             raise ValueError(f"--fragments must be >= 1, got {count}")
         if count > len(nbytes):
             total_mib = sum(nbytes) / 2**20
-            raise ValueError(f"--fragments {count}: the model is exchanged in {len(nbytes)} array(s) (buckets) and a "
-                             f"fragment is made of whole ones; lower --bucket-mb to make at least {count} "
-                             f"(e.g. --bucket-mb {total_mib / (2 * count):.3g} for this {total_mib:.3g} MiB model)")
+            raise ValueError(f"--fragments {count}: {len(nbytes)} array(s) of {total_mib:.3g} MiB in all, and a "
+                             f"fragment is made of whole arrays: at most {len(nbytes)} fragments")
         self.count = count
         cuts = balanced_cuts(nbytes, count) + [len(nbytes)]
         self.groups = [list(range(a, b)) for a, b in zip(cuts[:-1], cuts[1:])]

@@ -10,7 +10,7 @@ larger than the cap gets a bucket of its own; no tensor is split).
 Tuning: ``cap_bytes`` (the option ``--bucket-mb``) trades Python work per round (a few calls per
 bucket) against the size of one segment (a larger segment waits longer for its last chunk
 before its merge can start); a cap above the model's size leaves one bucket per dtype.
-``--fragments F`` makes fragments of whole buckets: it needs at least F of them.
+``--fragments F`` cuts the buckets further where each F-th of the bytes ends (`p2plearn.sync.fragments`).
 """
 from __future__ import annotations
 

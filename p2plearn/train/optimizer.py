@@ -17,6 +17,7 @@ works (a step skipped for inf/NaN gradients still takes part in its round).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -34,7 +35,7 @@ from p2plearn.runtime import Runtime, init
 from p2plearn.selection import NetworkView, plan_flows
 from p2plearn.sync import SYNCHRONIZERS, RoundStats, Synchronizer
 from p2plearn.sync.bfloat16 import bf16_values, values
-from p2plearn.sync.fragments import Fragments
+from p2plearn.sync.fragments import Fragments, fragment_pieces
 from p2plearn.sync.inbox import MAX_STATES, STATE_FLAG
 from p2plearn.sync.outer import OuterOptimizer
 from p2plearn.filter import make_filter
@@ -103,6 +104,28 @@ def describe_layers(model: torch.nn.Module, buffers: bool = False) -> list[Layer
     return [Layer(name=name, numel=t.numel(), nbytes=t.numel() * t.element_size(), depth=i,
                   kind=kinds.get(id(t), "weight"))
             for i, (name, t) in enumerate(exchanged_tensors(model, buffers).items())]
+
+
+def layers_on_pieces(layers: list[Layer], ranges: list[tuple[int, int, int]],
+                     pieces: list[tuple[int, int, int]]) -> tuple[list[Layer], list[tuple[int, int, int]]]:
+    """`layers` (one per tensor, at (bucket, start, end) `ranges`) as the rounds see them on
+    `pieces` ((bucket, start, end) each): a tensor cut between pieces becomes one layer per part
+    (named with its element range), each with its range in its piece."""
+    out, out_ranges = [], []
+    for layer, (bucket, start, end) in zip(layers, ranges):
+        parts = [(p, max(start, lo), min(end, hi)) for p, (b, lo, hi) in enumerate(pieces)
+                 if b == bucket and max(start, lo) < min(end, hi)] or [(_piece_at(pieces, bucket, start), start, end)]
+        for p, lo, hi in parts:
+            name = layer.name if len(parts) == 1 else f"{layer.name}[{lo - start}:{hi - start}]"
+            itemsize = layer.nbytes // max(1, layer.numel)
+            out.append(dataclasses.replace(layer, name=name, numel=hi - lo, nbytes=(hi - lo) * itemsize))
+            out_ranges.append((p, lo - pieces[p][1], hi - pieces[p][1]))
+    return out, out_ranges
+
+
+def _piece_at(pieces: list[tuple[int, int, int]], bucket: int, element: int) -> int:
+    """The piece holding `element` of `bucket` (an empty tensor's place: the piece it starts in or ends)."""
+    return next(p for p, (b, lo, hi) in enumerate(pieces) if b == bucket and lo <= element <= hi)
 
 
 def _to_torch(value: Any) -> Any:
@@ -205,10 +228,15 @@ class DecentralizedOptimizer(Optimizer):
         exchanged = exchanged_tensors(model, buffers)
         self.buckets = Buckets(exchanged, max(1, int(self.options.bucket_mb * 2**20)))
         self.tensors = {name: t.data for name, t in exchanged.items()}  # views of the buckets now
-        Fragments(self.buckets.nbytes(), self.options.fragments)  # too few buckets: refused before any engine starts
         self.params = list(self.tensors.values())
+        # With fragments, the buckets cut where each F-th of the model's bytes ends: equal fragments
+        pieces = fragment_pieces(self.buckets.nbytes(), [f.element_size() for f in self.buckets.flats],
+                                 self.options.fragments)
+        Fragments([(hi - lo) * self.buckets.flats[b].element_size() for b, lo, hi in pieces],
+                  self.options.fragments)  # a model of fewer elements than F: refused before any engine starts
+        layers, layer_ranges = layers_on_pieces(describe_layers(model, buffers), self.buckets.ranges(), pieces)
         # Overlapped rounds work on a copy of the model, so local steps go on meanwhile.
-        self.staging = HostStaging(self.buckets, self.options.staging, separate=self.options.overlap)
+        self.staging = HostStaging(self.buckets, self.options.staging, separate=self.options.overlap, pieces=pieces)
         self._arrays = self.staging.arrays  # what rounds read and merge, on the host
         own = self._make_channel() if engine is None else None  # owned: closed by close()
         self._own_engine = own is not None
@@ -223,7 +251,7 @@ class DecentralizedOptimizer(Optimizer):
             self.reach.probe({r: m.engine for r, m in self.runtime.client.members.items()})
         cls = SYNCHRONIZERS[self.options.sync]
         extra = {"staleness": self.options.staleness} if self.options.sync == "ssp" else {}
-        self.sync: Synchronizer = cls(self._arrays, describe_layers(model, buffers), self.channel,
+        self.sync: Synchronizer = cls(self._arrays, layers, self.channel,
                                       self.runtime.client, selection=self.options.selection,
                                       fanout=self.options.fanout, seed=seed, tolerance=make_policy(self.options),
                                       value_filter=make_filter("value", granularity=self.options.filter_granularity,
@@ -238,7 +266,7 @@ class DecentralizedOptimizer(Optimizer):
                                                       "mixing_slack": self.options.mixing_slack}
                                       if self.options.selection == "selmcast" else None,
                                       transport_mode=self.options.transport_mode,
-                                      layer_ranges=self.buckets.ranges(), fragments=self.options.fragments, **extra)
+                                      layer_ranges=layer_ranges, fragments=self.options.fragments, **extra)
         self._donations: list[int] = []
         # Each rank's last engine address, and the ranks last heard of as dead: a final average
         # sends to a root that left the job (it is averaging), never to one known dead.
@@ -293,7 +321,8 @@ class DecentralizedOptimizer(Optimizer):
         # index array per layer), and a few of them from every member at once (rounds in flight, or
         # the root of the final average, which takes one from each).
         widest = [np.broadcast_to(np.float32(0), (p.numel(),)) for p in self.params]  # per layer: filtered or cut by bounds
-        largest = max(message_bytes(self._arrays), message_bytes(widest)) + 64 * (2 * len(widest) + 1) + 4096
+        largest = max(message_bytes(self._arrays), message_bytes(self.staging.bucket_arrays),
+                      message_bytes(widest)) + 64 * (2 * len(widest) + 1) + 4096
         # Delivered messages wait for the next drain (between rounds, while steps compute): from every
         # member, its rounds up to the staleness bound ahead of this peer's, a state and a final model.
         members, claim = max(self.runtime.world_size, 2), largest + CHUNK_CLAIM
@@ -514,7 +543,7 @@ class DecentralizedOptimizer(Optimizer):
                 donor = client.ask_for_state() or donor
             except ControlError:
                 pass  # no coordinator answered just now: keep waiting, ask again later
-        for own, a in zip(self._arrays, d.arrays):
+        for own, a in zip(self.staging.bucket_arrays, d.arrays):
             np.copyto(own, a.reshape(own.shape))  # the bits as sent: bfloat16 stays bfloat16
         self.staging.to_device()
         self.sync.clock = d.msg_id & ~STATE_FLAG
@@ -602,9 +631,10 @@ class DecentralizedOptimizer(Optimizer):
                 for name, s, p in zip(self.tensors, self.buckets.slots, self.params)}
 
     def _fits(self, arrays: list[np.ndarray] | None) -> bool:
-        """Whether a model state received matches this model's tensors (a key holder could send any)."""
-        return arrays is not None and len(arrays) == len(self._arrays) and all(
-            a.dtype == own.dtype and a.size == own.size for a, own in zip(arrays, self._arrays))
+        """Whether a model state received (per bucket) matches this model's (a key holder could send any)."""
+        own_arrays = self.staging.bucket_arrays
+        return arrays is not None and len(arrays) == len(own_arrays) and all(
+            a.dtype == own.dtype and a.size == own.size for a, own in zip(arrays, own_arrays))
 
     def close(self) -> None:
         """Finish the round in flight, leave the job, print this peer's one-line summary, and

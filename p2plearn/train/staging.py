@@ -57,15 +57,20 @@ class HostStaging:
             (always separate host buffers and copies, as for a device model). A device model is
             always staged.
         separate: the rounds need a copy even on the CPU (``--overlap``: the model moves on).
+        pieces: what the rounds exchange, as (bucket, first element, end element) each (with
+            ``--fragments``, buckets cut into balanced fragments); default: the whole buckets.
 
+    `arrays` are the rounds' host arrays, one per piece; `bucket_arrays` the same memory per
+    bucket (whole-model messages: a joiner's state, the final average).
     Use: ``to_host()`` as a round starts, ``wait_host()`` before the host arrays are read,
     then either ``to_device()`` (the round's result replaces the model), or, for a model that
-    took steps meanwhile, ``add_change(before)`` (the result's change is added) or ``mix(arrays,
+    took steps meanwhile, ``add_change(before)`` (the result's change is added) or ``mix(pieces,
     alpha)`` (the model moves alpha of the way to the result); ``before_step()`` before each
     optimizer step.
     """
 
-    def __init__(self, buckets: Buckets, staging: str = "direct", separate: bool = False):
+    def __init__(self, buckets: Buckets, staging: str = "direct", separate: bool = False,
+                 pieces: list[tuple[int, int, int]] | None = None):
         if staging not in STAGINGS:
             raise ValueError(f"staging must be one of {', '.join(STAGINGS)}, got {staging!r}")
         self.buckets = buckets
@@ -76,7 +81,11 @@ class HostStaging:
         else:
             pin = torch.cuda.is_available()  # pinned memory makes the copies asynchronous; it needs CUDA
             self.host = [torch.empty(f.numel(), dtype=f.dtype, pin_memory=pin) for f in buckets.flats]
-        self.arrays = [numpy_view(h) for h in self.host]
+        pieces = pieces or [(b, 0, f.numel()) for b, f in enumerate(buckets.flats)]
+        self.bucket_arrays = [numpy_view(h) for h in self.host]
+        self.arrays = [self.bucket_arrays[b][lo:hi] for b, lo, hi in pieces]
+        self._host_pieces = [self.host[b][lo:hi] for b, lo, hi in pieces]
+        self._model_pieces = [buckets.flats[b][lo:hi] for b, lo, hi in pieces]
         self._side = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._copied: torch.cuda.Event | None = None  # the device-to-host copy in flight
         self.to_host()
@@ -118,11 +127,11 @@ class HostStaging:
             f.copy_(h, non_blocking=True)  # on the compute stream: ordered before the steps that read it
 
     def add_change(self, before: dict[int, np.ndarray]) -> None:
-        """Add what the round changed (host array i minus ``before[i]``, what it started from, for
-        the arrays it carried) to the model, which took local steps since: those are kept.
+        """Add what the round changed (host piece i minus ``before[i]``, what it started from, for
+        the pieces it carried) to the model, which took local steps since: those are kept.
         Half-precision values add in float32 and round once."""
         for i, b in before.items():
-            h, f = self.host[i], self.buckets.flats[i]
+            h, f = self._host_pieces[i], self._model_pieces[i]
             wide = _wide(f.dtype)
             change = (h.to(wide) - _as_tensor(b, f.dtype).to(wide)).to(f.device, non_blocking=True)
             if f.dtype == wide:
@@ -130,11 +139,11 @@ class HostStaging:
             else:
                 f.copy_(f.to(wide) + change)
 
-    def mix(self, arrays: list[int], alpha: float) -> None:
-        """The model's arrays `arrays` become (1 - alpha) x themselves + alpha x the host arrays (a
+    def mix(self, pieces: list[int], alpha: float) -> None:
+        """The model's pieces `pieces` become (1 - alpha) x themselves + alpha x the host pieces (a
         round's result): alpha = 1 copies the result exactly. Half precision mixes in float32."""
-        for i in arrays:
-            h, f = self.host[i], self.buckets.flats[i]
+        for i in pieces:
+            h, f = self._host_pieces[i], self._model_pieces[i]
             wide = _wide(f.dtype)
             result = h.to(f.device, non_blocking=True).to(wide)
             if f.dtype == wide:
@@ -142,10 +151,11 @@ class HostStaging:
             else:
                 f.copy_(f.to(wide).lerp_(result, alpha))
 
-    def snapshot(self, arrays: list[int]) -> dict[int, np.ndarray]:
-        """Copies of the host arrays `arrays` (what a round starts from), by index."""
-        return {i: self.arrays[i].copy() for i in arrays}
+    def snapshot(self, pieces: list[int]) -> dict[int, np.ndarray]:
+        """Copies of the host pieces `pieces` (what a round starts from), by index."""
+        return {i: self.arrays[i].copy() for i in pieces}
 
     def model_copy(self) -> list[np.ndarray]:
-        """A copy of the model's values as host arrays, taken now (for a joiner, the final average)."""
+        """A copy of the model's values as host arrays per bucket, taken now (for a joiner, the final
+        average)."""
         return [numpy_view(f.detach().to("cpu", copy=True)) for f in self.buckets.flats]

@@ -20,7 +20,9 @@ import torch
 from p2plearn.control import Coordinator
 from p2plearn.options import Options, OptionsError
 from p2plearn.sync import BSP, SSP, Partitioned
-from p2plearn.sync.fragments import Fragments, balanced_cuts
+from p2plearn.sync.fragments import Fragments, balanced_cuts, fragment_pieces
+from p2plearn.tolerance import Layer
+from p2plearn.train.optimizer import layers_on_pieces
 from p2plearn.sync.outer import OuterOptimizer
 from p2plearn.topology import homogeneous, save
 from p2plearn.transport import Delivery, Reason
@@ -60,11 +62,35 @@ def test_fragments_are_balanced_in_bytes_as_well_as_any_cut_allows():
     assert balanced_cuts([4, 1, 1, 1, 1], 2) == [0, 1]  # 4 | 4
 
 
-def test_fewer_arrays_than_fragments_are_refused_naming_bucket_mb():
-    with pytest.raises(ValueError, match=r"--fragments 3: the model is exchanged in 2 array\(s\).*lower --bucket-mb"):
+def test_fewer_arrays_than_fragments_are_refused():
+    with pytest.raises(ValueError, match=r"--fragments 3: 2 array\(s\) of .* MiB in all.*at most 2 fragments"):
         Fragments([4000, 4000], 3)
     with pytest.raises(ValueError, match="--fragments must be >= 1, got 0"):
         Fragments([4000], 0)
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 7])
+def test_arrays_cut_into_pieces_make_fragments_equal_to_an_element(count):
+    nbytes, itemsizes = [9_437_184, 245_760, 6_144, 40, 24_000, 20], [4, 4, 4, 4, 2, 2]  # one dominant matrix
+    pieces = fragment_pieces(nbytes, itemsizes, count)
+    for a, (size, item) in enumerate(zip(nbytes, itemsizes)):  # the pieces tile every array, in order
+        mine = [(lo, hi) for b, lo, hi in pieces if b == a]
+        assert mine[0][0] == 0 and mine[-1][1] == size // item and all(
+            hi == lo2 and lo < hi for (lo, hi), (lo2, _) in zip(mine, mine[1:] + [(size // item, 0)]))
+    assert len(pieces) <= len(nbytes) + count - 1  # cut only where a share ends
+    fragments = Fragments([(hi - lo) * itemsizes[a] for a, lo, hi in pieces], count)
+    assert max(fragments.nbytes) - min(fragments.nbytes) <= 2 * max(itemsizes)
+    assert fragment_pieces(nbytes, itemsizes, 1) == [(a, 0, s // i) for a, (s, i) in enumerate(zip(nbytes, itemsizes))]
+
+
+def test_a_tensor_cut_between_pieces_is_one_layer_per_part_at_its_place_in_each():
+    layers = [Layer("w", 100, 400, 0), Layer("b", 10, 40, 1, "bias"), Layer("v", 30, 60, 2)]
+    ranges = [(0, 0, 100), (0, 100, 110), (1, 0, 30)]  # w and b in bucket 0 (float32), v in bucket 1 (half)
+    pieces = [(0, 0, 60), (0, 60, 110), (1, 0, 30)]
+    got, got_ranges = layers_on_pieces(layers, ranges, pieces)
+    assert [(x.name, x.numel, x.nbytes, x.kind) for x in got] == [
+        ("w[0:60]", 60, 240, "weight"), ("w[60:100]", 40, 160, "weight"), ("b", 10, 40, "bias"), ("v", 30, 60, "weight")]
+    assert got_ranges == [(0, 0, 60), (1, 0, 40), (1, 40, 50), (2, 0, 30)]
 
 
 def test_bad_flags_are_refused_in_one_line():
@@ -247,7 +273,7 @@ def test_a_synchronizer_refuses_fragments_with_the_value_filter_or_too_few_array
 
     with pytest.raises(ValueError, match="--fragments: does not apply with --filter value"):
         jobs(1, BSP, fragments=2, value_filter=make_filter("value"))
-    with pytest.raises(ValueError, match="lower --bucket-mb"):
+    with pytest.raises(ValueError, match="at most 4 fragments"):
         jobs(1, BSP, fragments=5)
 
 
@@ -263,7 +289,8 @@ TINY_BUCKETS = 1e-6  # MiB: every tensor its own bucket (the MLP's four: 512, 64
 
 
 @pytest.mark.parametrize("mode", [{"sync": "bsp"}, {"sync": "ssp", "staleness": 0}, {"sync": "partitioned"},
-                                  {"sync": "bsp", "overlap": True}], ids=["bsp", "ssp0", "partitioned", "overlap"])
+                                  {"sync": "bsp", "overlap": True}, {"sync": "bsp", "overlap_steps": 1, "overlap_alpha": 1.0}],
+                         ids=["bsp", "ssp0", "partitioned", "overlap", "overlap-mixed"])
 def test_the_optimizer_runs_a_round_every_period_over_F_steps_each_on_its_fragment(job, mode):
     starts = [mlp(1), mlp(2)]
 
@@ -279,19 +306,39 @@ def test_the_optimizer_runs_a_round_every_period_over_F_steps_each_on_its_fragme
 
     results = on_peers(job, [mlp(), mlp()], body, make_inner=lambda m: torch.optim.SGD(m.parameters(), lr=0.0),
                        period=4, fragments=2, bucket_mb=TINY_BUCKETS, **mode)
-    a, b = (list(p.parameters()) for p in starts)
-    average = [(x + y) / 2 for x, y in zip(a, b)]
+    flat = lambda tensors: torch.cat([t.reshape(-1) for t in tensors])  # noqa: E731 - the model's order
+    average = (flat(starts[0].parameters()) + flat(starts[1].parameters())) / 2
     for rank, (seen, rounds) in enumerate(results):
         assert rounds == 2 and [clock for clock, _, _ in seen] == [1, 2]
-        own = list(starts[rank].parameters())
+        own = flat(starts[rank].parameters())
         (_, half, _), (_, full, _) = seen
-        torch.testing.assert_close(half[0], average[0])  # fragment 0: the first layer's weight (512 of 780 bytes)
-        for got, mine in zip(half[1:], own[1:]):
-            assert torch.equal(got, mine), "a tensor outside the round's fragment changed"
-        for got, want in zip(full, average):
-            torch.testing.assert_close(got, want)
+        # fragment 0: the first 390 of the model's 780 bytes, 97 elements of the first weight (128)
+        torch.testing.assert_close(flat(half)[:97], average[:97])
+        assert torch.equal(flat(half)[97:], own[97:]), "an element outside the round's fragment changed"
+        torch.testing.assert_close(flat(full), average)
         if mode == {"sync": "bsp"}:  # one receiver: the round's fragment, once
-            assert [sent for _, _, sent in seen] == [512, 64 + 192 + 12]
+            assert [sent for _, _, sent in seen] == [388, 392]
+
+
+def test_a_model_in_one_bucket_is_cut_into_equal_fragments(job):
+    """The default --bucket-mb packs the MLP into one bucket: F = 2 fragments of 390 bytes each,
+    the first inside the first weight; round 0 averages exactly those elements."""
+    starts = [mlp(1), mlp(2)]
+
+    def body(rank, opt):
+        opt.model.load_state_dict(starts[rank].state_dict())
+        opt.step()
+        opt.step()
+        return opt.sync.fragments.nbytes, [p.size for p in opt.sync.params], params(opt.model)
+
+    results = on_peers(job, [mlp(), mlp()], body, make_inner=lambda m: torch.optim.SGD(m.parameters(), lr=0.0),
+                       period=4, fragments=2)
+    flat = lambda tensors: torch.cat([t.reshape(-1) for t in tensors])  # noqa: E731
+    average = (flat(starts[0].parameters()) + flat(starts[1].parameters())) / 2
+    for rank, (nbytes, sizes, got) in enumerate(results):
+        assert nbytes == [388, 392] and sizes == [97, 98]
+        torch.testing.assert_close(flat(got)[:97], average[:97])
+        assert torch.equal(flat(got)[97:], flat(starts[rank].parameters())[97:])
 
 
 def test_steps_and_clock_convert_with_period_over_F(job):
@@ -308,12 +355,8 @@ def test_steps_and_clock_convert_with_period_over_F(job):
         local_step(opt, 10 + rank)
         return opt.last_round.round, opt.sync.fragments.arrays(opt.last_round.round)
 
-    assert on_peers(job, [mlp(), mlp()], body, period=4, fragments=2, bucket_mb=TINY_BUCKETS) == [(3, [1, 2, 3])] * 2
-
-
-def test_a_model_in_fewer_buckets_than_fragments_is_refused_naming_bucket_mb(job):
-    with pytest.raises(ValueError, match=r"--fragments 2: the model is exchanged in 1 array\(s\).*lower --bucket-mb"):
-        on_peers(job, [mlp(), mlp()], lambda rank, opt: None, period=4, fragments=2)
+    # pieces: the first weight cut at element 97 (0, 1), then b1, w2, b2: fragment 1 is pieces 1-4
+    assert on_peers(job, [mlp(), mlp()], body, period=4, fragments=2, bucket_mb=TINY_BUCKETS) == [(3, [1, 2, 3, 4])] * 2
 
 
 # -- end to end ------------------------------------------------------------------------------------
