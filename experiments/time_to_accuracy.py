@@ -2,7 +2,7 @@
 torch's local SGD with the same period (PeriodicModelAverager over gloo), DDP (gloo all_reduce every
 step), and one process alone, on the same networks, model and data.
 
-    sudo python experiments/time_to_accuracy.py [--quick] [--seeds N] [--out DIR]
+    sudo python experiments/time_to_accuracy.py [--rows full|streaming|mixing] [--quick] [--seeds N] [--out DIR]
 
 As root every distributed system runs on the testbed (4 namespaces shaped by tbf; gloo with
 GLOO_SOCKET_IFNAME and MASTER_ADDR = rank 0's testbed address); the single process needs no
@@ -15,6 +15,12 @@ and local SGD; test accuracy every EVAL_EVERY steps of rank 0 (the single proces
 EVAL_EVERY x 4 steps, the same samples seen). DDP stops at a time budget (a run of it on
 heterogeneous-4 would take ~20 min). Full: 10 epochs, 12000 samples, 3 seeds (~75 min).
 Quick: 2 epochs (2 rounds), 1 seed, homogeneous-4 only.
+
+--rows streaming (time_to_accuracy_streaming.*): streaming rounds (--fragments, --overlap-steps,
+--compress int4) beside local SGD on the three topologies, with each run's peak uplink rate (rank
+0's engine, bytes sent per 1 s window) and wall / max(compute, communication) (~35 min).
+--rows mixing (time_to_accuracy_mixing.*): the overlap's delay and mixing (tau, alpha) on
+homogeneous-4 beside local SGD: what chose the streaming rows' settings (~10 min with 2 seeds).
 """
 from __future__ import annotations
 
@@ -43,6 +49,25 @@ P2PLEARN_CONFIGS = {f"bsp, selmcast p=1, period {PERIOD}": P2PLEARN,
                                                                                    "period": PERIOD,
                                                                                    "compress": "fp16"}}
 DDP_BUDGET_S = 60.0
+# Streaming rounds: 4 fragments (a round every 4 steps, 2.4 MB each), landing TAU steps after they
+# start, mixed as ALPHA says (None: the change added). Chosen by --rows mixing on homogeneous-4.
+FRAGMENTS, TAU, ALPHA = 4, 2, None
+STREAMING = {**P2PLEARN, "fragments": FRAGMENTS, "overlap_steps": TAU,
+             **({"overlap_alpha": ALPHA} if ALPHA is not None else {})}
+STREAMED = f"fragments {FRAGMENTS}, overlap-steps {TAU}" + (f", alpha {ALPHA}" if ALPHA is not None else "")
+STREAMING_CONFIGS = {f"bsp, selmcast p=1, period {PERIOD} (whole rounds: the peak's reference)": P2PLEARN,
+                     f"bsp, selmcast p=1, period {PERIOD}, {STREAMED}": STREAMING,
+                     f"bsp, selmcast p=1, period {PERIOD}, {STREAMED}, compress int4": {**STREAMING, "compress": "int4"},
+                     f"partitioned, period {PERIOD}, {STREAMED}, compress int4":
+                         {**STREAMING, "sync": "partitioned", "compress": "int4"}}
+MIXING_CONFIGS = {f"bsp, selmcast p=1, period {PERIOD}, fragments {FRAGMENTS}{label}": {
+    **P2PLEARN, "fragments": FRAGMENTS, **options}
+    for label, options in {"": {}, ", overlap (tau 4)": {"overlap": True},
+                           ", tau 1": {"overlap_steps": 1}, ", tau 2": {"overlap_steps": 2},
+                           ", tau 2, alpha 0.5": {"overlap_steps": 2, "overlap_alpha": 0.5},
+                           ", tau 2, alpha 1": {"overlap_steps": 2, "overlap_alpha": 1.0}}.items()}
+ROWS = {"full": (NAME, TOPOLOGIES, P2PLEARN_CONFIGS), "streaming": (f"{NAME}_streaming", TOPOLOGIES, STREAMING_CONFIGS),
+        "mixing": (f"{NAME}_mixing", TOPOLOGIES[:1], MIXING_CONFIGS)}
 
 
 def mlp_size() -> int:
@@ -58,57 +83,79 @@ def torch_baseline(n: int, script: dict, testbed: bool, port: int, topology: str
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = c.parse_args(__doc__, argv)
+    def extra(ap) -> None:
+        ap.add_argument("--rows", choices=list(ROWS), default="full",
+                        help="full: every system; streaming: streaming rounds beside local SGD; mixing: the overlap's "
+                             "tau and alpha on homogeneous-4 beside local SGD (default: %(default)s)")
+
+    args = c.parse_args(__doc__, argv, extra=extra)
+    name, topologies, configs = ROWS[args.rows]
+    full = args.rows == "full"
     testbed = c.is_root()
     script = {"model": "mlp", "hidden": HIDDEN, "batch_size": BATCH, "epochs": 2 if args.quick else 10,
               "samples": 12000, "eval_every": EVAL_EVERY}
     targets = (0.3, 0.4) if args.quick else (0.5, 0.6)
     budget = 10.0 if args.quick else 30.0  # accuracy reached by this many seconds of training
-    topologies = TOPOLOGIES[:1] if args.quick else TOPOLOGIES
+    topologies = topologies[:1] if args.quick else topologies
     rows: list[c.Row] = []
     for topo in topologies:
         where = {"topology": topo}
-        for label, options in P2PLEARN_CONFIGS.items():
+        for label, options in configs.items():
             rows += c.repeat({**where, "system": "p2plearn", "settings": label}, args.seeds,
                              lambda seed: c.train(PEERS, options, {**script, "seed": seed},
                                                   topology=f"topology/{topo}.json", testbed=testbed))
         rows += c.repeat({**where, "system": "local SGD", "settings": f"PeriodicModelAverager, period {PERIOD}"},
                          args.seeds, lambda seed: torch_baseline(PEERS, {**script, "seed": seed, "mode": "local-sgd",
                                                                           "period": PERIOD}, testbed, 29500 + seed, topo))
+        if not full:
+            continue
         rows += c.repeat({**where, "system": "DDP", "settings": "all_reduce every step"}, args.seeds,
                          lambda seed: torch_baseline(PEERS, {**script, "seed": seed, "mode": "ddp",
                                                              "budget_s": budget * 2 if args.quick else DDP_BUDGET_S},
                                                      testbed, 29600 + seed, topo))
-    rows += c.repeat({"topology": "none", "system": "single process", "settings": "all the data, one process"},
-                     args.seeds, lambda seed: torch_baseline(1, {**script, "seed": seed, "mode": "single",
-                                                                 "eval_every": EVAL_EVERY * PEERS}, False, 0, ""))
+    if full:
+        rows += c.repeat({"topology": "none", "system": "single process", "settings": "all the data, one process"},
+                         args.seeds, lambda seed: torch_baseline(1, {**script, "seed": seed, "mode": "single",
+                                                                     "eval_every": EVAL_EVERY * PEERS}, False, 0, ""))
     for r in rows:
         if r["ok"]:
             for target in targets:
                 r[f"tta_{target}"] = c.time_to_accuracy(r["history"], target)
             r["accuracy_at_budget"] = max((acc for t, acc in r["history"] if t <= budget), default=float("nan"))
             r["mb_sent"] = r["bytes_sent"] / 1e6
+            if "peak_uplink_bytes_per_s" in r:  # p2plearn's: its engine's counter (rounds run in the background)
+                r["peak_uplink_mb_s"] = r["peak_uplink_bytes_per_s"] / 1e6
+                r["wall_over_bound"] = r["wall_s"] / max(sum(r["round_times"]), r["compute_s"])
     where = ("Testbed (root; 4 network namespaces shaped by tbf, loss by iptables; every distributed system)"
              if testbed else "Fallback (not root): p2plearn `--emulate` vs gloo on unshaped loopback")
     setup = (f"{where}. MNIST-1D MLP (2 hidden layers of {HIDDEN}, {mlp_size() / 1e6:.1f}M parameters), "
              f"{script['epochs']} epochs of {script['samples']} samples, batch {BATCH} per rank, SGD lr 0.1 "
              f"momentum 0.9, {PEERS} ranks, {args.seeds} seed(s), median [min-max]. Test accuracy of rank 0's own "
              f"model every {EVAL_EVERY} of its steps (time includes these evaluations, for every system); "
-             f"final: the average of the ranks' models. p2plearn and local SGD exchange every {PERIOD} steps; "
-             f"DDP stops after {DDP_BUDGET_S:g} s (quick: {budget * 2:g} s). MB sent: per rank (gloo: what a ring "
+             f"final: the average of the ranks' models. p2plearn and local SGD exchange every {PERIOD} steps"
+             + (f"; DDP stops after {DDP_BUDGET_S:g} s (quick: {budget * 2:g} s)" if full else "") +
+             f". MB sent: per rank (gloo: what a ring "
              f"all_reduce puts on each uplink, 2(n-1)/n of the model). Ratio: time to {targets[0]:.0%} / local "
-             f"SGD's on the same topology.")
+             f"SGD's on the same topology." + (f" Peak uplink: rank 0's engine, the most bytes it sent in any 1 s "
+             f"window (sampled every 50 ms; data, repairs, ACKs and headers). Wall / bound: wall time over the "
+             f"larger of rank 0's compute and its rounds' summed duration (1 = communication fully hidden)."
+             if not full else "") + " " + c.load_note(rows))
     keys = ["topology", "system", "settings"]
     metrics = {**{f"time to {t:.0%} s": c.metric(f"tta_{t}") for t in targets},
                f"accuracy at {budget:g} s": c.metric("accuracy_at_budget"),
                "final accuracy": c.metric("averaged_accuracy"), "wall s": c.metric("wall_s"),
-               "MB sent": c.metric("mb_sent")}
+               "MB sent": c.metric("mb_sent"),
+               **({"peak uplink MB/s": c.metric("peak_uplink_mb_s"), "wall / bound": c.metric("wall_over_bound")}
+                  if not full else {})}
     tables = []
     for topo in topologies:
         tables.append(f"**{topo}**\n\n" + c.table([r for r in rows if r["topology"] in (topo, "none")], keys, metrics,
                                                   baseline=(topo, "local SGD", f"PeriodicModelAverager, period {PERIOD}"),
                                                   ratio_of=f"time to {targets[0]:.0%} s"))
-    c.write_results(args.out, NAME, rows, "Time to accuracy: p2plearn vs torch local SGD, DDP and one process",
+    title = {"full": "Time to accuracy: p2plearn vs torch local SGD, DDP and one process",
+             "streaming": "Time to accuracy of streaming rounds (fragments, bounded overlap, 4-bit) vs torch local SGD",
+             "mixing": "Streaming rounds: the overlap's delay (tau) and mixing (alpha) vs torch local SGD"}[args.rows]
+    c.write_results(args.out, name, rows, title,
                     setup, "\n\n".join(tables),
                     lambda ax: c.accuracy_curves(ax, [r for r in rows if r["topology"] in (topologies[0], "none")],
                                                  ["system", "settings"],
