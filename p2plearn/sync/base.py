@@ -209,6 +209,13 @@ class Synchronizer(ABC):
         for i in carried:
             np.copyto(self._previous[i], self.params[i])  # in place: no second copy of the model, even briefly
 
+    def adopt(self, clock: int) -> None:
+        """The arrays now hold another peer's model, sent before its round `clock` (a joiner's or a
+        rejoiner's state): this peer goes on from that round, with that model as the anchor."""
+        self.clock = clock
+        for anchor, p in zip(self._previous, self.params):
+            np.copyto(anchor, p)
+
     def state_dict(self) -> dict[str, Any]:
         """What resuming exactly needs: the round clock, the model as last merged (the filter's
         and policies' updates are measured from it), the histories the policies read, and the

@@ -546,11 +546,10 @@ class DecentralizedOptimizer(Optimizer):
         for own, a in zip(self.staging.bucket_arrays, d.arrays):
             np.copyto(own, a.reshape(own.shape))  # the bits as sent: bfloat16 stays bfloat16
         self.staging.to_device()
-        self.sync.clock = d.msg_id & ~STATE_FLAG
+        self.sync.adopt(d.msg_id & ~STATE_FLAG)
         # The donor sent this just before its round `clock`, at its step (clock + 1) * round_steps:
         # the next local step here is that round's, as it is the others'.
         self.steps = (self.sync.clock + 1) * self.round_steps - 1
-        self.sync._previous = [a.copy() for a in self._arrays]
 
     def average_model(self, root: int = 0, timeout: float = 60.0) -> dict[str, torch.Tensor] | None:
         """Average the peers' models at one of them, after training; call it on every peer once it
