@@ -132,7 +132,7 @@ class VirtualTraining:
         self.n = sum(topology.slots(p) for p in topology.peers)
         torch.manual_seed(settings.seed)  # every peer starts from the same model, as in training
         model = model_factory()
-        self.replicas = Replicas(model, self.n, lr=settings.lr, batched=settings.batched)
+        self.replicas = Replicas(model, self.n, lr=settings.lr, path="auto" if settings.batched else "sequential")
         self.replica_bytes = self.replicas.parameters * 4
         self.message_bytes = float(settings.message_bytes or self.replica_bytes)
         measured = costs(model_factory, model_name, settings.batch_size, data.x_test, data.y_test,

@@ -75,7 +75,7 @@ def test_batched_replicas_step_as_one_after_another():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
     batched = Replicas(model, 3, lr=0.1)
-    sequential = Replicas(model, 3, lr=0.1, batched=False)
+    sequential = Replicas(model, 3, lr=0.1, path="sequential")
     x, y = torch.randn(3, 4, 5), torch.randint(0, 3, (3, 4))
     for _ in range(3):
         batched.step(x, y)
