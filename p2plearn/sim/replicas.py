@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad, vjp, vmap
+from torch.func import functional_call, grad, vmap
 
 # Activations the linear path takes: elementwise, without parameters or buffers.
 ELEMENTWISE = (nn.ReLU, nn.GELU, nn.Tanh, nn.Sigmoid, nn.SiLU, nn.LeakyReLU, nn.ELU, nn.Softplus, nn.Identity)
@@ -128,7 +128,7 @@ class Replicas:
     def _linear_step(self, x: torch.Tensor, y: torch.Tensor) -> None:
         """The linear path's gradient step: buffer = momentum * buffer + grad, layer by layer."""
         params, moments = self._linear_views(self.flat), self._linear_views(self.buffer)
-        saved = []  # per layer: a Linear's input, or an activation's vjp
+        saved = []  # per layer: a Linear's input, or an activation's (input, output) autograd graph
         h, k = x, 0
         for layer in self.layers:
             if isinstance(layer, nn.Linear):
@@ -136,9 +136,12 @@ class Replicas:
                 saved.append(h)
                 h = torch.bmm(h, w.transpose(1, 2)) if b is None else torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
                 k += 1
-            else:
-                h, back = vjp(layer, h)
-                saved.append(back)
+            else:  # autograd for the elementwise derivative only: any activation, no formula per kind
+                a = h.detach().requires_grad_()
+                with torch.enable_grad():
+                    out = layer(a)
+                saved.append((a, out))
+                h = out.detach()
         # d(mean cross-entropy)/d(logits) = (softmax - one-hot) / batch, per replica
         g = torch.softmax(h, dim=-1)
         g.scatter_add_(-1, y.unsqueeze(-1), torch.full(y.unsqueeze(-1).shape, -1.0, dtype=g.dtype))
@@ -154,7 +157,8 @@ class Replicas:
                 if k > 0:  # the first layer's input needs no gradient
                     g = torch.bmm(g, w)
             else:
-                (g,) = kept(g)
+                a, out = kept
+                (g,) = torch.autograd.grad(out, a, g)
 
     def accuracy(self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:
         """Test accuracy of the model with flat parameters `params` (a row of `flat`, or an average)."""
