@@ -55,7 +55,7 @@ from p2plearn.sync.outer import OuterOptimizer
 from p2plearn.sync.planner import RoundPlanner
 from p2plearn.topology import Topology
 from p2plearn.topology.topology import BYTES_PER_MBIT
-from p2plearn.train.data import Dataset, shard
+from p2plearn.train.data import Dataset, dirichlet_shards
 from p2plearn.transport.delivery import ChunkMask
 
 VIEW_LAG = 2  # round r is planned from the samples of rounds up to r - VIEW_LAG
@@ -105,6 +105,21 @@ def _active(event, t: float) -> bool:
     k = math.floor((t - event.at_s) / event.every_s) if event.every_s else 0
     start = event.at_s + k * (event.every_s or 0.0)
     return start < (event.until_s if event.until_s is not None else math.inf) and t < start + event.duration_s
+
+
+def peer_batches(samples: int, batch_size: int, n: int, epoch: int, seed: int,
+                 shards: torch.Tensor | None = None) -> torch.Tensor:
+    """Sample indices [steps, n, batch] of epoch `epoch`: row [k, i] is the k-th batch
+    `train.data.shard` gives rank i of n (i.i.d., or from its Dirichlet shard: `shards`, [n, per
+    rank], rank i's `dirichlet_shards`), drawn once for all ranks rather than once per rank."""
+    generator = torch.Generator().manual_seed(seed * 1000 + epoch)
+    if shards is None:
+        per_rank = samples // n
+        mine = torch.randperm(samples, generator=generator)[:n * per_rank].view(n, per_rank)
+    else:  # every rank's shard has the same length, so one permutation reorders them all as shard() does
+        mine = shards[:, torch.randperm(shards.shape[1], generator=generator)]
+    steps = mine.shape[1] // batch_size
+    return mine[:, :steps * batch_size].reshape(n, steps, batch_size).transpose(0, 1)
 
 
 class _PlannedSimulator(Simulator):
@@ -219,24 +234,19 @@ class VirtualTraining:
         """(x [n, batch, ...], y [n, batch]) per local step, every peer's from its own shard; and the
         steps per epoch (every shard yields as many)."""
         s = self.settings
-
-        def epoch(e: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-            per_peer = [list(shard(self.data, s.batch_size, rank=i, world_size=self.n, epoch=e, seed=s.seed,
-                                   dirichlet=s.dirichlet)) for i in range(self.n)]
-            return [(torch.stack([p[k][0] for p in per_peer]), torch.stack([p[k][1] for p in per_peer]))
-                    for k in range(len(per_peer[0]))]
-
-        first = epoch(0)
-        if not first:
+        shards = None if s.dirichlet is None else torch.stack(dirichlet_shards(self.data.y, self.n, s.dirichlet, s.seed))
+        first = peer_batches(len(self.data), s.batch_size, self.n, 0, s.seed, shards)
+        if not len(first):
             raise ValueError(f"{len(self.data)} training samples over {self.n} peers leave no batch of "
                              f"{s.batch_size}: give more --samples or a smaller --batch-size")
 
         def steps():
             e, batches = 0, first
             while True:
-                yield from batches
+                for idx in batches:
+                    yield self.data.x[idx], self.data.y[idx]
                 e += 1
-                batches = epoch(e)
+                batches = peer_batches(len(self.data), s.batch_size, self.n, e, s.seed, shards)
 
         return steps(), len(first)
 

@@ -11,8 +11,9 @@ import torch
 
 from p2plearn.sim.__main__ import main
 from p2plearn.sim.replicas import Replicas
-from p2plearn.sim.train import network_at
+from p2plearn.sim.train import network_at, peer_batches
 from p2plearn.topology import microburst
+from p2plearn.train.data import Dataset, dirichlet_shards, shard
 
 SMALL = ["--model", "mlp", "--hidden", "32", "--samples", "4000", "--steps", "48", "--period", "8",
          "--batch-size", "32", "--eval-every", "16", "--step-ms", "2"]  # a later --step-ms wins
@@ -58,6 +59,22 @@ def test_virtual_time_is_compute_plus_transfer(tmp_path):
     transfer = result["virtual_s"] - compute - result["costs"]["merge_s"] * rounds * result["average_p"]
     one = 1e6 * (1514 / 1416) / (100e6 / 8)  # a message's wire bytes at the link's rate
     assert one * rounds <= transfer <= 1.2 * one * rounds
+
+
+@pytest.mark.parametrize("dirichlet", [None, 0.3])
+def test_peer_batches_are_the_batches_shard_gives_each_rank(dirichlet):
+    generator = torch.Generator().manual_seed(1)
+    data = Dataset(torch.randn(333, 4, generator=generator), torch.randint(0, 10, (333,), generator=generator),
+                   torch.zeros(0, 4), torch.zeros(0, dtype=torch.long), 10)
+    n, batch = 5, 8
+    shards = None if dirichlet is None else torch.stack(dirichlet_shards(data.y, n, dirichlet, seed=3))
+    for epoch in (0, 1):
+        batches = peer_batches(len(data), batch, n, epoch, 3, shards)
+        for rank in range(n):
+            expected = list(shard(data, batch, rank=rank, world_size=n, epoch=epoch, seed=3, dirichlet=dirichlet))
+            assert len(batches) == len(expected) > 0
+            for idx, (x, y) in zip(batches[:, rank], expected):
+                assert torch.equal(data.x[idx], x) and torch.equal(data.y[idx], y)
 
 
 def test_bursts_apply_while_active():
