@@ -14,10 +14,10 @@ def stack(activation: type[nn.Module], bias: bool = True) -> nn.Module:
                          nn.Linear(12, 4, bias=bias))
 
 
-def stepped(model: nn.Module, n: int, path: str, steps: int, x: torch.Tensor,
-            y: torch.Tensor) -> tuple[Replicas, list[tuple[torch.Tensor, torch.Tensor]]]:
+def stepped(model: nn.Module, n: int, path: str, steps: int, x: torch.Tensor, y: torch.Tensor,
+            group: int = 64) -> tuple[Replicas, list[tuple[torch.Tensor, torch.Tensor]]]:
     """The replicas, and their (parameters, momentum buffer) after each of `steps` steps, step k on batch k."""
-    replicas = Replicas(model, n, lr=0.1, momentum=0.9, path=path)
+    replicas = Replicas(model, n, lr=0.1, momentum=0.9, path=path, group=group)
     after = []
     for k in range(steps):
         replicas.step(x[k], y[k])
@@ -25,13 +25,13 @@ def stepped(model: nn.Module, n: int, path: str, steps: int, x: torch.Tensor,
     return replicas, after
 
 
-@pytest.mark.parametrize("activation,bias,n", [(nn.ReLU, True, 2), (nn.GELU, True, 8), (nn.Tanh, False, 5)])
-def test_linear_path_gives_the_other_paths_gradients_and_parameters(activation, bias, n):
+@pytest.mark.parametrize("activation,bias,n,group", [(nn.ReLU, True, 2, 64), (nn.GELU, True, 8, 3), (nn.Tanh, False, 5, 64)])
+def test_linear_path_gives_the_other_paths_gradients_and_parameters(activation, bias, n, group):
     torch.manual_seed(0)
     model = stack(activation, bias)
     steps = 4
     x, y = torch.randn(steps, n, 8, 6), torch.randint(0, 4, (steps, n, 8))
-    linear, linear_after = stepped(model, n, "auto", steps, x, y)
+    linear, linear_after = stepped(model, n, "auto", steps, x, y, group)
     assert linear.path == "linear"
     for path in ("vmap", "sequential"):
         other, other_after = stepped(model, n, path, steps, x, y)
