@@ -178,6 +178,8 @@ class VirtualTraining:
         history: list[tuple[float, float, float]] = []  # (rank 0's virtual s, its accuracy, eval peers' mean)
         rounds: list[dict] = []
         messages: dict[int, np.ndarray] = {}           # round -> every peer's message of it
+        # rounds rnd - s..rnd hold messages at once: their arrays are reused, not allocated per round
+        message_slots = np.empty((staleness + 1, *self.replicas.flat.shape), dtype=np.float32)
         done_at: dict[int, np.ndarray] = {}            # round -> when each peer's sends of it were done
         pending = {k: np.zeros(0) for k in ("round", "src", "dst", "arrival", "delivered")}
         anchors = None if all(opt.plain for opt in self.outer) else self.replicas.numpy().copy()
@@ -191,6 +193,7 @@ class VirtualTraining:
             step += 1
             clock += self.step_s
             if step % o.period == 0:  # the round is part of the step (DecentralizedOptimizer.step), as in training
+                messages[rnd] = message_slots[rnd % len(message_slots)]
                 clock, pending = self._round(rnd, clock, staleness, pending, messages, done_at, anchors, rounds)
                 rnd += 1
             if (s.eval_every and step % s.eval_every == 0) or (not s.eval_every and step % per_epoch == 0):
@@ -202,8 +205,9 @@ class VirtualTraining:
                messages: dict[int, np.ndarray], done_at: dict[int, np.ndarray], anchors: np.ndarray | None,
                rounds: list[dict]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Round `rnd`, every peer sending once its compute is done (at `clock`): its transfers, each
-        peer's merge of what it takes, and the clocks after them; the deliveries still pending."""
-        messages[rnd] = self.replicas.numpy().copy()
+        peer's merge of what it takes, and the clocks after them; the deliveries still pending.
+        messages[rnd] is where the round's messages go."""
+        np.copyto(messages[rnd], self.replicas.numpy())
         flows, sends_done = self._transfer(rnd, clock)
         done_at[rnd] = sends_done
         pending = {k: np.concatenate([pending[k], flows[k]]) for k in pending}
