@@ -73,6 +73,8 @@ class Replicas:
                  group: int = 64):
         if path not in PATHS:
             raise ValueError(f"path {path!r}: one of {', '.join(PATHS)}")
+        if group < 1:
+            raise ValueError(f"group {group}: at least 1 replica per call")
         self.model = copy.deepcopy(model)
         self.names = [name for name, _ in self.model.named_parameters()]
         self.shapes = [p.shape for p in self.model.parameters()]

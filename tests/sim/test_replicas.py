@@ -88,3 +88,9 @@ def test_choosing_the_path_leaves_the_global_seed_alone():
     torch.manual_seed(0)
     stack(nn.ReLU)
     assert torch.equal(torch.rand(3), after)
+
+
+@pytest.mark.parametrize("kwargs", [{"path": "jit"}, {"group": 0}])
+def test_refuses_an_unknown_path_or_an_empty_group(kwargs):
+    with pytest.raises(ValueError):
+        Replicas(stack(nn.ReLU), 2, lr=0.1, **kwargs)
