@@ -87,6 +87,9 @@ class Replicas:
         self.layers = linear_layers(self.model) if path in ("auto", "linear") else None
         if path == "linear" and self.layers is None:
             raise ValueError("path 'linear': the model is not a stack of nn.Linear and elementwise activations")
+        for layer in self.layers or ():
+            if getattr(layer, "inplace", False):  # our copy's: autograd needs the activation's input kept
+                layer.inplace = False
         self.path = "linear" if self.layers is not None else ("vmap" if path in ("auto", "vmap") else "sequential")
         self._grad = vmap(grad(self._loss), in_dims=(0, 0, 0))
 

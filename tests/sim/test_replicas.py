@@ -48,6 +48,17 @@ def test_the_mnist1d_mlp_takes_the_linear_path():
     assert Replicas(MLP(16), 2, lr=0.1).path == "linear"
 
 
+def test_an_in_place_activation_steps_as_an_out_of_place_one():
+    torch.manual_seed(0)
+    model = stack(nn.ReLU)
+    in_place = nn.Sequential(*[nn.ReLU(inplace=True) if isinstance(m, nn.ReLU) else m for m in model])
+    x, y = torch.randn(1, 2, 8, 6), torch.randint(0, 4, (1, 2, 8))
+    replicas, _ = stepped(in_place, 2, "auto", 1, x, y)
+    reference, _ = stepped(model, 2, "vmap", 1, x, y)
+    assert replicas.path == "linear"
+    torch.testing.assert_close(replicas.flat, reference.flat, rtol=0, atol=1e-5)
+
+
 class Residual(nn.Module):
     """Linear layers only, but not a stack: the probe sees the skip connection."""
 
