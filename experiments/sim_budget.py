@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> None:
                      f"{r['linear_2_threads_step_s']:.3f} | {r['vmap_step_s']:.3f} | {r['sequential_step_s']:.3f} | "
                      f"{r['load_1min']:.1f} |")
     setup = (f"`p2plearn-sim train`, MLP hidden {HIDDEN} ({rows[0]['parameters']} parameters), batch 32, BSP SELMCAST "
-             f"p=1, period 16, heterogeneous tiers; one thread (the run's replicas take the linear path). " + c.load_note(rows))
+             f"p=1, period 16, heterogeneous tiers; one thread (the run's replicas take the linear path). "
+             + c.load_note(rows))
 
     def draw(ax) -> None:
         ax.bar([str(r["peers"]) for r in rows], [r["at_2000_s"] for r in rows], label="2,000 steps")

@@ -147,7 +147,8 @@ class Replicas:
             if isinstance(layer, nn.Linear):
                 w, b = params[k]
                 saved.append(h)
-                h = torch.bmm(h, w.transpose(1, 2)) if b is None else torch.baddbmm(b.unsqueeze(1), h, w.transpose(1, 2))
+                wt = w.transpose(1, 2)
+                h = torch.bmm(h, wt) if b is None else torch.baddbmm(b.unsqueeze(1), h, wt)
                 k += 1
             else:  # autograd for the elementwise derivative only: any activation, no formula per kind
                 a = h.detach().requires_grad_()

@@ -79,7 +79,7 @@ class Settings:
     compute_spread: float = 0.0         # per-peer speed factor exp(N(0, spread))
     step_s: float | None = None         # seconds per local step (None: calibrated)
     eval_s: float | None = None         # seconds per evaluation (None: calibrated)
-    batched: bool = True
+    batched: bool = True                # False: the replicas step one after another (--sequential)
     recalibrate: bool = False
 
 
@@ -238,7 +238,8 @@ class VirtualTraining:
         """(x [n, batch, ...], y [n, batch]) per local step, every peer's from its own shard; and the
         steps per epoch (every shard yields as many)."""
         s = self.settings
-        shards = None if s.dirichlet is None else torch.stack(dirichlet_shards(self.data.y, self.n, s.dirichlet, s.seed))
+        shards = None if s.dirichlet is None else \
+            torch.stack(dirichlet_shards(self.data.y, self.n, s.dirichlet, s.seed))
         first = peer_batches(len(self.data), s.batch_size, self.n, 0, s.seed, shards)
         if not len(first):
             raise ValueError(f"{len(self.data)} training samples over {self.n} peers leave no batch of "

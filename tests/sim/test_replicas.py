@@ -25,7 +25,8 @@ def stepped(model: nn.Module, n: int, path: str, steps: int, x: torch.Tensor, y:
     return replicas, after
 
 
-@pytest.mark.parametrize("activation,bias,n,group", [(nn.ReLU, True, 2, 64), (nn.GELU, True, 8, 3), (nn.Tanh, False, 5, 64)])
+@pytest.mark.parametrize("activation,bias,n,group",
+                         [(nn.ReLU, True, 2, 64), (nn.GELU, True, 8, 3), (nn.Tanh, False, 5, 64)])
 def test_linear_path_gives_the_other_paths_gradients_and_parameters(activation, bias, n, group):
     torch.manual_seed(0)
     model = stack(activation, bias)
