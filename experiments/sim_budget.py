@@ -1,7 +1,7 @@
 """Benchmark: what `p2plearn-sim train` costs in wall time, against the issue's budget (256 peers x
 2,000 steps of a ~100k-parameter MNIST-1D MLP at batch 32 in under 10 minutes; 1,000 peers in under 30).
 
-    python experiments/sim_budget.py [--peers 256,1000] [--steps 2000] [--out DIR]
+    python experiments/sim_budget.py [--peers 256,1000] [--steps 2000] [--threads 1] [--out DIR]
 
 Per size: one BSP run (SELMCAST p=1, a round every 16 steps, heterogeneous tiers 25/50/100 Mbit/s)
 of MLP hidden 300 (105,610 parameters), its wall time, its seconds per local step of all peers,
@@ -53,6 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     def extra(ap) -> None:
         ap.add_argument("--peers", default="256,1000", help="comma-separated sizes (default: %(default)s)")
         ap.add_argument("--steps", type=int, default=GOAL_STEPS, help="local steps per peer (default: %(default)s)")
+        ap.add_argument("--threads", type=int, default=1, help="the run's --threads (default: %(default)s)")
 
     args = c.parse_args(__doc__, argv, extra=extra)
     os.chdir(c.ROOT)
@@ -66,7 +67,8 @@ def main(argv: list[str] | None = None) -> None:
             t0 = time.monotonic()
             assert sim_main(["train", "--topology", str(topology), "--sync", "bsp", "--period", "16", "--model", "mlp",
                              "--hidden", str(HIDDEN), "--steps", str(args.steps), "--samples", str(samples),
-                             "--eval-every", str(args.steps), "--json", str(out)]) == 0
+                             "--eval-every", str(args.steps), "--threads", str(args.threads),
+                             "--json", str(out)]) == 0
             total = time.monotonic() - t0
             result = json.loads(out.read_text())
             per_step = result["wall_s"] / args.steps
@@ -88,8 +90,8 @@ def main(argv: list[str] | None = None) -> None:
                      f"{r['linear_2_threads_step_s']:.3f} | {r['vmap_step_s']:.3f} | {r['sequential_step_s']:.3f} | "
                      f"{r['load_1min']:.1f} |")
     setup = (f"`p2plearn-sim train`, MLP hidden {HIDDEN} ({rows[0]['parameters']} parameters), batch 32, BSP SELMCAST "
-             f"p=1, period 16, heterogeneous tiers; one thread (the run's replicas take the linear path). "
-             + c.load_note(rows))
+             f"p=1, period 16, heterogeneous tiers; the run on {args.threads} thread(s), its replicas on the linear "
+             f"path; the replicas' steps alone on one thread unless said. " + c.load_note(rows))
 
     def draw(ax) -> None:
         ax.bar([str(r["peers"]) for r in rows], [r["at_2000_s"] for r in rows], label="2,000 steps")

@@ -80,6 +80,7 @@ class Settings:
     step_s: float | None = None         # seconds per local step (None: calibrated)
     eval_s: float | None = None         # seconds per evaluation (None: calibrated)
     batched: bool = True                # False: the replicas step one after another (--sequential)
+    threads: int = 1                    # torch threads while the run steps (the calibration keeps its own)
     recalibrate: bool = False
 
 
@@ -141,6 +142,8 @@ class VirtualTraining:
         for name, refused in UNSUPPORTED.items():
             if getattr(options, name) in refused:
                 raise ValueError(f"--{name.replace('_', '-')} {getattr(options, name)}: not simulated yet")
+        if settings.threads < 1:
+            raise ValueError(f"--threads {settings.threads}: at least 1")
         if options.fragments > 1:
             raise ValueError(f"--fragments {options.fragments}: not simulated yet (virtual rounds carry the whole model)")
         self.options, self.settings, self.topology, self.data = options, settings, topology, data
@@ -171,6 +174,15 @@ class VirtualTraining:
     # --- the run --------------------------------------------------------------------------
 
     def run(self) -> dict:
+        """The run, on `settings.threads` torch threads (restored after)."""
+        previous = torch.get_num_threads()
+        torch.set_num_threads(self.settings.threads)
+        try:
+            return self._run()
+        finally:
+            torch.set_num_threads(previous)
+
+    def _run(self) -> dict:
         s, o = self.settings, self.options
         wall0 = time.monotonic()
         staleness = o.staleness if o.sync == "ssp" else 0

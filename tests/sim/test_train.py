@@ -109,6 +109,16 @@ def test_batched_replicas_step_as_one_after_another():
     assert torch.allclose(torch.nn.utils.parameters_to_vector(reference.parameters()), batched.flat[1], atol=1e-6)
 
 
+def test_threads_change_the_wall_time_only(tmp_path, capsys):
+    one = run_cli(tmp_path, "--sync", "ssp", name="one.json")
+    two = run_cli(tmp_path, "--sync", "ssp", "--threads", "2", name="two.json")
+    for key in ("history", "round_log", "virtual_s", "own_accuracy", "averaged_accuracy", "costs"):
+        assert one[key] == two[key], key
+    assert torch.get_num_threads() == 1  # the CLI's, restored after the run
+    assert main(["train", "--topology", "topology/homogeneous-4.json", *SMALL, "--threads", "0"]) == 2
+    assert "--threads 0" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flag", [["--sync", "partitioned"], ["--compress", "fp16"], ["--tolerance", "phase"]])
 def test_refuses_what_it_does_not_simulate(tmp_path, flag, capsys):
     assert main(["train", "--topology", "topology/homogeneous-4.json", *SMALL, *flag]) == 2
