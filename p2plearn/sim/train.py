@@ -142,10 +142,10 @@ class VirtualTraining:
         for name, refused in UNSUPPORTED.items():
             if getattr(options, name) in refused:
                 raise ValueError(f"--{name.replace('_', '-')} {getattr(options, name)}: not simulated yet")
-        if settings.threads < 1:
-            raise ValueError(f"--threads {settings.threads}: at least 1")
         if options.fragments > 1:
             raise ValueError(f"--fragments {options.fragments}: not simulated yet (virtual rounds carry the whole model)")
+        if settings.threads < 1:
+            raise ValueError(f"--threads {settings.threads}: at least 1")
         self.options, self.settings, self.topology, self.data = options, settings, topology, data
         self.n = sum(topology.slots(p) for p in topology.peers)
         torch.manual_seed(settings.seed)  # every peer starts from the same model, as in training
