@@ -31,7 +31,8 @@ transfers by the flow-level simulator on the topology's links (rates, loss, even
 the training planner from a bandwidth view fed the simulated measurements. The JSON result says
 which message size the network carried (--message-bytes or the replica's) and how time was modelled.
 
-Budget: the replicas are stepped together (torch.func vmap); --sequential steps them one by one.
+Budget: the replicas are stepped together (sim.replicas: batched matrix products for a stack of
+nn.Linear, torch.func vmap for other models); --sequential steps them one by one.
 Not simulated yet: --sync partitioned, --tolerance other than fixed, --filter value, --compress,
 --overlap, --transport-mode other than unicast (each refused with a message).
 """
@@ -66,7 +67,10 @@ def parser() -> argparse.ArgumentParser:
                           "already includes them, as a real run's measured computation does)")
     sim.add_argument("--recalibrate", action="store_true", help="measure this machine's step time again")
     sim.add_argument("--sequential", action="store_true",
-                     help="step the replicas one after another instead of together (vmap)")
+                     help="step the replicas one after another instead of together")
+    sim.add_argument("--threads", type=int, default=1,
+                     help="torch threads stepping the replicas; the calibrated step time stays one thread's "
+                          "(default: %(default)s)")
     return ap
 
 
@@ -90,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                         message_bytes=args.message_bytes, compute_spread=args.compute_spread,
                         step_s=args.step_ms / 1000 if args.step_ms else None,
                         eval_s=args.eval_ms / 1000 if args.eval_ms is not None else None, batched=not args.sequential,
-                        recalibrate=args.recalibrate)
+                        recalibrate=args.recalibrate, threads=args.threads)
     name = f"cnn-{args.width}" if args.model == "cnn" else f"mlp-{args.hidden}"
     try:
         run = VirtualTraining(options, settings, topology, mnist1d(args.samples), lambda: make_model(args), name)

@@ -55,7 +55,7 @@ from p2plearn.sync.outer import OuterOptimizer
 from p2plearn.sync.planner import RoundPlanner
 from p2plearn.topology import Topology
 from p2plearn.topology.topology import BYTES_PER_MBIT
-from p2plearn.train.data import Dataset, shard
+from p2plearn.train.data import Dataset, dirichlet_shards
 from p2plearn.transport.delivery import ChunkMask
 
 VIEW_LAG = 2  # round r is planned from the samples of rounds up to r - VIEW_LAG
@@ -79,7 +79,8 @@ class Settings:
     compute_spread: float = 0.0         # per-peer speed factor exp(N(0, spread))
     step_s: float | None = None         # seconds per local step (None: calibrated)
     eval_s: float | None = None         # seconds per evaluation (None: calibrated)
-    batched: bool = True
+    batched: bool = True                # False: the replicas step one after another (--sequential)
+    threads: int = 1                    # torch threads while the run steps (the calibration keeps its own)
     recalibrate: bool = False
 
 
@@ -107,6 +108,21 @@ def _active(event, t: float) -> bool:
     return start < (event.until_s if event.until_s is not None else math.inf) and t < start + event.duration_s
 
 
+def peer_batches(samples: int, batch_size: int, n: int, epoch: int, seed: int,
+                 shards: torch.Tensor | None = None) -> torch.Tensor:
+    """Sample indices [steps, n, batch] of epoch `epoch`: row [k, i] is the k-th batch
+    `train.data.shard` gives rank i of n (i.i.d., or from its Dirichlet shard: `shards`, [n, per
+    rank], rank i's `dirichlet_shards`), drawn once for all ranks rather than once per rank."""
+    generator = torch.Generator().manual_seed(seed * 1000 + epoch)
+    if shards is None:
+        per_rank = samples // n
+        mine = torch.randperm(samples, generator=generator)[:n * per_rank].view(n, per_rank)
+    else:  # every rank's shard has the same length, so one permutation reorders them all as shard() does
+        mine = shards[:, torch.randperm(shards.shape[1], generator=generator)]
+    steps = mine.shape[1] // batch_size
+    return mine[:, :steps * batch_size].reshape(n, steps, batch_size).transpose(0, 1)
+
+
 class _PlannedSimulator(Simulator):
     """A Simulator of one round whose plan is given (the planner's), not drawn by its own policy."""
 
@@ -128,11 +144,13 @@ class VirtualTraining:
                 raise ValueError(f"--{name.replace('_', '-')} {getattr(options, name)}: not simulated yet")
         if options.fragments > 1:
             raise ValueError(f"--fragments {options.fragments}: not simulated yet (virtual rounds carry the whole model)")
+        if settings.threads < 1:
+            raise ValueError(f"--threads {settings.threads}: at least 1")
         self.options, self.settings, self.topology, self.data = options, settings, topology, data
         self.n = sum(topology.slots(p) for p in topology.peers)
         torch.manual_seed(settings.seed)  # every peer starts from the same model, as in training
         model = model_factory()
-        self.replicas = Replicas(model, self.n, lr=settings.lr, batched=settings.batched)
+        self.replicas = Replicas(model, self.n, lr=settings.lr, path="auto" if settings.batched else "sequential")
         self.replica_bytes = self.replicas.parameters * 4
         self.message_bytes = float(settings.message_bytes or self.replica_bytes)
         measured = costs(model_factory, model_name, settings.batch_size, data.x_test, data.y_test,
@@ -156,6 +174,15 @@ class VirtualTraining:
     # --- the run --------------------------------------------------------------------------
 
     def run(self) -> dict:
+        """The run, on `settings.threads` torch threads (restored after)."""
+        previous = torch.get_num_threads()
+        torch.set_num_threads(self.settings.threads)
+        try:
+            return self._run()
+        finally:
+            torch.set_num_threads(previous)
+
+    def _run(self) -> dict:
         s, o = self.settings, self.options
         wall0 = time.monotonic()
         staleness = o.staleness if o.sync == "ssp" else 0
@@ -163,6 +190,8 @@ class VirtualTraining:
         history: list[tuple[float, float, float]] = []  # (rank 0's virtual s, its accuracy, eval peers' mean)
         rounds: list[dict] = []
         messages: dict[int, np.ndarray] = {}           # round -> every peer's message of it
+        # rounds rnd - s..rnd hold messages at once: their arrays are reused, not allocated per round
+        message_slots = np.empty((staleness + 1, *self.replicas.flat.shape), dtype=np.float32)
         done_at: dict[int, np.ndarray] = {}            # round -> when each peer's sends of it were done
         pending = {k: np.zeros(0) for k in ("round", "src", "dst", "arrival", "delivered")}
         anchors = None if all(opt.plain for opt in self.outer) else self.replicas.numpy().copy()
@@ -176,6 +205,7 @@ class VirtualTraining:
             step += 1
             clock += self.step_s
             if step % o.period == 0:  # the round is part of the step (DecentralizedOptimizer.step), as in training
+                messages[rnd] = message_slots[rnd % len(message_slots)]
                 clock, pending = self._round(rnd, clock, staleness, pending, messages, done_at, anchors, rounds)
                 rnd += 1
             if (s.eval_every and step % s.eval_every == 0) or (not s.eval_every and step % per_epoch == 0):
@@ -187,8 +217,9 @@ class VirtualTraining:
                messages: dict[int, np.ndarray], done_at: dict[int, np.ndarray], anchors: np.ndarray | None,
                rounds: list[dict]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Round `rnd`, every peer sending once its compute is done (at `clock`): its transfers, each
-        peer's merge of what it takes, and the clocks after them; the deliveries still pending."""
-        messages[rnd] = self.replicas.numpy().copy()
+        peer's merge of what it takes, and the clocks after them; the deliveries still pending.
+        messages[rnd] is where the round's messages go."""
+        np.copyto(messages[rnd], self.replicas.numpy())
         flows, sends_done = self._transfer(rnd, clock)
         done_at[rnd] = sends_done
         pending = {k: np.concatenate([pending[k], flows[k]]) for k in pending}
@@ -219,24 +250,20 @@ class VirtualTraining:
         """(x [n, batch, ...], y [n, batch]) per local step, every peer's from its own shard; and the
         steps per epoch (every shard yields as many)."""
         s = self.settings
-
-        def epoch(e: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-            per_peer = [list(shard(self.data, s.batch_size, rank=i, world_size=self.n, epoch=e, seed=s.seed,
-                                   dirichlet=s.dirichlet)) for i in range(self.n)]
-            return [(torch.stack([p[k][0] for p in per_peer]), torch.stack([p[k][1] for p in per_peer]))
-                    for k in range(len(per_peer[0]))]
-
-        first = epoch(0)
-        if not first:
+        shards = None if s.dirichlet is None else \
+            torch.stack(dirichlet_shards(self.data.y, self.n, s.dirichlet, s.seed))
+        first = peer_batches(len(self.data), s.batch_size, self.n, 0, s.seed, shards)
+        if not len(first):
             raise ValueError(f"{len(self.data)} training samples over {self.n} peers leave no batch of "
                              f"{s.batch_size}: give more --samples or a smaller --batch-size")
 
         def steps():
             e, batches = 0, first
             while True:
-                yield from batches
+                for idx in batches:
+                    yield self.data.x[idx], self.data.y[idx]
                 e += 1
-                batches = epoch(e)
+                batches = peer_batches(len(self.data), s.batch_size, self.n, e, s.seed, shards)
 
         return steps(), len(first)
 

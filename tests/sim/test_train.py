@@ -11,8 +11,9 @@ import torch
 
 from p2plearn.sim.__main__ import main
 from p2plearn.sim.replicas import Replicas
-from p2plearn.sim.train import network_at
+from p2plearn.sim.train import network_at, peer_batches
 from p2plearn.topology import microburst
+from p2plearn.train.data import Dataset, dirichlet_shards, shard
 
 SMALL = ["--model", "mlp", "--hidden", "32", "--samples", "4000", "--steps", "48", "--period", "8",
          "--batch-size", "32", "--eval-every", "16", "--step-ms", "2"]  # a later --step-ms wins
@@ -60,6 +61,22 @@ def test_virtual_time_is_compute_plus_transfer(tmp_path):
     assert one * rounds <= transfer <= 1.2 * one * rounds
 
 
+@pytest.mark.parametrize("dirichlet", [None, 0.3])
+def test_peer_batches_are_the_batches_shard_gives_each_rank(dirichlet):
+    generator = torch.Generator().manual_seed(1)
+    data = Dataset(torch.randn(333, 4, generator=generator), torch.randint(0, 10, (333,), generator=generator),
+                   torch.zeros(0, 4), torch.zeros(0, dtype=torch.long), 10)
+    n, batch = 5, 8
+    shards = None if dirichlet is None else torch.stack(dirichlet_shards(data.y, n, dirichlet, seed=3))
+    for epoch in (0, 1):
+        batches = peer_batches(len(data), batch, n, epoch, 3, shards)
+        for rank in range(n):
+            expected = list(shard(data, batch, rank=rank, world_size=n, epoch=epoch, seed=3, dirichlet=dirichlet))
+            assert len(batches) == len(expected) > 0
+            for idx, (x, y) in zip(batches[:, rank], expected):
+                assert torch.equal(data.x[idx], x) and torch.equal(data.y[idx], y)
+
+
 def test_bursts_apply_while_active():
     topology = microburst(4)
     peer = topology.peers[0]
@@ -75,7 +92,7 @@ def test_batched_replicas_step_as_one_after_another():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
     batched = Replicas(model, 3, lr=0.1)
-    sequential = Replicas(model, 3, lr=0.1, batched=False)
+    sequential = Replicas(model, 3, lr=0.1, path="sequential")
     x, y = torch.randn(3, 4, 5), torch.randint(0, 3, (3, 4))
     for _ in range(3):
         batched.step(x, y)
@@ -90,6 +107,16 @@ def test_batched_replicas_step_as_one_after_another():
         torch.nn.functional.cross_entropy(reference(x[1]), y[1]).backward()
         opt.step()
     assert torch.allclose(torch.nn.utils.parameters_to_vector(reference.parameters()), batched.flat[1], atol=1e-6)
+
+
+def test_threads_change_the_wall_time_only(tmp_path, capsys):
+    one = run_cli(tmp_path, "--sync", "ssp", name="one.json")
+    two = run_cli(tmp_path, "--sync", "ssp", "--threads", "2", name="two.json")
+    for key in ("history", "round_log", "virtual_s", "own_accuracy", "averaged_accuracy", "costs"):
+        assert one[key] == two[key], key
+    assert torch.get_num_threads() == 1  # the CLI's, restored after the run
+    assert main(["train", "--topology", "topology/homogeneous-4.json", *SMALL, "--threads", "0"]) == 2
+    assert "--threads 0" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("flag", [["--sync", "partitioned"], ["--compress", "fp16"], ["--tolerance", "phase"]])
