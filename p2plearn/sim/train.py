@@ -55,7 +55,7 @@ from p2plearn.sync.outer import OuterOptimizer
 from p2plearn.sync.planner import RoundPlanner
 from p2plearn.topology import Topology
 from p2plearn.topology.topology import BYTES_PER_MBIT
-from p2plearn.train.data import Dataset, dirichlet_shards
+from p2plearn.train.data import Dataset, dirichlet_shards, epoch_order
 from p2plearn.transport.delivery import ChunkMask
 
 VIEW_LAG = 2  # round r is planned from the samples of rounds up to r - VIEW_LAG
@@ -113,12 +113,7 @@ def peer_batches(samples: int, batch_size: int, n: int, epoch: int, seed: int,
     """Sample indices [steps, n, batch] of epoch `epoch`: row [k, i] is the k-th batch
     `train.data.shard` gives rank i of n (i.i.d., or from its Dirichlet shard: `shards`, [n, per
     rank], rank i's `dirichlet_shards`), drawn once for all ranks rather than once per rank."""
-    generator = torch.Generator().manual_seed(seed * 1000 + epoch)
-    if shards is None:
-        per_rank = samples // n
-        mine = torch.randperm(samples, generator=generator)[:n * per_rank].view(n, per_rank)
-    else:  # every rank's shard has the same length, so one permutation reorders them all as shard() does
-        mine = shards[:, torch.randperm(shards.shape[1], generator=generator)]
+    mine = epoch_order(samples, n, epoch=epoch, seed=seed, shards=shards)
     steps = mine.shape[1] // batch_size
     return mine[:, :steps * batch_size].reshape(n, steps, batch_size).transpose(0, 1)
 

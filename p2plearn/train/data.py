@@ -143,6 +143,19 @@ def _dirichlet_shards(labels: bytes, world_size: int, alpha: float, seed: int) -
     return tuple(tuple(s) for s in shards)
 
 
+def epoch_order(samples: int, world_size: int, *, epoch: int, seed: int,
+                shards: torch.Tensor | None = None) -> torch.Tensor:
+    """Every rank's sample indices for epoch `epoch`, in the order `shard` yields them: [world_size,
+    per rank]. i.i.d.: equal, disjoint slices of one permutation of the `samples` (reshuffled per
+    epoch); with `shards` ([world_size, per rank]: `dirichlet_shards`, stacked), each rank's shard
+    reordered by one permutation of the epoch."""
+    generator = torch.Generator().manual_seed(seed * 1000 + epoch)
+    if shards is None:
+        per_rank = samples // world_size
+        return torch.randperm(samples, generator=generator)[:world_size * per_rank].view(world_size, per_rank)
+    return shards[:, torch.randperm(shards.shape[1], generator=generator)]
+
+
 def shard(data: Dataset, batch_size: int, *, rank: int | None = None, world_size: int | None = None,
           epoch: int = 0, seed: int = 0, dirichlet: float | None = None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Mini-batches of this rank's shard: an equal, disjoint slice of a permutation shared by
@@ -161,13 +174,8 @@ def shard(data: Dataset, batch_size: int, *, rank: int | None = None, world_size
         world_size = env_size if world_size is None else world_size
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} outside world size {world_size}")
-    order = torch.randperm(len(data), generator=torch.Generator().manual_seed(seed * 1000 + epoch))
-    if dirichlet is None:
-        per_rank = len(data) // world_size
-        mine = order[rank * per_rank:(rank + 1) * per_rank]
-    else:
-        own = dirichlet_shards(data.y, world_size, dirichlet, seed)[rank]
-        mine = own[torch.randperm(len(own), generator=torch.Generator().manual_seed(seed * 1000 + epoch))]
+    shards = None if dirichlet is None else torch.stack(dirichlet_shards(data.y, world_size, dirichlet, seed))
+    mine = epoch_order(len(data), world_size, epoch=epoch, seed=seed, shards=shards)[rank]
     for i in range(0, len(mine) - batch_size + 1, batch_size):
         idx = mine[i:i + batch_size]
         yield data.x[idx], data.y[idx]
