@@ -1,7 +1,7 @@
 """N replicas of one model in one process, stepped together: the virtual peers' models.
 
     replicas = Replicas(model, n, lr=0.1, momentum=0.9)
-    replicas.step(x, y)               # x: [n, batch, ...], y: [n, batch]: one SGD step of every replica
+    losses = replicas.step(x, y)      # x: [n, batch, ...], y: [n, batch]: one SGD step of every replica
     row = replicas.numpy()[i]         # replica i's parameters, flat float32, shared with the replicas
     replicas.accuracy(replicas.flat[i], x_test, y_test)
     replicas.path                     # how they step: "linear", "vmap" or "sequential"
@@ -36,7 +36,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call, grad_and_value, vmap
 
 # Activations the linear path takes: elementwise, without parameters or buffers.
 ELEMENTWISE = (nn.ReLU, nn.GELU, nn.Tanh, nn.Sigmoid, nn.SiLU, nn.LeakyReLU, nn.ELU, nn.Softplus, nn.Identity)
@@ -91,7 +91,7 @@ class Replicas:
             if getattr(layer, "inplace", False):  # our copy's: autograd needs the activation's input kept
                 layer.inplace = False
         self.path = "linear" if self.layers is not None else ("vmap" if path in ("auto", "vmap") else "sequential")
-        self._grad = vmap(grad(self._loss), in_dims=(0, 0, 0))
+        self._grad = vmap(grad_and_value(self._loss), in_dims=(0, 0, 0))
 
     @property
     def parameters(self) -> int:
@@ -109,27 +109,31 @@ class Replicas:
     def _loss(self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(functional_call(self.model, self._views(flat), (x,)), y)
 
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """One SGD step of every replica, replica i on its batch x[i], y[i]."""
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One SGD step of every replica, replica i on its batch x[i], y[i]; the [n] losses of the
+        batches before the step (what a training script passes to `opt.step(loss=...)`)."""
         if self.path == "linear":
+            losses = torch.empty(self.n)
             for start in range(0, self.n, self.group):
                 part = slice(start, start + self.group)
-                self._linear_step(self.flat[part], self.buffer[part], x[part], y[part])
+                losses[part] = self._linear_step(self.flat[part], self.buffer[part], x[part], y[part])
                 self.flat[part].add_(self.buffer[part], alpha=-self.lr)
-            return
+            return losses
         if self.path == "vmap":
-            g = self._grad(self.flat, x, y)
+            g, losses = self._grad(self.flat, x, y)
         else:
-            g = torch.stack([self._one_grad(self.flat[i], x[i], y[i]) for i in range(self.n)])
+            g, losses = map(torch.stack, zip(*(self._one_grad(self.flat[i], x[i], y[i]) for i in range(self.n))))
         self.buffer.mul_(self.momentum).add_(g)
         self.flat.sub_(self.lr * self.buffer)
+        return losses.detach()
 
-    def _one_grad(self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def _one_grad(self, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         torch.nn.utils.vector_to_parameters(flat, self.model.parameters())
         for p in self.model.parameters():
             p.grad = None
-        F.cross_entropy(self.model(x), y).backward()
-        return torch.cat([p.grad.reshape(-1) for p in self.model.parameters()])
+        loss = F.cross_entropy(self.model(x), y)
+        loss.backward()
+        return torch.cat([p.grad.reshape(-1) for p in self.model.parameters()]), loss.detach()
 
     def _linear_views(self, flat: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
         """Per nn.Linear, its [n, out, in] weights and [n, out] biases (None without) as views of `flat`."""
@@ -137,9 +141,9 @@ class Replicas:
         return [(next(views), next(views) if layer.bias is not None else None)
                 for layer in self.layers if isinstance(layer, nn.Linear)]
 
-    def _linear_step(self, flat: torch.Tensor, buffer: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> None:
+    def _linear_step(self, flat: torch.Tensor, buffer: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The linear path's gradient step of the replicas whose rows are `flat` and `buffer`:
-        buffer = momentum * buffer + grad, layer by layer."""
+        buffer = momentum * buffer + grad, layer by layer; their losses."""
         params, moments = self._linear_views(flat), self._linear_views(buffer)
         saved = []  # per layer: a Linear's input, or an activation's (input, output) autograd graph
         h, k = x, 0
@@ -158,6 +162,7 @@ class Replicas:
                 h = out.detach()
         # d(mean cross-entropy)/d(logits) = (softmax - one-hot) / batch, per replica
         g = torch.softmax(h, dim=-1)
+        losses = -torch.log_softmax(h, dim=-1).gather(-1, y.unsqueeze(-1)).mean((1, 2))
         g.scatter_add_(-1, y.unsqueeze(-1), torch.full(y.unsqueeze(-1).shape, -1.0, dtype=g.dtype))
         g.div_(y.shape[1])
         for layer, kept in zip(reversed(self.layers), reversed(saved)):
@@ -173,6 +178,7 @@ class Replicas:
             else:
                 a, out = kept
                 (g,) = torch.autograd.grad(out, a, g)
+        return losses
 
     def accuracy(self, params: torch.Tensor, x: torch.Tensor, y: torch.Tensor) -> float:
         """Test accuracy of the model with flat parameters `params` (a row of `flat`, or an average)."""

@@ -82,7 +82,11 @@ class Simulator:
         nothing over BSP.
     bound: Early Close loss bound: a flow ends once 1 - bound of its bytes arrived, after the
         whole first pass (the engine closes only then); 0 = exact (retransmit what was lost).
+        One for all, one per sender ([n]), or one per sender and layer ([n, L], with
+        `layer_shares`): the engine repairs each layer's segment until its own bound holds.
+    layer_shares: [L] fractions of a message's bytes in each layer (with a [n, L] bound).
     deadline: seconds after its start at which a flow is cut; it reports what arrived by then.
+        One for all or one per sender ([n], inf: none).
     paced: cap flows at their pacing rate (the synchronizer's behaviour); False: only fairness.
     efficiency: payload bytes per byte on the link (WIRE_EFFICIENCY for 1500-byte frames).
     latency_s: fixed time a peer's send takes beyond moving its bytes (the close handshake, thread
@@ -95,18 +99,27 @@ class Simulator:
     def __init__(self, view: NetworkView, *, loss: float | np.ndarray = 0.0, policy: str = "selmcast",
                  p: int = 2, seed: int = 0, policy_kw: dict | None = None, sync: str = "bsp",
                  staleness: int = 0, compute_s: float = 0.0, compute_spread: float = 0.0, jitter: float = 0.0,
-                 bound: float = 0.0, deadline: float | None = None, paced: bool = True,
+                 bound: float | np.ndarray = 0.0, layer_shares: np.ndarray | None = None,
+                 deadline: float | np.ndarray | None = None, paced: bool = True,
                  efficiency: float = WIRE_EFFICIENCY, latency_s: float = 0.0, host_rate: float | None = None):
         if sync not in ("bsp", "ssp"):
             raise ValueError(f"sync must be bsp or ssp, got {sync!r}")
-        if not 0 <= bound < 1:
+        bound = np.asarray(bound, dtype=float)
+        if not ((bound >= 0) & (bound < 1)).all():
             raise ValueError(f"bound must be in [0, 1), got {bound}")
+        shares = np.ones(1) if layer_shares is None else np.asarray(layer_shares, dtype=float)
+        if bound.ndim == 2 and bound.shape != (view.n, len(shares)):
+            raise ValueError(f"per-layer bounds must be [{view.n}, {len(shares)}] (peers, layer_shares), got {bound.shape}")
+        # [n, L]: every sender's bound of every layer (one layer of share 1 when the bound is uniform)
+        self.layer_shares = shares if bound.ndim == 2 else np.ones(1)
+        self.layer_bounds = bound if bound.ndim == 2 else np.broadcast_to(bound.reshape(-1, 1), (view.n, 1))
         self.view = view
         self.loss = np.broadcast_to(np.asarray(loss, dtype=float), (view.n,))
         self.policy = make_policy(policy, seed=seed, **(policy_kw or {}))
         self.p = p
         self.staleness = 0 if sync == "bsp" else staleness
-        self.bound, self.deadline, self.paced, self.efficiency = bound, deadline, paced, efficiency
+        self.deadline = np.broadcast_to(np.asarray(np.inf if deadline is None else deadline, dtype=float), (view.n,))
+        self.paced, self.efficiency = paced, efficiency
         self.latency_s = latency_s
         self.host_rate = np.inf if host_rate is None else float(host_rate)
         rng = np.random.default_rng(seed)
@@ -218,13 +231,15 @@ class _Run:
             s, d = src[pick], dst[pick]
             q = sim.loss[d]
             m = view.message_bytes[s]
-            # The first pass always goes whole; beyond it, lost bytes are resent until 1 - bound arrived.
-            payload = m * np.maximum(1.0, (1.0 - sim.bound) / (1.0 - q))
+            # The first pass always goes whole; beyond it, each layer's lost bytes are resent until
+            # 1 - its bound arrived.
+            repairs = np.maximum(1.0, (1.0 - sim.layer_bounds[s]) / (1.0 - q)[:, None])
+            payload = m * (repairs @ sim.layer_shares)
             total = payload / sim.efficiency
             new["src"].append(s), new["dst"].append(d)
             new["cap"].append(cap[pick] if sim.paced else np.full(len(d), np.inf))
             new["rate"].append(np.zeros(len(d))), new["remaining"].append(total), new["total"].append(total)
-            new["cut"].append(np.full(len(d), self.t + sim.deadline if sim.deadline else np.inf))
+            new["cut"].append(self.t + sim.deadline[s])
             new["round"].append(np.full(len(d), r)), new["payload"].append(m), new["survive"].append(1.0 - q)
             new["start"].append(np.full(len(d), self.t))
             count = np.bincount(s, minlength=view.n)

@@ -106,3 +106,20 @@ def test_choosing_the_path_leaves_the_global_seed_alone():
 def test_refuses_an_unknown_path_or_an_empty_group(kwargs):
     with pytest.raises(ValueError):
         Replicas(stack(nn.ReLU), 2, lr=0.1, **kwargs)
+
+
+@pytest.mark.parametrize("path", ["auto", "vmap", "sequential"])
+def test_step_returns_each_replicas_loss_before_the_step(path):
+    torch.manual_seed(0)
+    model = stack(nn.ReLU)
+    n = 3
+    x, y = torch.randn(2, n, 8, 6), torch.randint(0, 4, (2, n, 8))
+    replicas = Replicas(model, n, lr=0.1, momentum=0.9, path=path)
+    replicas.step(x[0], y[0])  # the replicas now differ
+    before = replicas.flat.clone()
+    losses = replicas.step(x[1], y[1])
+    for i in range(n):
+        torch.nn.utils.vector_to_parameters(before[i], model.parameters())
+        with torch.no_grad():
+            expected = torch.nn.functional.cross_entropy(model(x[1, i]), y[1, i])
+        torch.testing.assert_close(losses[i], expected, rtol=0, atol=1e-5)
