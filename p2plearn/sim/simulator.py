@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -94,6 +95,10 @@ class Simulator:
     host_rate: bytes/s that all flows together can move (None: unlimited, peers on their own
         machines); set it to model a testbed where one host's CPUs carry every peer's traffic
         (`p2plearn.sim.validate` measures it with all-to-all rounds on 10 Gbit/s links).
+    links: links that change while flows move (bursts): links(t) -> (uplink [n], downlink [n], the
+        next time they change, inf for never), t in the run's seconds; None: the view's rates
+        throughout. The rates move the flows; the plan, the pacing and each flow's loss stay as
+        at its start.
     """
 
     def __init__(self, view: NetworkView, *, loss: float | np.ndarray = 0.0, policy: str = "selmcast",
@@ -101,7 +106,8 @@ class Simulator:
                  staleness: int = 0, compute_s: float = 0.0, compute_spread: float = 0.0, jitter: float = 0.0,
                  bound: float | np.ndarray = 0.0, layer_shares: np.ndarray | None = None,
                  deadline: float | np.ndarray | None = None, paced: bool = True,
-                 efficiency: float = WIRE_EFFICIENCY, latency_s: float = 0.0, host_rate: float | None = None):
+                 efficiency: float = WIRE_EFFICIENCY, latency_s: float = 0.0, host_rate: float | None = None,
+                 links: Callable[[float], tuple[np.ndarray, np.ndarray, float]] | None = None):
         if sync not in ("bsp", "ssp"):
             raise ValueError(f"sync must be bsp or ssp, got {sync!r}")
         bound = np.asarray(bound, dtype=float)
@@ -121,6 +127,7 @@ class Simulator:
         self.deadline = np.broadcast_to(np.asarray(np.inf if deadline is None else deadline, dtype=float), (view.n,))
         self.paced, self.efficiency = paced, efficiency
         self.latency_s = latency_s
+        self.links = links
         self.host_rate = np.inf if host_rate is None else float(host_rate)
         rng = np.random.default_rng(seed)
         compute = np.broadcast_to(np.asarray(compute_s, dtype=float), (view.n,))
@@ -166,7 +173,11 @@ class _Run:
         self.arrivals: list[tuple[float, int, int]] = []        # (compute end, peer, round)
         names = ("src", "dst", "cap", "rate", "remaining", "total", "cut", "round", "payload", "survive", "start")
         self.f = {k: np.zeros(0, dtype=np.int64 if k in ("src", "dst", "round") else float) for k in names}
-        self.dirty = False                                       # flows changed: recompute rates
+        self.dirty = False                                       # flows or links changed: recompute rates
+        self.uplink, self.downlink = sim.view.uplink, sim.view.downlink  # the links' rates now
+        self.next_change = np.inf                                # when they change next
+        if sim.links is not None:
+            self.uplink, self.downlink, self.next_change = sim.links(0.0)
         self.feasible = True                                     # the caps fit every link
         self.end = np.zeros(rounds)
         self.delivered_sum = np.zeros(rounds)
@@ -255,17 +266,17 @@ class _Run:
     # --- flows ------------------------------------------------------------------------------
 
     def _rates(self) -> None:
-        f, view = self.f, self.sim.view
-        n = view.n
+        f = self.f
+        n = self.sim.view.n
         up_load = np.bincount(f["src"], weights=f["cap"], minlength=n)
         down_load = np.bincount(f["dst"], weights=f["cap"], minlength=n)
         # Caps that fit every link are the max-min rates themselves (the usual, paced case).
-        if ((up_load <= view.uplink * (1 + RTOL)).all() and (down_load <= view.downlink * (1 + RTOL)).all()
+        if ((up_load <= self.uplink * (1 + RTOL)).all() and (down_load <= self.downlink * (1 + RTOL)).all()
                 and f["cap"].sum() <= self.sim.host_rate * (1 + RTOL)):
             f["rate"] = f["cap"].copy()
             self.feasible = True
         else:
-            f["rate"] = max_min_rates(f["src"], f["dst"], view.uplink, view.downlink, f["cap"], self.sim.host_rate)
+            f["rate"] = max_min_rates(f["src"], f["dst"], self.uplink, self.downlink, f["cap"], self.sim.host_rate)
             self.feasible = False
         self.dirty = False
 
@@ -277,8 +288,13 @@ class _Run:
         with np.errstate(divide="ignore"):
             fin = np.minimum(self.t + f["remaining"] / f["rate"], f["cut"])
         t_fin = fin.min(initial=np.inf)
-        if t_arr == t_fin == np.inf:
+        if t_arr == t_fin == self.next_change == np.inf:
             raise RuntimeError("flows that never end: a live peer has a zero rate and no deadline is set")
+        if self.next_change < t_arr and self.next_change <= t_fin:
+            self._advance(self.next_change)
+            self.uplink, self.downlink, self.next_change = self.sim.links(self.t)
+            self.dirty = True
+            return
         if t_arr <= t_fin:
             self._advance(t_arr)
             starts = []
@@ -289,7 +305,7 @@ class _Run:
             return
         # While the caps fit, ends change no rate: take every end up to the next compute end at
         # once, stopping only where a peer's end lets someone start (new flows may change rates).
-        horizon = t_arr if self.feasible else t_fin * (1 + RTOL)
+        horizon = min(t_arr if self.feasible else t_fin * (1 + RTOL), self.next_change)
         ending = np.flatnonzero(fin <= horizon)
         ending = ending[np.argsort(fin[ending], kind="stable")]
         left = self.outstanding.copy()

@@ -15,9 +15,13 @@ i.i.d. or `--dirichlet ALPHA`), and its own virtual clock:
   round r holds the samples of rounds up to r - VIEW_LAG (a view is published a little ahead of
   the fastest peer), so it lags bursts as it does live;
 - the round's flows move on the flow-level simulator (`sim.simulator.Simulator`: pacing, max-min
-  sharing, loss with the engine's passes, Early Close at `--loss-bound`, `--deadline-ms`), each
-  sender starting when its own compute ends; the link rates and loss are the topology's with the
-  events (bursts) active when the round's first send starts;
+  sharing, loss with the engine's passes, Early Close at the loss bounds, the deadline), each
+  sender starting when its own compute ends; the link rates follow the topology's events (bursts)
+  as they begin and end while the flows move, the loss is its receiver's when the round's first
+  send starts;
+- the loss bounds and deadline: `--tolerance fixed` takes `--loss-bound` and `--deadline-ms`; the
+  other policies are every peer's own, fed what a real peer feeds them (`sim.tolerance`), per-layer
+  bounds repaired per layer and merged as per-layer chunk masks;
 - what arrived is a chunk mask (the delivered fraction of the message's chunks, the missing ones
   drawn at random as loss leaves them), merged by the C merge (`sync.merge`), then the outer
   update (`sync.outer`, `--outer-lr`, `--outer-momentum`);
@@ -27,11 +31,12 @@ Rounds of the lock-stepped replicas are taken in order, which is causal: a messa
 carries its sender's model after its round r - 1 merge, and no merge takes a later round's message.
 
 Approximations (said in every result's `model` field): the flows of one round share the links
-among themselves, not with an overlapping round's (SSP); a round sees the bursts active at its
-start; the message is one bucket (whole-model chunk masks).
+among themselves, not with an overlapping round's (SSP); a flow's loss is its receiver's at the
+round's start; the plan and pacing do not follow a burst that begins mid-round (the view lags it,
+as live); the message is one bucket.
 
-Not simulated yet (refused with a message): --sync partitioned, --tolerance other than fixed,
---filter value, --compress, --overlap, --transport-mode other than unicast.
+Not simulated yet (refused with a message): --sync partitioned, --filter value, --compress,
+--overlap, --transport-mode other than unicast.
 """
 from __future__ import annotations
 
@@ -50,16 +55,18 @@ from p2plearn.selection.view import DATAGRAM_DATA
 from p2plearn.sim.calibrate import costs
 from p2plearn.sim.replicas import Replicas
 from p2plearn.sim.simulator import Simulator
+from p2plearn.sim.tolerance import VirtualTolerance
 from p2plearn.sync.merge import Contribution, merge_parameter
 from p2plearn.sync.outer import OuterOptimizer
 from p2plearn.sync.planner import RoundPlanner
 from p2plearn.topology import Topology
 from p2plearn.topology.topology import BYTES_PER_MBIT
 from p2plearn.train.data import Dataset, dirichlet_shards, epoch_order
+from p2plearn.train.optimizer import describe_layers
 from p2plearn.transport.delivery import ChunkMask
 
 VIEW_LAG = 2  # round r is planned from the samples of rounds up to r - VIEW_LAG
-UNSUPPORTED = {"sync": ("partitioned",), "tolerance": ("adaptive", "layerwise", "phase"), "filter": ("value",),
+UNSUPPORTED = {"sync": ("partitioned",), "filter": ("value",),
                "compress": ("fp16", "bf16", "int8", "int4"), "overlap": (True,), "transport_mode": ("multicast", "auto")}
 
 
@@ -84,28 +91,55 @@ class Settings:
     recalibrate: bool = False
 
 
-def network_at(topology: Topology, t: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per rank (a node with `slots` gives that many ranks), uplink and downlink (bytes/s) and loss at
-    time t, with the topology's events active at t applied."""
-    up, down, loss = [], [], []
-    for peer in topology.peers:
-        link = topology.base_link(peer)
-        for event in topology.events(peer):
-            if _active(event, t):
-                link.update(event.changes)
-        for _ in range(topology.slots(peer)):
-            up.append(link["uplink_mbit"] * BYTES_PER_MBIT)
-            down.append(link["downlink_mbit"] * BYTES_PER_MBIT)
-            loss.append(link["loss"])
-    return np.array(up), np.array(down), np.array(loss)
+class LinkSchedule:
+    """A topology's links over time: per rank (a node with `slots` gives that many ranks), its
+    uplink and downlink (bytes/s) and loss with the events (bursts) active at t applied."""
+
+    def __init__(self, topology: Topology):
+        self.peers = [(topology.base_link(p), topology.events(p), topology.slots(p)) for p in topology.peers]
+
+    def at(self, t: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        up, down, loss = [], [], []
+        for base, events, slots in self.peers:
+            link = dict(base)
+            for event in events:
+                if _active(event, t):
+                    link.update(event.changes)
+            up += [link["uplink_mbit"] * BYTES_PER_MBIT] * slots
+            down += [link["downlink_mbit"] * BYTES_PER_MBIT] * slots
+            loss += [link["loss"]] * slots
+        return np.array(up), np.array(down), np.array(loss)
+
+    def next_change(self, t: float) -> float:
+        """The first time after t at which an event begins or ends (inf: none)."""
+        return min((_next_boundary(event, t) for _, events, _ in self.peers for event in events), default=math.inf)
+
+
+def _next_boundary(event, t: float) -> float:
+    """The first time after t at which `event` begins or ends (inf: never again)."""
+    if t < event.at_s:
+        return event.at_s
+    if not event.every_s:
+        return event.at_s + event.duration_s if t < event.at_s + event.duration_s else math.inf
+    k = math.floor((t - event.at_s) / event.every_s)
+    until = event.until_s if event.until_s is not None else math.inf
+    ends = (b for j in (k, k + 1) for start in [event.at_s + j * event.every_s] if start < until
+            for b in (start, start + event.duration_s) if b > t)  # k or k + 1: floor may round either way
+    return min(ends, default=math.inf)
 
 
 def _active(event, t: float) -> bool:
+    start = _last_start(event, t)
+    return start is not None and t < start + event.duration_s
+
+
+def _last_start(event, t: float) -> float | None:
+    """When `event` last began at or before t (None: not yet, or its repeats ended)."""
     if t < event.at_s:
-        return False
+        return None
     k = math.floor((t - event.at_s) / event.every_s) if event.every_s else 0
     start = event.at_s + k * (event.every_s or 0.0)
-    return start < (event.until_s if event.until_s is not None else math.inf) and t < start + event.duration_s
+    return start if start < (event.until_s if event.until_s is not None else math.inf) else None
 
 
 def peer_batches(samples: int, batch_size: int, n: int, epoch: int, seed: int,
@@ -141,7 +175,8 @@ class VirtualTraining:
             raise ValueError(f"--fragments {options.fragments}: not simulated yet (virtual rounds carry the whole model)")
         if settings.threads < 1:
             raise ValueError(f"--threads {settings.threads}: at least 1")
-        self.options, self.settings, self.topology, self.data = options, settings, topology, data
+        self.options, self.settings, self.data = options, settings, data
+        self.links = LinkSchedule(topology)
         self.n = sum(topology.slots(p) for p in topology.peers)
         torch.manual_seed(settings.seed)  # every peer starts from the same model, as in training
         model = model_factory()
@@ -165,6 +200,12 @@ class VirtualTraining:
         self.outer = [OuterOptimizer(options.outer_lr, options.outer_momentum) for _ in range(self.n)]
         self.nchunks = max(1, math.ceil(self.message_bytes / DATAGRAM_DATA))
         self.chunk_size = max(1, math.ceil(self.replica_bytes / self.nchunks))
+        # The fixed policy needs no state: its bound and deadline are the options' (the scalar path).
+        self.tolerance = None if options.tolerance == "fixed" else \
+            VirtualTolerance(options, describe_layers(model), self.n)
+        # per chunk of a message, the layer its first byte belongs to (per-layer chunk masks)
+        layer_first_byte = [] if self.tolerance is None else self.tolerance.starts * 4
+        self.chunk_layer = np.searchsorted(layer_first_byte, np.arange(self.nchunks) * self.chunk_size, "right") - 1
 
     # --- the run --------------------------------------------------------------------------
 
@@ -188,20 +229,27 @@ class VirtualTraining:
         # rounds rnd - s..rnd hold messages at once: their arrays are reused, not allocated per round
         message_slots = np.empty((staleness + 1, *self.replicas.flat.shape), dtype=np.float32)
         done_at: dict[int, np.ndarray] = {}            # round -> when each peer's sends of it were done
+        layers = 1 if self.tolerance is None else len(self.tolerance.layers)
         pending = {k: np.zeros(0) for k in ("round", "src", "dst", "arrival", "delivered")}
+        pending["layer_delivered"] = np.zeros((0, layers))
         anchors = None if all(opt.plain for opt in self.outer) else self.replicas.numpy().copy()
+        merged = None if self.tolerance is None else self.replicas.numpy().copy()  # each model as last merged
         batches, per_epoch = self._batches()
         total = s.steps or s.epochs * per_epoch
         step = 0
         rnd = 0
         while step < total:
             x, y = next(batches)
-            self.replicas.step(x, y)
+            losses = self.replicas.step(x, y)
             step += 1
             clock += self.step_s
             if step % o.period == 0:  # the round is part of the step (DecentralizedOptimizer.step), as in training
+                if self.tolerance is not None:
+                    self.tolerance.track(self.replicas.numpy() - merged, losses.numpy())
                 messages[rnd] = message_slots[rnd % len(message_slots)]
                 clock, pending = self._round(rnd, clock, staleness, pending, messages, done_at, anchors, rounds)
+                if merged is not None:
+                    np.copyto(merged, self.replicas.numpy())
                 rnd += 1
             if (s.eval_every and step % s.eval_every == 0) or (not s.eval_every and step % per_epoch == 0):
                 history.append(self._evaluate(float(clock[0])))
@@ -284,18 +332,27 @@ class VirtualTraining:
             self.estimator.close_round(rnd - VIEW_LAG)
         # The whole plan every peer cuts its own part from (RoundPlanner.plan); taken whole here,
         # once, rather than n times.
-        planned, _, _, _ = self.planner.whole_plan(self._view(rnd), rnd, self.message_bytes)
+        planned, _, planned_s, _ = self.planner.whole_plan(self._view(rnd), rnd, self.message_bytes)
         plan = {i: [j for j, _, _ in rs] for i, rs in planned.items()}
         src = np.array([i for i, rs in planned.items() for _ in rs], dtype=np.int64)
         dst = np.array([j for rs in planned.values() for j, _, _ in rs], dtype=np.int64)
         cap = np.array([rate for rs in planned.values() for _, rate, _ in rs], dtype=float)
         probes = {(i, j): probe for i, rs in planned.items() for j, _, probe in rs}
         t0 = float(send_at.min())
-        up, down, loss = network_at(self.topology, t0)
+        up, down, loss = self.links.at(t0)
         view = NetworkView(up, down, np.full(self.n, self.message_bytes), np.ones(self.n, dtype=bool))
         o = self.options
-        sim = _PlannedSimulator(view, plan, (src, dst, cap), loss=loss, bound=o.loss_bound,
-                                deadline=o.deadline_ms / 1000 if o.deadline_ms else None, compute_s=send_at - t0)
+        if self.tolerance is None:
+            bounds, shares, deadline = o.loss_bound, None, o.deadline_ms / 1000 if o.deadline_ms else None
+        else:  # every peer's policy: [n, L] bounds, [n] deadlines
+            bounds, deadline = self.tolerance.bounds(rnd, self.message_bytes, planned_s)
+            shares = self.tolerance.shares
+        def links(t: float) -> tuple[np.ndarray, np.ndarray, float]:  # bursts begin and end while flows move
+            up_t, down_t, _ = self.links.at(t0 + t)
+            return up_t, down_t, self.links.next_change(t0 + t) - t0
+
+        sim = _PlannedSimulator(view, plan, (src, dst, cap), loss=loss, bound=bounds, layer_shares=shares,
+                                deadline=deadline, compute_s=send_at - t0, links=links)
         f = sim.run(1).flows
         fsrc, fdst = f["src"].astype(int), f["dst"].astype(int)
         # what the senders report: the ACK-timed rate of what arrived, against the pace
@@ -306,8 +363,14 @@ class VirtualTraining:
             self.estimator.observe(i, rnd, links)
         done = send_at.copy()
         np.maximum.at(done, fsrc, t0 + f["end_s"])
+        if self.tolerance is None:
+            layer_delivered = f["delivered"][:, None]
+        else:
+            layer_delivered = self.tolerance.layer_delivered(fsrc, loss[fdst], f["delivered"], bounds)
+            self.tolerance.observe(rnd, fsrc, f["delivered"], loss[fdst], f["end_s"] - f["start_s"], done - send_at,
+                                   self.message_bytes)
         return {"round": np.full(len(fsrc), float(rnd)), "src": fsrc.astype(float), "dst": fdst.astype(float),
-                "arrival": t0 + f["end_s"], "delivered": f["delivered"]}, done
+                "arrival": t0 + f["end_s"], "delivered": f["delivered"], "layer_delivered": layer_delivered}, done
 
     def _merge(self, pending: dict[str, np.ndarray], taken: np.ndarray, messages: dict[int, np.ndarray],
                anchors: np.ndarray | None) -> None:
@@ -318,18 +381,26 @@ class VirtualTraining:
         for k in np.flatnonzero(taken).tolist():
             values = messages[int(pending["round"][k])][int(pending["src"][k])]
             by_receiver.setdefault(int(pending["dst"][k]), []).append(
-                Contribution(values, chunks=self._mask(float(pending["delivered"][k]))))
+                Contribution(values, chunks=self._mask(pending["layer_delivered"][k])))
         for i, contributions in sorted(by_receiver.items()):
             merge_parameter(own[i], contributions)
             if anchors is not None:
                 self.outer[i].step([own[i]], [anchors[i]])
 
-    def _mask(self, delivered: float) -> ChunkMask | None:
-        """The chunks of a message that arrived, `delivered` of them, the missing ones at random."""
-        if delivered >= 1.0:
+    def _mask(self, layer_delivered: np.ndarray) -> ChunkMask | None:
+        """The chunks of a message that arrived: of each layer's (one: the whole message), the
+        fraction `layer_delivered`, the missing ones at random."""
+        if (layer_delivered >= 1.0).all():
             return None
-        arrived = np.zeros(self.nchunks, dtype=bool)
-        arrived[self.mask_rng.permutation(self.nchunks)[:int(delivered * self.nchunks)]] = True
+        if len(layer_delivered) == 1:
+            arrived = np.zeros(self.nchunks, dtype=bool)
+            arrived[self.mask_rng.permutation(self.nchunks)[:int(layer_delivered[0] * self.nchunks)]] = True
+            return ChunkMask(arrived, 0, self.chunk_size)
+        arrived = np.ones(self.nchunks, dtype=bool)
+        for layer, fraction in enumerate(layer_delivered.tolist()):
+            if fraction < 1.0:
+                chunks = np.flatnonzero(self.chunk_layer == layer)
+                arrived[self.mask_rng.permutation(chunks)[int(fraction * len(chunks)):]] = False
         return ChunkMask(arrived, 0, self.chunk_size)
 
     def _result(self, history, rounds, clock, wall_s: float) -> dict:
@@ -343,5 +414,5 @@ class VirtualTraining:
                 "delivered": float(np.mean([r["delivered"] for r in rounds])) if rounds else 1.0,
                 "own_accuracy": self.replicas.accuracy(self.replicas.flat[0], *test),
                 "averaged_accuracy": self.replicas.accuracy(self.replicas.flat.mean(0), *test), "history": history, "round_log": rounds,
-                "model": "virtual time: flow-level network (one round's flows share the links), bursts as at a "
-                         "round's start, calibrated compute"}
+                "model": "virtual time: flow-level network (one round's flows share the links), link rates "
+                         "changing as bursts begin and end, loss as at a round's start, calibrated compute"}

@@ -11,8 +11,8 @@ import torch
 
 from p2plearn.sim.__main__ import main
 from p2plearn.sim.replicas import Replicas
-from p2plearn.sim.train import network_at, peer_batches
-from p2plearn.topology import microburst
+from p2plearn.sim.train import LinkSchedule, peer_batches
+from p2plearn.topology import heterogeneous, microburst
 from p2plearn.train.data import Dataset, dirichlet_shards, shard
 
 SMALL = ["--model", "mlp", "--hidden", "32", "--samples", "4000", "--steps", "48", "--period", "8",
@@ -79,13 +79,31 @@ def test_peer_batches_are_the_batches_shard_gives_each_rank(dirichlet):
 
 def test_bursts_apply_while_active():
     topology = microburst(4)
-    peer = topology.peers[0]
-    event = topology.events(peer)[0]
-    quiet = network_at(topology, event.at_s - 0.01)
-    during = network_at(topology, event.at_s + event.duration_s / 2)
+    links = LinkSchedule(topology)
+    event = topology.events(topology.peers[0])[0]
+    quiet = links.at(event.at_s - 0.01)
+    during = links.at(event.at_s + event.duration_s / 2)
     assert during[1][0] < quiet[1][0] and during[2][0] > quiet[2][0]
-    again = network_at(topology, event.at_s + event.every_s + event.duration_s / 2)
+    again = links.at(event.at_s + event.every_s + event.duration_s / 2)
     assert np.array_equal(again[1], during[1]) or event.every_s is None
+
+
+def test_links_change_where_an_event_begins_or_ends():
+    topology = microburst(4)
+    links = LinkSchedule(topology)
+    events = [topology.events(p)[0] for p in topology.peers]
+    bounds = sorted({e.at_s + k * e.every_s + d for e in events for k in range(3) for d in (0.0, e.duration_s)})
+    t, seen = 0.0, []
+    while True:
+        t = links.next_change(t)
+        if t > bounds[-1]:
+            break
+        seen.append(t)
+    assert seen == [b for b in bounds if b > 0.0]
+    for t in seen:  # the links differ just before and just after each change
+        before, after = links.at(t - 1e-6), links.at(t + 1e-6)
+        assert not (np.array_equal(before[1], after[1]) and np.array_equal(before[2], after[2]))
+    assert LinkSchedule(heterogeneous(4)).next_change(0.0) == np.inf
 
 
 def test_batched_replicas_step_as_one_after_another():
@@ -119,7 +137,7 @@ def test_threads_change_the_wall_time_only(tmp_path, capsys):
     assert "--threads 0" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag", [["--sync", "partitioned"], ["--compress", "fp16"], ["--tolerance", "phase"]])
+@pytest.mark.parametrize("flag", [["--sync", "partitioned"], ["--compress", "fp16"], ["--overlap"]])
 def test_refuses_what_it_does_not_simulate(tmp_path, flag, capsys):
     assert main(["train", "--topology", "topology/homogeneous-4.json", *SMALL, *flag]) == 2
     assert "not simulated yet" in capsys.readouterr().err
