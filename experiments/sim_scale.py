@@ -57,14 +57,19 @@ def topology_file(tmp: Path, n: int, bursts: bool) -> Path:
 
 
 def run(tmp: Path, cfg: dict, seed: int) -> dict:
+    return virtual_run(tmp, topology_file(tmp, cfg["peers"], cfg["bursts"]), cfg["peers"], seed,
+                       ["--sync", cfg["sync"], "--staleness", str(cfg["staleness"]), "--selection", cfg["selection"],
+                        "--fanout", str(cfg["fanout"]), *(["--dirichlet", "0.1"] if cfg["data"] == "dirichlet 0.1" else [])])
+
+
+def virtual_run(tmp: Path, topology: Path, peers: int, seed: int, flags: list[str]) -> dict | None:
+    """One `p2plearn-sim train` run of this experiment's model and schedule (HIDDEN, PERIOD, STEPS,
+    EVAL_EVERY, EVAL_PEERS, MESSAGE_BYTES) with `flags`; its figures, or None if it failed."""
     out = tmp / "run.json"
-    samples = max(12000, math.ceil(cfg["peers"] * 32 * 4 / 0.8))  # >= 4 batches of 32 per peer per epoch
-    argv = ["train", "--topology", str(topology_file(tmp, cfg["peers"], cfg["bursts"])), "--sync", cfg["sync"],
-            "--staleness", str(cfg["staleness"]), "--selection", cfg["selection"], "--fanout", str(cfg["fanout"]),
-            "--period", str(PERIOD), "--model", "mlp", "--hidden", str(HIDDEN), "--steps", str(STEPS),
-            "--samples", str(samples), "--eval-every", str(EVAL_EVERY), "--eval-peers", str(EVAL_PEERS),
-            "--message-bytes", str(MESSAGE_BYTES), "--seed", str(seed), "--json", str(out),
-            *(["--dirichlet", "0.1"] if cfg["data"] == "dirichlet 0.1" else [])]
+    samples = max(12000, math.ceil(peers * 32 * 4 / 0.8))  # >= 4 batches of 32 per peer per epoch
+    argv = ["train", "--topology", str(topology), "--period", str(PERIOD), "--model", "mlp", "--hidden", str(HIDDEN),
+            "--steps", str(STEPS), "--samples", str(samples), "--eval-every", str(EVAL_EVERY), "--eval-peers",
+            str(EVAL_PEERS), "--message-bytes", str(MESSAGE_BYTES), "--seed", str(seed), "--json", str(out), *flags]
     if sim_main(argv) != 0:
         return None
     r = json.loads(out.read_text())
