@@ -48,6 +48,7 @@ from p2plearn.options import Options
 from p2plearn.selection import NetworkView
 from p2plearn.selection.view import DATAGRAM_DATA
 from p2plearn.sim.calibrate import costs
+from p2plearn.sim.messages import Messages
 from p2plearn.sim.replicas import Replicas
 from p2plearn.sim.simulator import Simulator
 from p2plearn.sync.merge import Contribution, merge_parameter
@@ -59,8 +60,8 @@ from p2plearn.train.data import Dataset, dirichlet_shards, epoch_order
 from p2plearn.transport.delivery import ChunkMask
 
 VIEW_LAG = 2  # round r is planned from the samples of rounds up to r - VIEW_LAG
-UNSUPPORTED = {"sync": ("partitioned",), "tolerance": ("adaptive", "layerwise", "phase"), "filter": ("value",),
-               "compress": ("fp16", "bf16", "int8", "int4"), "overlap": (True,), "transport_mode": ("multicast", "auto")}
+UNSUPPORTED = {"sync": ("partitioned",), "tolerance": ("adaptive", "layerwise", "phase"), "overlap": (True,),
+               "transport_mode": ("multicast", "auto")}
 
 
 @dataclass
@@ -165,6 +166,9 @@ class VirtualTraining:
         self.outer = [OuterOptimizer(options.outer_lr, options.outer_momentum) for _ in range(self.n)]
         self.nchunks = max(1, math.ceil(self.message_bytes / DATAGRAM_DATA))
         self.chunk_size = max(1, math.ceil(self.replica_bytes / self.nchunks))
+        # compressed or value-filtered messages (None: plain float32 values, this class's own path)
+        self.messages = Messages.of(options, self.replicas.sizes, self.n, self.message_bytes, self.replica_bytes,
+                                    self.replicas.numpy(), options.staleness if options.sync == "ssp" else 0)
 
     # --- the run --------------------------------------------------------------------------
 
@@ -206,7 +210,11 @@ class VirtualTraining:
             if (s.eval_every and step % s.eval_every == 0) or (not s.eval_every and step % per_epoch == 0):
                 history.append(self._evaluate(float(clock[0])))
                 clock += self.costs["eval_s"]
-        return self._result(history, rounds, clock, time.monotonic() - wall0)
+        result = self._result(history, rounds, clock, time.monotonic() - wall0)
+        if self.messages is not None:
+            result.update(self.messages.summary())
+            result["model"] += "; " + Messages.MODEL
+        return result
 
     def _round(self, rnd: int, clock: np.ndarray, staleness: int, pending: dict[str, np.ndarray],
                messages: dict[int, np.ndarray], done_at: dict[int, np.ndarray], anchors: np.ndarray | None,
@@ -215,7 +223,9 @@ class VirtualTraining:
         peer's merge of what it takes, and the clocks after them; the deliveries still pending.
         messages[rnd] is where the round's messages go."""
         np.copyto(messages[rnd], self.replicas.numpy())
-        flows, sends_done = self._transfer(rnd, clock)
+        sizes = np.full(self.n, self.message_bytes) if self.messages is None else \
+            self.messages.encode(rnd, self.replicas.numpy())
+        flows, sends_done = self._transfer(rnd, clock, sizes)
         done_at[rnd] = sends_done
         pending = {k: np.concatenate([pending[k], flows[k]]) for k in pending}
         if staleness == 0:
@@ -234,6 +244,8 @@ class VirtualTraining:
         clock = merge_at + self.costs["merge_s"] * counts
         if anchors is not None:
             anchors[...] = self.replicas.numpy()
+        if self.messages is not None:
+            self.messages.merged(self.replicas.numpy())
         rounds.append({"round": rnd, "end_s": float(clock.max()), "average_p": len(flows["src"]) / self.n,
                        "delivered": float(flows["delivered"].mean()) if len(flows["delivered"]) else 1.0,
                        "merged": float(counts.mean())})
@@ -267,24 +279,24 @@ class VirtualTraining:
                 for i in range(min(self.settings.eval_peers, self.n))]
         return (t, accs[0], float(np.mean(accs)))
 
-    def _view(self, rnd: int) -> GlobalView:
-        """The view round `rnd` is planned from: the estimates up to round rnd - VIEW_LAG, and the
-        load the peers would report (compute per period, merge time per message)."""
+    def _view(self, rnd: int, sizes: np.ndarray) -> GlobalView:
+        """The view round `rnd` is planned from: the estimates up to round rnd - VIEW_LAG, the load
+        the peers would report (compute per period, merge time per message), and their message sizes."""
         zeros = np.zeros(self.n)
         arrays = self.estimator.arrays(self.n)
         return GlobalView(round=rnd, **arrays, compute_s=self.step_s * self.options.period,
                           merge_s=np.full(self.n, self.costs["merge_s"]), backlog=zeros, in_flight_bytes=zeros,
                           in_flight_msgs=zeros, alive=np.ones(self.n, dtype=bool), clock=np.full(self.n, rnd),
-                          message_bytes=np.full(self.n, self.message_bytes), version=rnd)
+                          message_bytes=sizes, version=rnd)
 
-    def _transfer(self, rnd: int, send_at: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """Round `rnd`'s flows, each peer sending from send_at[i]: per flow (round, src, dst, arrival
-        time, delivered fraction), and when each peer's sends were done."""
+    def _transfer(self, rnd: int, send_at: np.ndarray, sizes: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Round `rnd`'s flows, each peer sending its message of sizes[i] bytes from send_at[i]: per
+        flow (round, src, dst, arrival time, delivered fraction), and when each peer's sends were done."""
         if rnd >= VIEW_LAG:
             self.estimator.close_round(rnd - VIEW_LAG)
         # The whole plan every peer cuts its own part from (RoundPlanner.plan); taken whole here,
         # once, rather than n times.
-        planned, _, _, _ = self.planner.whole_plan(self._view(rnd), rnd, self.message_bytes)
+        planned, _, _, _ = self.planner.whole_plan(self._view(rnd, sizes), rnd, self.message_bytes)
         plan = {i: [j for j, _, _ in rs] for i, rs in planned.items()}
         src = np.array([i for i, rs in planned.items() for _ in rs], dtype=np.int64)
         dst = np.array([j for rs in planned.values() for j, _, _ in rs], dtype=np.int64)
@@ -292,7 +304,7 @@ class VirtualTraining:
         probes = {(i, j): probe for i, rs in planned.items() for j, _, probe in rs}
         t0 = float(send_at.min())
         up, down, loss = network_at(self.topology, t0)
-        view = NetworkView(up, down, np.full(self.n, self.message_bytes), np.ones(self.n, dtype=bool))
+        view = NetworkView(up, down, sizes, np.ones(self.n, dtype=bool))
         o = self.options
         sim = _PlannedSimulator(view, plan, (src, dst, cap), loss=loss, bound=o.loss_bound,
                                 deadline=o.deadline_ms / 1000 if o.deadline_ms else None, compute_s=send_at - t0)
@@ -314,13 +326,17 @@ class VirtualTraining:
         """Merge the `taken` deliveries into their receivers' replicas (C merge, chunk masks), then
         each receiver's outer update."""
         own = self.replicas.numpy()
-        by_receiver: dict[int, list[Contribution]] = {}
+        by_receiver: dict[int, list] = {}
         for k in np.flatnonzero(taken).tolist():
-            values = messages[int(pending["round"][k])][int(pending["src"][k])]
+            rnd, src, delivered = int(pending["round"][k]), int(pending["src"][k]), float(pending["delivered"][k])
             by_receiver.setdefault(int(pending["dst"][k]), []).append(
-                Contribution(values, chunks=self._mask(float(pending["delivered"][k]))))
+                Contribution(messages[rnd][src], chunks=self._mask(delivered)) if self.messages is None
+                else self.messages.delivery(rnd, src, delivered, self.mask_rng))
         for i, contributions in sorted(by_receiver.items()):
-            merge_parameter(own[i], contributions)
+            if self.messages is None:
+                merge_parameter(own[i], contributions)
+            else:
+                self.messages.merge(own[i], contributions)
             if anchors is not None:
                 self.outer[i].step([own[i]], [anchors[i]])
 

@@ -119,7 +119,7 @@ def test_threads_change_the_wall_time_only(tmp_path, capsys):
     assert "--threads 0" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag", [["--sync", "partitioned"], ["--compress", "fp16"], ["--tolerance", "phase"]])
+@pytest.mark.parametrize("flag", [["--sync", "partitioned"], ["--transport-mode", "multicast"], ["--tolerance", "phase"]])
 def test_refuses_what_it_does_not_simulate(tmp_path, flag, capsys):
     assert main(["train", "--topology", "topology/homogeneous-4.json", *SMALL, *flag]) == 2
     assert "not simulated yet" in capsys.readouterr().err
