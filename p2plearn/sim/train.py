@@ -21,6 +21,9 @@ i.i.d. or `--dirichlet ALPHA`), and its own virtual clock:
 - what arrived is a chunk mask (the delivered fraction of the message's chunks, the missing ones
   drawn at random as loss leaves them), merged by the C merge (`sync.merge`), then the outer
   update (`sync.outer`, `--outer-lr`, `--outer-momentum`);
+- `--compress` and `--filter value` as in training (`sim.messages`): each peer's own compressor or
+  value filter (error feedback), the message's encoded bytes on the network (each sender's own size
+  in the planner's view and the flow simulator), the receiver merging the decoded values that came;
 - BSP: a peer merges once its own sends are done and its round's messages arrived; SSP: once its
   sends are done and every peer has finished round r - s, whatever arrived from rounds r-s..r.
 Rounds of the lock-stepped replicas are taken in order, which is causal: a message of round r
@@ -31,7 +34,7 @@ among themselves, not with an overlapping round's (SSP); a round sees the bursts
 start; the message is one bucket (whole-model chunk masks).
 
 Not simulated yet (refused with a message): --sync partitioned, --tolerance other than fixed,
---filter value, --compress, --overlap, --transport-mode other than unicast.
+--overlap, --transport-mode other than unicast.
 """
 from __future__ import annotations
 
