@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> None:
             for burst in bursts:
                 for message, flags in MESSAGES:
                     cfg = {"peers": n, "bursts": burst, "message": message}
-                    rows += c.repeat(cfg, args.seeds, lambda seed, cfg=cfg, flags=flags: run(Path(tmp), cfg, flags, seed))
+                    rows += c.repeat(cfg, args.seeds,
+                                     lambda seed, cfg=cfg, flags=flags: run(Path(tmp), cfg, flags, seed))
     print(f"{len(rows)} runs in {time.monotonic() - t0:.0f} s", file=sys.stderr)
     tables, verdicts = [], []
     tta = c.metric("tta_s")

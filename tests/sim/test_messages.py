@@ -7,10 +7,14 @@ import numpy as np
 import pytest
 
 from p2plearn.filter import DENSE
+from p2plearn.examples.mnist1d import make_model
 from p2plearn.options import Options
-from p2plearn.sim.__main__ import main
+from p2plearn.sim.__main__ import main, parser
 from p2plearn.sim.messages import Messages
+from p2plearn.sim.train import Settings, VirtualTraining
 from p2plearn.sync.compress import BLOCK, BLOCK4, Compressor, unpack_int4
+from p2plearn.topology import load
+from p2plearn.train.data import mnist1d
 
 SIZES = [300, 20, 700, 5]  # four layers (tensors), 1,025 elements: not a multiple of a block
 P = sum(SIZES)
@@ -195,3 +199,24 @@ def test_smaller_messages_make_shorter_rounds(tmp_path):
     assert transfer(int8) == pytest.approx(transfer(dense) * int8["bytes_ratio"], rel=0.1)
     filtered = run_cli(tmp_path, *base, "--filter", "value", name="value.json", topology="homogeneous-4")
     assert filtered["bytes_ratio"] < 1 and transfer(filtered) < transfer(dense)
+
+
+def test_the_planner_sees_each_peers_own_message_size():
+    """With the value filter the peers' messages differ in size: each round's view holds each one's
+    own (what the flow simulator moves too), and over the run they average the reported mean."""
+    args = parser().parse_args(["train", "--topology", "topology/heterogeneous-4.json", *SMALL, "--filter", "value",
+                                "--filter-init-scale", "3", "--message-bytes", "1e6"])
+    seen = []
+
+    class Recording(VirtualTraining):
+        def _view(self, rnd, sizes):
+            view = super()._view(rnd, sizes)
+            seen.append(view.message_bytes.copy())
+            return view
+
+    run = Recording(Options.from_args(args), Settings(steps=48, step_s=0.002, eval_every=16), load(args.topology),
+                    mnist1d(args.samples), lambda: make_model(args), "mlp-32")
+    result = run.run()
+    assert len(seen) == result["rounds"] == 6
+    assert any(len(set(sizes.tolist())) > 1 for sizes in seen)
+    assert np.mean(seen) == pytest.approx(result["bytes_per_message"]) and result["bytes_ratio"] < 1
