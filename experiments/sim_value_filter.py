@@ -51,6 +51,7 @@ def run(tmp: Path, cfg: dict, flags: list[str], seed: int) -> dict | None:
     return {"virtual_s": r["virtual_s"], "wall_s": r["wall_s"], "average_p": r["average_p"],
             "round_s": r["virtual_s"] / max(1, r["rounds"]), "delivered": r["delivered"],
             "final_accuracy": r["averaged_accuracy"], "history": [(t, mean) for t, _, mean in r["history"]],
+            "own_accuracy_end": r["history"][-1][2] if r["history"] else math.nan,
             "mb_per_message": r.get("bytes_per_message", r["message_bytes"]) / 1e6,
             "bytes_ratio": r.get("bytes_ratio", 1.0), "parameters": r["parameters"]}
 
@@ -84,14 +85,19 @@ def main(argv: list[str] | None = None) -> None:
                 r["target"] = target
                 r["tta_s"] = c.time_to_accuracy(r["history"], target)
         medians = {m: c.summary(tta(r) for r in group if r["message"] == m)[0] for m, _ in MESSAGES}
+        own = {m: c.summary(r["own_accuracy_end"] for r in group if r["ok"] and r["message"] == m)[0]
+               for m, _ in MESSAGES}
         head = group[0]
         where = f"{head['peers']} peers, {'bursts' if head['bursts'] else 'steady'}"
         verdicts.append(f"- {where}: target {target:.0%}; time to target / dense: value filter "
                         f"**{medians['value filter'] / medians['dense']:.2f}**, int8 "
-                        f"**{medians['int8'] / medians['dense']:.2f}**")
+                        f"**{medians['int8'] / medians['dense']:.2f}**; the own models' accuracy after "
+                        f"{scale.STEPS} steps: dense {own['dense']:.3f}, value filter {own['value filter']:.3f}, "
+                        f"int8 {own['int8']:.3f}")
         tables.append(f"**{where}** (target {target:.0%})\n\n" + c.table(
             group, ["peers", "bursts", "message"],
             {"time to target s": tta, "final accuracy": c.metric("final_accuracy"),
+             "own models' accuracy at the end": c.metric("own_accuracy_end"),
              "MB per message": c.metric("mb_per_message"), "bytes / dense": c.metric("bytes_ratio"),
              "round s": c.metric("round_s"), "average p": c.metric("average_p"),
              "wall s (simulation)": c.metric("wall_s")},
@@ -104,8 +110,8 @@ def main(argv: list[str] | None = None) -> None:
              f"heterogeneous tiers 25/50/100 Mbit/s (uplinks 1 or 0.5 of the downlink), bursts: a quarter of the "
              f"peers' downlinks at 0.1x for 2 s every 10 s. Value filter: per_element, --filter-init-scale 30, "
              f"--filter-period 100 (training's defaults; value_filter.py's default scale). Cells: median [min-max] "
-             f"over seeds. Accuracy: the mean over ranks 0..{scale.EVAL_PEERS - 1}'s own models; final: the average "
-             f"model's. Virtual times do not depend on the host's load. " + c.load_note(rows))
+             f"over seeds. Accuracy: the mean over ranks 0..{scale.EVAL_PEERS - 1}'s own models (at each evaluation, and "
+             f"at the end); final: the average model's. Virtual times do not depend on the host's load. " + c.load_note(rows))
 
     def draw(ax) -> None:
         first = [r for r in rows if r["ok"] and r["seed"] == 0]
