@@ -33,8 +33,12 @@ which message size the network carried (--message-bytes or the replica's) and ho
 
 Budget: the replicas are stepped together (sim.replicas: batched matrix products for a stack of
 nn.Linear, torch.func vmap for other models); --sequential steps them one by one.
-Not simulated yet: --sync partitioned, --tolerance other than fixed, --filter value, --compress,
---overlap, --transport-mode other than unicast (each refused with a message).
+--compress and --filter value work as in training: each virtual peer has its own compressor or
+value filter (residuals, error feedback), a receiver merges the decoded values that travelled, and a
+message occupies its encoded bytes on the network (times --message-bytes / the replica's bytes);
+the result gives bytes_per_message and bytes_ratio (to the dense float32 message).
+Not simulated yet: --sync partitioned, --tolerance other than fixed, --overlap, --transport-mode
+other than unicast (each refused with a message).
 """
 
 
@@ -108,6 +112,9 @@ def main(argv: list[str] | None = None) -> int:
           f"average p {result['average_p']:.2f}, delivered {result['delivered']:.3f}; virtual "
           f"{result['virtual_s']:.1f} s in {result['wall_s']:.1f} s wall; accuracy rank 0 "
           f"{result['own_accuracy']:.3f}, averaged {result['averaged_accuracy']:.3f}")
+    if "bytes_per_message" in result:
+        print(f"{result['messages']}: {result['bytes_per_message'] / 1e6:.3g} MB per message on the network, "
+              f"{result['bytes_ratio']:.3f} of the dense message")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f)

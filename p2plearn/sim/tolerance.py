@@ -2,9 +2,9 @@
 
     tolerance = VirtualTolerance(options, layers, n)     # --tolerance, --loss-bound, --deadline-ms
     tolerance.track(changes, losses)                     # once per round, before its sends
-    bounds, deadlines = tolerance.bounds(rnd, message_bytes, planned_s)
+    bounds, deadlines = tolerance.bounds(rnd, sizes, planned_s)
     ... the round's flows ...
-    tolerance.observe(rnd, flows, loss, message_bytes)   # what each sender measured
+    tolerance.observe(rnd, src, delivered, loss, durations, sends_s, sizes)  # what each sender measured
 
 Each peer has its own policy, built by `train.optimizer.make_policy` from the options as a real
 peer builds it, its own `NetworkState` (one `RoundRecord` per round: its sends' time, the fraction
@@ -59,11 +59,12 @@ class VirtualTolerance:
             for series in (training.layer_update_norms, training.update_norms, training.losses):
                 del series[:-HISTORY]
 
-    def bounds(self, rnd: int, message_bytes: float, planned_s: float) -> tuple[np.ndarray, np.ndarray]:
-        """Round `rnd`'s bounds, [n, L] (every peer's per layer), and deadlines [n] (inf: none)."""
+    def bounds(self, rnd: int, sizes: np.ndarray, planned_s: float) -> tuple[np.ndarray, np.ndarray]:
+        """Round `rnd`'s bounds, [n, L] (every peer's per layer), and deadlines [n] (inf: none);
+        sizes [n]: each peer's message bytes this round; planned_s: the plan's T."""
         out = np.empty((self.n, len(self.layers)))
         for i, (policy, network, training) in enumerate(zip(self.policies, self.networks, self.trainings)):
-            network.expected_bytes = int(message_bytes)
+            network.expected_bytes = int(sizes[i])
             network.planned_time_s = planned_s
             bounds, deadline = policy.bounds(rnd, self.layers, network, training)
             out[i] = bounds
@@ -83,9 +84,9 @@ class VirtualTolerance:
         return whole * scale[:, None]
 
     def observe(self, rnd: int, src: np.ndarray, delivered: np.ndarray, flow_loss: np.ndarray,
-                duration_s: np.ndarray, sends_s: np.ndarray, message_bytes: float) -> None:
+                duration_s: np.ndarray, sends_s: np.ndarray, sizes: np.ndarray) -> None:
         """What each sender measured of round `rnd`: per flow (sender, delivered fraction, its
-        receiver's datagram loss, duration); per peer, how long its sends took."""
+        receiver's datagram loss, duration); per peer, how long its sends took and its message's bytes."""
         per_sender: dict[int, list[int]] = {}
         for k, i in enumerate(src.tolist()):
             per_sender.setdefault(i, []).append(k)
@@ -94,9 +95,9 @@ class VirtualTolerance:
             if not flows:
                 continue  # a peer that sent nothing measured nothing (as a real one reports no links)
             cut = np.isfinite(self._deadlines[i]) & (duration_s[flows] >= self._deadlines[i] * (1 - 1e-9))
-            rates = message_bytes * delivered[flows] / np.maximum(duration_s[flows], 1e-9)
+            rates = sizes[i] * delivered[flows] / np.maximum(duration_s[flows], 1e-9)
             network.history.append(RoundRecord(
                 round=rnd, elapsed_s=float(sends_s[i]), delivered=float(delivered[flows].mean()),
                 loss_rate=float(flow_loss[flows].mean()), delivery_rates=rates.tolist(), deadline_hit=bool(cut.any()),
-                message_bytes=int(message_bytes)))
+                message_bytes=int(sizes[i])))
             del network.history[:-HISTORY]

@@ -25,6 +25,9 @@ i.i.d. or `--dirichlet ALPHA`), and its own virtual clock:
 - what arrived is a chunk mask (the delivered fraction of the message's chunks, the missing ones
   drawn at random as loss leaves them), merged by the C merge (`sync.merge`), then the outer
   update (`sync.outer`, `--outer-lr`, `--outer-momentum`);
+- `--compress` and `--filter value` as in training (`sim.messages`): each peer's own compressor or
+  value filter (error feedback), the message's encoded bytes on the network (each sender's own size
+  in the planner's view and the flow simulator), the receiver merging the decoded values that came;
 - BSP: a peer merges once its own sends are done and its round's messages arrived; SSP: once its
   sends are done and every peer has finished round r - s, whatever arrived from rounds r-s..r.
 Rounds of the lock-stepped replicas are taken in order, which is causal: a message of round r
@@ -35,8 +38,8 @@ among themselves, not with an overlapping round's (SSP); a flow's loss is its re
 round's start; the plan and pacing do not follow a burst that begins mid-round (the view lags it,
 as live); the message is one bucket.
 
-Not simulated yet (refused with a message): --sync partitioned, --filter value, --compress,
---overlap, --transport-mode other than unicast.
+Not simulated yet (refused with a message): --sync partitioned, --overlap, --transport-mode
+other than unicast, --tolerance layerwise with --compress or --filter value.
 """
 from __future__ import annotations
 
@@ -53,6 +56,7 @@ from p2plearn.options import Options
 from p2plearn.selection import NetworkView
 from p2plearn.selection.view import DATAGRAM_DATA
 from p2plearn.sim.calibrate import costs
+from p2plearn.sim.messages import Messages
 from p2plearn.sim.replicas import Replicas
 from p2plearn.sim.simulator import Simulator
 from p2plearn.sim.tolerance import VirtualTolerance
@@ -66,8 +70,7 @@ from p2plearn.train.optimizer import describe_layers
 from p2plearn.transport.delivery import ChunkMask
 
 VIEW_LAG = 2  # round r is planned from the samples of rounds up to r - VIEW_LAG
-UNSUPPORTED = {"sync": ("partitioned",), "filter": ("value",),
-               "compress": ("fp16", "bf16", "int8", "int4"), "overlap": (True,), "transport_mode": ("multicast", "auto")}
+UNSUPPORTED = {"sync": ("partitioned",), "overlap": (True,), "transport_mode": ("multicast", "auto")}
 
 
 @dataclass
@@ -200,6 +203,12 @@ class VirtualTraining:
         self.outer = [OuterOptimizer(options.outer_lr, options.outer_momentum) for _ in range(self.n)]
         self.nchunks = max(1, math.ceil(self.message_bytes / DATAGRAM_DATA))
         self.chunk_size = max(1, math.ceil(self.replica_bytes / self.nchunks))
+        # compressed or value-filtered messages (None: plain float32 values, this class's own path)
+        self.messages = Messages.of(options, self.replicas.sizes, self.n, self.message_bytes, self.replica_bytes,
+                                    self.replicas.numpy(), options.staleness if options.sync == "ssp" else 0)
+        if self.messages is not None and options.tolerance == "layerwise":
+            raise ValueError("--tolerance layerwise with --compress or --filter value: not simulated yet "
+                             "(per-layer chunk masks are the plain message's)")
         # The fixed policy needs no state: its bound and deadline are the options' (the scalar path).
         self.tolerance = None if options.tolerance == "fixed" else \
             VirtualTolerance(options, describe_layers(model), self.n)
@@ -254,7 +263,11 @@ class VirtualTraining:
             if (s.eval_every and step % s.eval_every == 0) or (not s.eval_every and step % per_epoch == 0):
                 history.append(self._evaluate(float(clock[0])))
                 clock += self.costs["eval_s"]
-        return self._result(history, rounds, clock, time.monotonic() - wall0)
+        result = self._result(history, rounds, clock, time.monotonic() - wall0)
+        if self.messages is not None:
+            result.update(self.messages.summary())
+            result["model"] += "; " + Messages.MODEL
+        return result
 
     def _round(self, rnd: int, clock: np.ndarray, staleness: int, pending: dict[str, np.ndarray],
                messages: dict[int, np.ndarray], done_at: dict[int, np.ndarray], anchors: np.ndarray | None,
@@ -263,7 +276,9 @@ class VirtualTraining:
         peer's merge of what it takes, and the clocks after them; the deliveries still pending.
         messages[rnd] is where the round's messages go."""
         np.copyto(messages[rnd], self.replicas.numpy())
-        flows, sends_done = self._transfer(rnd, clock)
+        sizes = np.full(self.n, self.message_bytes) if self.messages is None else \
+            self.messages.encode(rnd, self.replicas.numpy())
+        flows, sends_done = self._transfer(rnd, clock, sizes)
         done_at[rnd] = sends_done
         pending = {k: np.concatenate([pending[k], flows[k]]) for k in pending}
         if staleness == 0:
@@ -282,6 +297,8 @@ class VirtualTraining:
         clock = merge_at + self.costs["merge_s"] * counts
         if anchors is not None:
             anchors[...] = self.replicas.numpy()
+        if self.messages is not None:
+            self.messages.merged(self.replicas.numpy())
         rounds.append({"round": rnd, "end_s": float(clock.max()), "average_p": len(flows["src"]) / self.n,
                        "delivered": float(flows["delivered"].mean()) if len(flows["delivered"]) else 1.0,
                        "merged": float(counts.mean())})
@@ -315,24 +332,24 @@ class VirtualTraining:
                 for i in range(min(self.settings.eval_peers, self.n))]
         return (t, accs[0], float(np.mean(accs)))
 
-    def _view(self, rnd: int) -> GlobalView:
-        """The view round `rnd` is planned from: the estimates up to round rnd - VIEW_LAG, and the
-        load the peers would report (compute per period, merge time per message)."""
+    def _view(self, rnd: int, sizes: np.ndarray) -> GlobalView:
+        """The view round `rnd` is planned from: the estimates up to round rnd - VIEW_LAG, the load
+        the peers would report (compute per period, merge time per message), and their message sizes."""
         zeros = np.zeros(self.n)
         arrays = self.estimator.arrays(self.n)
         return GlobalView(round=rnd, **arrays, compute_s=self.step_s * self.options.period,
                           merge_s=np.full(self.n, self.costs["merge_s"]), backlog=zeros, in_flight_bytes=zeros,
                           in_flight_msgs=zeros, alive=np.ones(self.n, dtype=bool), clock=np.full(self.n, rnd),
-                          message_bytes=np.full(self.n, self.message_bytes), version=rnd)
+                          message_bytes=sizes, version=rnd)
 
-    def _transfer(self, rnd: int, send_at: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
-        """Round `rnd`'s flows, each peer sending from send_at[i]: per flow (round, src, dst, arrival
-        time, delivered fraction), and when each peer's sends were done."""
+    def _transfer(self, rnd: int, send_at: np.ndarray, sizes: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+        """Round `rnd`'s flows, each peer sending its message of sizes[i] bytes from send_at[i]: per
+        flow (round, src, dst, arrival time, delivered fraction), and when each peer's sends were done."""
         if rnd >= VIEW_LAG:
             self.estimator.close_round(rnd - VIEW_LAG)
         # The whole plan every peer cuts its own part from (RoundPlanner.plan); taken whole here,
         # once, rather than n times.
-        planned, _, planned_s, _ = self.planner.whole_plan(self._view(rnd), rnd, self.message_bytes)
+        planned, _, planned_s, _ = self.planner.whole_plan(self._view(rnd, sizes), rnd, self.message_bytes)
         plan = {i: [j for j, _, _ in rs] for i, rs in planned.items()}
         src = np.array([i for i, rs in planned.items() for _ in rs], dtype=np.int64)
         dst = np.array([j for rs in planned.values() for j, _, _ in rs], dtype=np.int64)
@@ -340,12 +357,12 @@ class VirtualTraining:
         probes = {(i, j): probe for i, rs in planned.items() for j, _, probe in rs}
         t0 = float(send_at.min())
         up, down, loss = self.links.at(t0)
-        view = NetworkView(up, down, np.full(self.n, self.message_bytes), np.ones(self.n, dtype=bool))
+        view = NetworkView(up, down, sizes, np.ones(self.n, dtype=bool))
         o = self.options
         if self.tolerance is None:
             bounds, shares, deadline = o.loss_bound, None, o.deadline_ms / 1000 if o.deadline_ms else None
         else:  # every peer's policy: [n, L] bounds, [n] deadlines
-            bounds, deadline = self.tolerance.bounds(rnd, self.message_bytes, planned_s)
+            bounds, deadline = self.tolerance.bounds(rnd, sizes, planned_s)
             shares = self.tolerance.shares
         def links(t: float) -> tuple[np.ndarray, np.ndarray, float]:  # bursts begin and end while flows move
             up_t, down_t, _ = self.links.at(t0 + t)
@@ -368,7 +385,7 @@ class VirtualTraining:
         else:
             layer_delivered = self.tolerance.layer_delivered(fsrc, loss[fdst], f["delivered"], bounds)
             self.tolerance.observe(rnd, fsrc, f["delivered"], loss[fdst], f["end_s"] - f["start_s"], done - send_at,
-                                   self.message_bytes)
+                                   sizes)
         return {"round": np.full(len(fsrc), float(rnd)), "src": fsrc.astype(float), "dst": fdst.astype(float),
                 "arrival": t0 + f["end_s"], "delivered": f["delivered"], "layer_delivered": layer_delivered}, done
 
@@ -377,13 +394,17 @@ class VirtualTraining:
         """Merge the `taken` deliveries into their receivers' replicas (C merge, chunk masks), then
         each receiver's outer update."""
         own = self.replicas.numpy()
-        by_receiver: dict[int, list[Contribution]] = {}
+        by_receiver: dict[int, list] = {}
         for k in np.flatnonzero(taken).tolist():
-            values = messages[int(pending["round"][k])][int(pending["src"][k])]
+            rnd, src, delivered = int(pending["round"][k]), int(pending["src"][k]), float(pending["delivered"][k])
             by_receiver.setdefault(int(pending["dst"][k]), []).append(
-                Contribution(values, chunks=self._mask(pending["layer_delivered"][k])))
+                Contribution(messages[rnd][src], chunks=self._mask(pending["layer_delivered"][k])) if self.messages is None
+                else self.messages.delivery(rnd, src, delivered, self.mask_rng))
         for i, contributions in sorted(by_receiver.items()):
-            merge_parameter(own[i], contributions)
+            if self.messages is None:
+                merge_parameter(own[i], contributions)
+            else:
+                self.messages.merge(own[i], contributions)
             if anchors is not None:
                 self.outer[i].step([own[i]], [anchors[i]])
 

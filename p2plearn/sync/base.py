@@ -23,7 +23,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from p2plearn.filter import UpdateFilter
-from p2plearn.filter.wire import DENSE, SPARSE, layout
+from p2plearn.filter.wire import DENSE, SPARSE, EncodedUpdate, layout
 from p2plearn.protocols import ControlClient, DataChannel
 from p2plearn.sync.bfloat16 import values
 from p2plearn.sync.compress import Compressor
@@ -66,6 +66,41 @@ def _copies(sent: list) -> int:
     """Copies of a message on the sender's uplink: one per unicast receiver, one for all through the group."""
     grouped = sum(st.multicast for st in sent)
     return len(sent) - grouped + (grouped > 0)
+
+
+def filtered_arrays(msg: EncodedUpdate, layers: list[np.ndarray]) -> list[np.ndarray]:
+    """The arrays of a value-filtered message: `msg`'s (the filter's choice of elements), with each
+    layer it carries holding the layer's current values (dense: all; sparse: at its indices), as
+    receivers average values, not updates. `layers`: the model's layers, flat views."""
+    arrays = list(msg.arrays)
+    for layer, (code, idx, at) in enumerate(layout(arrays, [p.shape for p in layers])):
+        flat = values(layers[layer])
+        if code == DENSE:
+            arrays[at] = flat.astype(np.float32, copy=False)
+        elif code == SPARSE:
+            arrays[at] = flat[arrays[idx]].astype(np.float32)
+    return arrays
+
+
+def filtered_contributions(d: Delivery, masks: list[np.ndarray | None],
+                           layers: list[np.ndarray]) -> list[Contribution | None]:
+    """Per layer of `layers`, what the value-filtered message d brings (None: nothing for it): the
+    elements it carries that arrived (masks: per array of d, its element mask; None: all arrived)."""
+    parts = layout(d.arrays, [p.shape for p in layers], [m is None for m in masks])
+    out: list[Contribution | None] = []
+    for p, (code, idx, at) in zip(layers, parts):
+        if code == DENSE:
+            mask = masks[at]
+            out.append(Contribution(d.arrays[at].reshape(p.shape), None if mask is None else mask.reshape(p.shape)))
+        elif code == SPARSE:
+            dense, sent = np.zeros(p.size, dtype=np.float32), np.zeros(p.size, dtype=bool)
+            where = d.arrays[idx]
+            dense[where] = d.arrays[at]
+            sent[where] = True if masks[at] is None else masks[at]
+            out.append(Contribution(dense.reshape(p.shape), sent.reshape(p.shape)))
+        else:
+            out.append(None)
+    return out
 
 
 class Synchronizer(ABC):
@@ -313,14 +348,7 @@ class Synchronizer(ABC):
         if self.filter is None:
             return [self.params[t] for t in carried], lambda bounds: self._segments(bounds, carried)
         msg = self.filter.encode(rnd, [deltas[a][lo:hi] for a, lo, hi in self.layer_ranges])
-        arrays = list(msg.arrays)
-        shapes = [p.shape for p in self.layer_views]
-        for layer, (code, idx, at) in enumerate(layout(arrays, shapes)):
-            flat = values(self.layer_views[layer])
-            if code == DENSE:
-                arrays[at] = flat.astype(np.float32, copy=False)
-            elif code == SPARSE:
-                arrays[at] = flat[arrays[idx]].astype(np.float32)
+        arrays = filtered_arrays(msg, self.layer_views)
         return arrays, lambda bounds: (arrays, msg.wire_bounds(bounds))
 
     def array_bounds(self, bounds: list[float]) -> list[float]:
@@ -373,7 +401,7 @@ class Synchronizer(ABC):
         if self.filter is None:
             return self._plain_contributions(d, carried)
         masks = [None if f >= 1.0 else d.element_mask(i) for i, f in enumerate(d.fractions)]
-        return self._filtered_contributions(d, masks)
+        return filtered_contributions(d, masks, self.layer_views)
 
     def _spread(self, contributions: list[Contribution], carried: list[int]) -> list[Contribution | None]:
         """Per array of the model, what a message carrying the arrays `carried` brings for it."""
@@ -414,23 +442,6 @@ class Synchronizer(ABC):
         if all(d.fractions[i] >= 1.0 for i in pieces):
             return Contribution(joined)
         return Contribution(joined, mask=np.concatenate([d.element_mask(i).reshape(-1) for i in pieces]))
-
-    def _filtered_contributions(self, d: Delivery, masks: list[np.ndarray | None]) -> list[Contribution | None]:
-        parts = layout(d.arrays, [p.shape for p in self.layer_views], [m is None for m in masks])
-        out: list[Contribution | None] = []
-        for p, (code, idx, at) in zip(self.layer_views, parts):
-            if code == DENSE:
-                mask = masks[at]
-                out.append(Contribution(d.arrays[at].reshape(p.shape), None if mask is None else mask.reshape(p.shape)))
-            elif code == SPARSE:
-                dense, sent = np.zeros(p.size, dtype=np.float32), np.zeros(p.size, dtype=bool)
-                where = d.arrays[idx]
-                dense[where] = d.arrays[at]
-                sent[where] = True if masks[at] is None else masks[at]
-                out.append(Contribution(dense.reshape(p.shape), sent.reshape(p.shape)))
-            else:
-                out.append(None)
-        return out
 
     def _merge_targets(self) -> list[np.ndarray]:
         """What contributions merge into: the layers with the value filter (it sends per layer),

@@ -73,11 +73,11 @@ def test_policies_are_fed_what_a_real_peer_feeds_them():
     tolerance.track(changes, np.array([2.0, 1.5, 1.0]))
     assert tolerance.trainings[1].layer_update_norms[-1] == pytest.approx([300 ** 0.5, 20.0])
     assert tolerance.trainings[2].losses == [1.0] and tolerance.trainings[2].losses_reported == 1
-    bounds, deadlines = tolerance.bounds(0, 1e6, planned_s=0.5)
+    bounds, deadlines = tolerance.bounds(0, np.full(3, 1e6), planned_s=0.5)
     assert bounds.shape == (3, 2) and deadlines.shape == (3,)
     # peer 0 sent two flows, peer 1 one, peer 2 none
     tolerance.observe(0, np.array([0, 0, 1]), np.array([1.0, 0.5, 0.9]), np.array([0.0, 0.1, 0.1]),
-                      np.array([1.0, 2.0, 0.9]), np.array([2.0, 0.9, 0.0]), 1e6)
+                      np.array([1.0, 2.0, 0.9]), np.array([2.0, 0.9, 0.0]), np.full(3, 1e6))
     first = tolerance.networks[0].history[-1]
     assert (first.round, first.elapsed_s, first.delivered, first.loss_rate) == (0, 2.0, 0.75, pytest.approx(0.05))
     assert first.delivery_rates == pytest.approx([1e6, 0.25e6]) and first.message_bytes == 1e6

@@ -1,0 +1,132 @@
+"""Claim (the seeds' value-filter claim, at scale): the value-bounded filter cuts a message's bytes,
+so rounds are shorter and a target accuracy is reached sooner, at a small cost in accuracy; int8
+compression is the fixed-ratio alternative.
+
+    python experiments/sim_value_filter.py [--quick] [--seeds N] [--peers 64,256] [--out DIR]
+
+In virtual time (`p2plearn-sim train`), the setting of `sim_scale.py`: heterogeneous tiers (downlinks
+25/50/100 Mbit/s, uplinks 1 or 0.5 of them), steady and with a quarter of the peers bursting
+(downlink to 0.1x for 2 s every 10 s); i.i.d. shards; BSP, SELMCAST p=1; the MNIST-1D MLP (hidden
+sim_scale.HIDDEN) whose dense message occupies sim_scale.MESSAGE_BYTES on the network
+(`--message-bytes`; compressed and filtered messages keep their ratio of it). Three messages:
+`--filter none` (dense float32), `--filter value` per_element at `--filter-init-scale` 30 and
+`--filter-period` 100 (the defaults, the scale `value_filter.py` runs as its default and in its quick
+setting), and `--compress int8`. Time to target: the first evaluation at which the mean test accuracy
+of ranks 0..EVAL_PEERS-1 reaches the target, fixed from seed 0's curves (selmcast_vs_random's rule).
+Quick: 16 peers, steady, one seed.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import common as c
+import selmcast_vs_random as svr
+import sim_scale as scale
+
+from p2plearn.sim.__main__ import main as sim_main
+
+NAME = "sim_value_filter"
+MESSAGES = [("dense", []), ("value filter", ["--filter", "value", "--filter-granularity", "per_element",
+                                              "--filter-init-scale", "30", "--filter-period", "100"]),
+            ("int8", ["--compress", "int8"])]
+
+
+def run(tmp: Path, cfg: dict, flags: list[str], seed: int) -> dict | None:
+    out = tmp / "run.json"
+    samples = max(12000, math.ceil(cfg["peers"] * 32 * 4 / 0.8))  # >= 4 batches of 32 per peer per epoch
+    argv = ["train", "--topology", str(scale.topology_file(tmp, cfg["peers"], cfg["bursts"])), "--sync", "bsp",
+            "--selection", "selmcast", "--fanout", "1", "--period", str(scale.PERIOD), "--model", "mlp",
+            "--hidden", str(scale.HIDDEN), "--steps", str(scale.STEPS), "--samples", str(samples),
+            "--eval-every", str(scale.EVAL_EVERY), "--eval-peers", str(scale.EVAL_PEERS),
+            "--message-bytes", str(scale.MESSAGE_BYTES), "--seed", str(seed), "--json", str(out), *flags]
+    if sim_main(argv) != 0:
+        return None
+    r = json.loads(out.read_text())
+    return {"virtual_s": r["virtual_s"], "wall_s": r["wall_s"], "average_p": r["average_p"],
+            "round_s": r["virtual_s"] / max(1, r["rounds"]), "delivered": r["delivered"],
+            "final_accuracy": r["averaged_accuracy"], "history": [(t, mean) for t, _, mean in r["history"]],
+            "own_accuracy_end": r["history"][-1][2] if r["history"] else math.nan,
+            "mb_per_message": r.get("bytes_per_message", r["message_bytes"]) / 1e6,
+            "bytes_ratio": r.get("bytes_ratio", 1.0), "parameters": r["parameters"]}
+
+
+def extra_flags(ap) -> None:
+    ap.add_argument("--peers", default="64,256", help="comma-separated sizes (default: %(default)s)")
+    ap.add_argument("--bursts", choices=("both", "yes", "no"), default="both", help="default: %(default)s")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = c.parse_args(__doc__, argv, extra=extra_flags)
+    os.chdir(c.ROOT)
+    sizes = [16] if args.quick else [int(x) for x in args.peers.split(",")]
+    bursts = [False] if args.quick else [b for b in (False, True) if args.bursts in ("both", "yes" if b else "no")]
+    rows: list[c.Row] = []
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="p2psim-") as tmp:
+        for n in sizes:
+            for burst in bursts:
+                for message, flags in MESSAGES:
+                    cfg = {"peers": n, "bursts": burst, "message": message}
+                    rows += c.repeat(cfg, args.seeds,
+                                     lambda seed, cfg=cfg, flags=flags: run(Path(tmp), cfg, flags, seed))
+    print(f"{len(rows)} runs in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    tables, verdicts = [], []
+    tta = c.metric("tta_s")
+    for group in c.groups(rows, ["peers", "bursts"]).values():
+        target = svr.target_of(group)
+        for r in group:
+            if r["ok"]:
+                r["target"] = target
+                r["tta_s"] = c.time_to_accuracy(r["history"], target)
+        medians = {m: c.summary(tta(r) for r in group if r["message"] == m)[0] for m, _ in MESSAGES}
+        own = {m: c.summary(r["own_accuracy_end"] for r in group if r["ok"] and r["message"] == m)[0]
+               for m, _ in MESSAGES}
+        head = group[0]
+        where = f"{head['peers']} peers, {'bursts' if head['bursts'] else 'steady'}"
+        verdicts.append(f"- {where}: target {target:.0%}; time to target / dense: value filter "
+                        f"**{medians['value filter'] / medians['dense']:.2f}**, int8 "
+                        f"**{medians['int8'] / medians['dense']:.2f}**; the own models' accuracy after "
+                        f"{scale.STEPS} steps: dense {own['dense']:.3f}, value filter {own['value filter']:.3f}, "
+                        f"int8 {own['int8']:.3f}")
+        tables.append(f"**{where}** (target {target:.0%})\n\n" + c.table(
+            group, ["peers", "bursts", "message"],
+            {"time to target s": tta, "final accuracy": c.metric("final_accuracy"),
+             "own models' accuracy at the end": c.metric("own_accuracy_end"),
+             "MB per message": c.metric("mb_per_message"), "bytes / dense": c.metric("bytes_ratio"),
+             "round s": c.metric("round_s"), "average p": c.metric("average_p"),
+             "wall s (simulation)": c.metric("wall_s")},
+            baseline=(head["peers"], head["bursts"], "dense"), ratio_of="time to target s"))
+    setup = (f"Virtual time (`p2plearn-sim train`), MNIST-1D MLP hidden {scale.HIDDEN} "
+             f"({rows[0].get('parameters', '?')} parameters) whose dense message occupies "
+             f"{scale.MESSAGE_BYTES / 1e6:g} MB on the simulated network (--message-bytes; a filtered or int8 message "
+             f"its encoded bytes times the same factor), BSP, SELMCAST p=1, a round every {scale.PERIOD} steps, "
+             f"{scale.STEPS} local steps, batch 32, SGD lr 0.1 momentum 0.9, i.i.d., {args.seeds} seed(s); "
+             f"heterogeneous tiers 25/50/100 Mbit/s (uplinks 1 or 0.5 of the downlink), bursts: a quarter of the "
+             f"peers' downlinks at 0.1x for 2 s every 10 s. Value filter: per_element, --filter-init-scale 30, "
+             f"--filter-period 100 (training's defaults; value_filter.py's default scale). Cells: median [min-max] "
+             f"over seeds. Accuracy: the mean over ranks 0..{scale.EVAL_PEERS - 1}'s own models (at each evaluation, and "
+             f"at the end); final: the average model's. Virtual times do not depend on the host's load. " + c.load_note(rows))
+
+    def draw(ax) -> None:
+        first = [r for r in rows if r["ok"] and r["seed"] == 0]
+        shown = [r for r in first if (r["peers"], r["bursts"]) == (first[-1]["peers"], first[-1]["bursts"])]
+        for r in shown:
+            t, a = zip(*r["history"])
+            ax.plot(t, a, label=f"{r['message']} ({r['mb_per_message']:.2g} MB per message)")
+        ax.set_xlabel("virtual seconds")
+        ax.set_ylabel("mean test accuracy")
+        ax.set_title(f"{shown[0]['peers']} peers, {'bursts' if shown[0]['bursts'] else 'steady'}, seed 0")
+        ax.legend()
+
+    c.write_results(args.out, NAME, rows, "The value filter and int8 at scale, in virtual time", setup,
+                    "\n\n".join(tables), draw, notes="\n".join(verdicts))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

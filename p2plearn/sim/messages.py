@@ -1,0 +1,184 @@
+"""Virtual peers' messages with `--compress` or `--filter value`: what each sends, what it costs on the
+simulated network, and what a receiver merges of it.
+
+    messages = Messages.of(options, replicas.sizes, n, message_bytes, replica_bytes, rows, staleness)
+    sizes = messages.encode(rnd, rows)                  # every peer's message of round rnd; its bytes on the network
+    d = messages.delivery(rnd, sender, delivered, rng)  # what a receiver gets when `delivered` of it arrived
+    messages.merge(row, [d, ...])                       # the receiver's C merge, in place
+    messages.merged(rows)                               # after the round's merges (and outer steps)
+
+`Messages.of` returns None for a plain run (every value as float32: the simulator's own, faster path).
+Each virtual peer has what a real peer's `Synchronizer` builds:
+- `--compress fp16|bf16|int8|int4`: its own `sync.compress.Compressor` over the replica (one bucket),
+  with its residuals (error feedback); a message is the compressor's arrays (values, then the int8/int4
+  scales), read back by `Compressor.contributions` as the real receive path does;
+- `--filter value`: its own `ValueFilter`, built from the options as `p2plearn.train` builds it, fed the
+  change of the replica since its last merge, per layer (tensor); a message is the filter's header,
+  indices and the current values of what passed (`sync.base.filtered_arrays`), read back by
+  `sync.base.filtered_contributions`: a receiver averages only the elements that travelled.
+A message's bytes on the network are its arrays' bytes times message_bytes / replica_bytes, so a small
+replica standing for a large model (`--message-bytes`) keeps the format's ratio.
+
+What arrives: the arrays are laid out as the engine lays out segments (8-byte aligned, one after
+another), cut into as many chunks as the message's bytes on the network fill datagrams (at least 8
+bytes each); of a flow's `delivered` fraction, the missing chunks are drawn at random among the chunks
+that carry only values, which the engine lets lose (the scales, the filter's header and indices have
+loss bound 0 and are repaired first); only a message that lost more than its values' chunks (a
+deadline) loses some of those, which costs what it costs a real receiver (a block without its scale,
+a message without its header: dropped). Not modelled: a chunk straddling a value array and an exact
+one is kept whole here, and the merge's time is the calibrated float32 merge's (`costs["merge_s"]`).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from p2plearn.filter import make_filter
+from p2plearn.options import Options
+from p2plearn.selection.view import DATAGRAM_DATA
+from p2plearn.sync.base import filtered_arrays, filtered_contributions
+from p2plearn.sync.compress import Compressor
+from p2plearn.sync.inbox import UNUSABLE
+from p2plearn.sync.merge import merge_parameter
+from p2plearn.transport.delivery import Delivery, Reason
+
+ALIGN = 8  # the engine places each segment on an 8-byte boundary, and chunk boundaries fall on them
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+class Messages:
+    """A virtual peer population's compressed or value-filtered messages (see the module's doc).
+
+    sizes: elements of each of the model's tensors, in the replica's row order (the filter's layers);
+    rows: the replicas' [n, P] parameters at the start (the filter measures changes from them);
+    staleness: rounds a merge may take messages from behind the current one (SSP's s; BSP 0).
+    """
+
+    # what a result's `model` field says of these messages
+    MODEL = ("messages encoded per peer as in training, bytes on the network the encoded bytes x message_bytes / "
+             "replica_bytes; lost chunks drawn among the value-only chunks (scales, headers and indices repaired "
+             "first); merge time the calibrated float32 merge's")
+
+    def __init__(self, options: Options, sizes: list[int], n: int, message_bytes: float, replica_bytes: float,
+                 rows: np.ndarray, staleness: int):
+        self.options = options
+        self.ranges = [(int(lo), int(lo + size)) for lo, size in zip(np.cumsum([0, *sizes[:-1]]), sizes)]
+        self.scale = message_bytes / replica_bytes   # network bytes per byte of the replica's message
+        self.dense_bytes = message_bytes
+        self.staleness = staleness
+        if options.filter == "value":
+            # as p2plearn.train builds the filter from the options
+            self.filters = [make_filter("value", granularity=options.filter_granularity,
+                                        init_scale=options.filter_init_scale, period=options.filter_period)
+                            for _ in range(n)]
+            self.previous = rows.copy()  # each peer's model as last merged: the filter reads the change since
+            self.compressors = None
+        else:
+            self.compressors = [Compressor(options.compress, [rows.shape[1]]) for _ in range(n)]
+        self._sent: dict[int, list[tuple[list[np.ndarray], list[bool]]]] = {}  # round -> per peer (arrays, exact)
+        self._bytes_total = 0.0
+        self._messages = 0
+
+    @classmethod
+    def of(cls, options: Options, sizes: list[int], n: int, message_bytes: float, replica_bytes: float,
+           rows: np.ndarray, staleness: int) -> "Messages | None":
+        """The population's messages, or None when they are plain float32 values (no flag)."""
+        if options.compress == "none" and options.filter != "value":
+            return None
+        return cls(options, sizes, n, message_bytes, replica_bytes, rows, staleness)
+
+    def encode(self, rnd: int, rows: np.ndarray) -> np.ndarray:
+        """Every peer's message of round `rnd` from its replica (rows[i]); returns each one's bytes
+        on the simulated network. Messages older than the staleness window are dropped."""
+        for old in [r for r in self._sent if r < rnd - self.staleness]:
+            del self._sent[old]
+        sent = [self._encode_one(i, rnd, row) for i, row in enumerate(rows)]
+        self._sent[rnd] = sent
+        sizes = np.array([sum(a.nbytes for a in arrays) for arrays, _ in sent], dtype=float) * self.scale
+        self._bytes_total += float(sizes.sum())
+        self._messages += len(sizes)
+        return sizes
+
+    def _encode_one(self, i: int, rnd: int, row: np.ndarray) -> tuple[list[np.ndarray], list[bool]]:
+        if self.compressors is not None:
+            compressor = self.compressors[i]
+            arrays = compressor.encode([row], [(0, 0, row.size)])
+            return arrays, [bound == 0.0 for bound in compressor.loss_bounds([1.0])]
+        mine = row.copy()  # the message keeps the values of this round, whatever the replica does next
+        change = mine - self.previous[i]
+        msg = self.filters[i].encode(rnd, [change[lo:hi] for lo, hi in self.ranges])
+        return filtered_arrays(msg, [mine[lo:hi] for lo, hi in self.ranges]), list(msg.exact)
+
+    def delivery(self, rnd: int, sender: int, delivered: float, rng: np.random.Generator) -> Delivery:
+        """What a receiver of `sender`'s round-`rnd` message gets when `delivered` (a fraction) of its
+        chunks arrived, the missing ones drawn with `rng` (see the module's doc)."""
+        arrays, exact = self._sent[rnd][sender]
+        offsets, end = [], 0
+        for a in arrays:
+            offsets.append(end)
+            end = _aligned(end + a.nbytes)
+        network_bytes = sum(a.nbytes for a in arrays) * self.scale
+        chunk = max(ALIGN, _aligned(math.ceil(end / max(1, math.ceil(network_bytes / DATAGRAM_DATA)))))
+        nchunks = max(1, -(-end // chunk))
+        arrived = np.ones(nchunks, dtype=bool)
+        missing = nchunks - int(delivered * nchunks) if delivered < 1.0 else 0
+        if missing:
+            holds_exact = np.zeros(nchunks, dtype=bool)
+            for a, off, ex in zip(arrays, offsets, exact):
+                if ex and a.nbytes:
+                    holds_exact[off // chunk:(off + a.nbytes - 1) // chunk + 1] = True
+            values_only, others = np.flatnonzero(~holds_exact), np.flatnonzero(holds_exact)
+            arrived[rng.permutation(values_only)[:missing]] = False
+            if missing > values_only.size:
+                arrived[rng.permutation(others)[:missing - values_only.size]] = False
+        fractions = [self._arrived_fraction(arrived, chunk, off, a.nbytes) for a, off in zip(arrays, offsets)]
+        return Delivery(sender=sender, msg_id=rnd, arrays=arrays, mask=arrived,
+                        reason=Reason.COMPLETE if arrived.all() else Reason.CLOSED, source=("virtual", sender),
+                        fractions=fractions, chunk_size=chunk, meta_len=0, offsets=offsets)
+
+    @staticmethod
+    def _arrived_fraction(arrived: np.ndarray, chunk: int, offset: int, nbytes: int) -> float:
+        """The fraction of bytes [offset, offset + nbytes) in chunks that arrived."""
+        if nbytes == 0:
+            return 1.0
+        first, last = offset // chunk, (offset + nbytes - 1) // chunk
+        starts = np.maximum(np.arange(first, last + 1) * chunk, offset)
+        ends = np.minimum(np.arange(first + 1, last + 2) * chunk, offset + nbytes)
+        return float(((ends - starts) * arrived[first:last + 1]).sum() / nbytes)
+
+    def merge(self, row: np.ndarray, deliveries: list[Delivery]) -> None:
+        """Average the deliveries into a receiver's replica (its row, in place), as its synchronizer
+        would: the decoded values that arrived; a delivery the real receiver could not read (its
+        filter header lost) is dropped."""
+        if self.compressors is not None:
+            decoder = self.compressors[0]  # reading a message needs only the format
+            merge_parameter(row, [decoder.contributions(d, [row.size])[0] for d in deliveries])
+            return
+        layers = [row[lo:hi] for lo, hi in self.ranges]
+        usable = []
+        for d in deliveries:
+            masks = [None if f >= 1.0 else d.element_mask(i) for i, f in enumerate(d.fractions)]
+            try:
+                usable.append(filtered_contributions(d, masks, layers))
+            except UNUSABLE:
+                continue
+        for k, layer in enumerate(layers):
+            merge_parameter(layer, [c[k] for c in usable if c[k] is not None])
+
+    def merged(self, rows: np.ndarray) -> None:
+        """The round's merges and outer steps are done: the filter's changes count from here."""
+        if self.compressors is None:
+            np.copyto(self.previous, rows)
+
+    def summary(self) -> dict:
+        """For the result: the mean bytes of a message on the network, its ratio to the dense
+        float32 message's, and what the messages were."""
+        mean = self._bytes_total / self._messages if self._messages else self.dense_bytes
+        o = self.options
+        what = f"--compress {o.compress}" if self.compressors is not None else \
+            f"--filter value ({o.filter_granularity}, init scale {o.filter_init_scale}, period {o.filter_period})"
+        return {"messages": what, "bytes_per_message": mean, "bytes_ratio": mean / self.dense_bytes}
