@@ -1,7 +1,7 @@
 """Claim (the seeds' SELMCAST claim, at scale): SELMCAST's rounds are shorter than random-p's at a
 similar or larger average p, so it reaches a target accuracy sooner, at 16 to 256 peers.
 
-    python experiments/sim_scale.py [--quick] [--seeds N] [--peers 16,64,256] [--out DIR]
+    python experiments/sim_scale.py [--quick] [--seeds N] [--peers 16,64,256] [--name NAME] [--out DIR]
 
 In virtual time (`p2plearn-sim train`): heterogeneous tiers (downlinks 25/50/100 Mbit/s, uplinks 1
 or 0.5 of them: heterogeneous-16's mix, generated for each size), steady and with a quarter of the
@@ -84,6 +84,8 @@ def extra_flags(ap) -> None:
     ap.add_argument("--bursts", choices=("both", "yes", "no"), default="both", help="default: %(default)s")
     ap.add_argument("--data", choices=("both", "iid", "dirichlet"), default="both", help="default: %(default)s")
     ap.add_argument("--sync", choices=("both", "bsp", "ssp"), default="both", help="default: %(default)s")
+    ap.add_argument("--name", default=NAME, help="results file name, to run sizes in parallel processes "
+                                                 "(default: %(default)s)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -148,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
         ax.set_title(f"{first[0]['peers']} peers, {first[0]['data']}, {first[0]['sync']}, seed 0")
         ax.legend()
 
-    c.write_results(args.out, NAME, rows, "SELMCAST vs random-p, all and the exponential graph at scale, in virtual time",
+    c.write_results(args.out, args.name, rows, "SELMCAST vs random-p, all and the exponential graph at scale, in virtual time",
                     setup, "\n\n".join(tables), draw, notes="\n".join(verdicts))
 
 
