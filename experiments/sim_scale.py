@@ -76,7 +76,31 @@ def virtual_run(tmp: Path, topology: Path, peers: int, seed: int, flags: list[st
     return {"virtual_s": r["virtual_s"], "wall_s": r["wall_s"], "average_p": r["average_p"],
             "round_s": r["virtual_s"] / max(1, r["rounds"]), "delivered": r["delivered"],
             "final_accuracy": r["averaged_accuracy"], "history": [(t, mean) for t, _, mean in r["history"]],
-            "message_bytes": r["message_bytes"], "parameters": r["parameters"]}
+            "own_accuracy_end": r["history"][-1][2] if r["history"] else math.nan,
+            "message_bytes": r["message_bytes"], "mb_per_message": r.get("bytes_per_message", r["message_bytes"]) / 1e6,
+            "bytes_ratio": r.get("bytes_ratio", 1.0), "parameters": r["parameters"]}
+
+
+def time_to_target(group: list[c.Row]) -> float:
+    """Fix the group's target from seed 0's curves (selmcast_vs_random's rule) and give every run
+    its `target` and `tta_s`; the target."""
+    target = svr.target_of(group)
+    for r in group:
+        if r["ok"]:
+            r["target"] = target
+            r["tta_s"] = c.time_to_accuracy(r["history"], target)
+    return target
+
+
+def draw_curves(ax, shown: list[c.Row], label, title: str) -> None:
+    """The runs' mean accuracy over virtual time, one curve per run, labelled label(run)."""
+    for r in shown:
+        t, a = zip(*r["history"])
+        ax.plot(t, a, label=label(r))
+    ax.set_xlabel("virtual seconds")
+    ax.set_ylabel("mean test accuracy")
+    ax.set_title(title)
+    ax.legend()
 
 
 def extra_flags(ap) -> None:
@@ -110,11 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     keys = ["peers", "bursts", "data", "sync", "selection", "fanout"]
     tables, verdicts = [], []
     for group in c.groups(rows, ["peers", "bursts", "data", "sync"]).values():
-        target = svr.target_of(group)
-        for r in group:
-            if r["ok"]:
-                r["target"] = target
-                r["tta_s"] = c.time_to_accuracy(r["history"], target)
+        target = time_to_target(group)
         tta = c.metric("tta_s")
         medians = {(r["selection"], r["fanout"]): c.summary(tta(x) for x in group if
                                                             (x["selection"], x["fanout"]) == (r["selection"], r["fanout"]))[0]
@@ -139,16 +159,11 @@ def main(argv: list[str] | None = None) -> None:
              + c.load_note(rows))
 
     def draw(ax) -> None:
-        first = [r for r in rows if r["ok"] and r["seed"] == 0 and r is not None]
+        first = [r for r in rows if r["ok"] and r["seed"] == 0]
         shown = [r for r in first if (r["peers"], r["bursts"], r["data"], r["sync"]) ==
                  (first[0]["peers"], first[0]["bursts"], first[0]["data"], first[0]["sync"])]
-        for r in shown:
-            t, a = zip(*r["history"])
-            ax.plot(t, a, label=f"{r['selection']} p={r['fanout']}")
-        ax.set_xlabel("virtual seconds")
-        ax.set_ylabel("mean test accuracy")
-        ax.set_title(f"{first[0]['peers']} peers, {first[0]['data']}, {first[0]['sync']}, seed 0")
-        ax.legend()
+        draw_curves(ax, shown, lambda r: f"{r['selection']} p={r['fanout']}",
+                    f"{first[0]['peers']} peers, {first[0]['data']}, {first[0]['sync']}, seed 0")
 
     c.write_results(args.out, args.name, rows, "SELMCAST vs random-p, all and the exponential graph at scale, in virtual time",
                     setup, "\n\n".join(tables), draw, notes="\n".join(verdicts))

@@ -22,7 +22,6 @@ import time
 from pathlib import Path
 
 import common as c
-import selmcast_vs_random as svr
 import sim_scale as scale
 
 from p2plearn.topology import microburst, save
@@ -59,10 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     tables, verdicts = [], []
     tta = c.metric("tta_s")
     for group in c.groups(rows, ["peers"]).values():
-        target = svr.target_of(group)
-        for r in group:
-            if r["ok"]:
-                r["tta_s"] = c.time_to_accuracy(r["history"], target)
+        target = scale.time_to_target(group)
         medians = {(r["tolerance"], r["loss_bound"]): c.summary(tta(x) for x in group
                                                                 if (x["tolerance"], x["loss_bound"]) ==
                                                                 (r["tolerance"], r["loss_bound"]))[0] for r in group}
@@ -89,14 +85,8 @@ def main(argv: list[str] | None = None) -> None:
              f"calibration). " + c.load_note(rows))
 
     def draw(ax) -> None:
-        first = [r for r in rows if r["ok"] and r["seed"] == 0 and r["peers"] == sizes[-1]]
-        for r in first:
-            t, a = zip(*r["history"])
-            ax.plot(t, a, label=f"{r['tolerance']} {r['loss_bound']:g}")
-        ax.set_xlabel("virtual seconds")
-        ax.set_ylabel("mean test accuracy")
-        ax.set_title(f"microburst-{sizes[-1]}, seed 0")
-        ax.legend()
+        shown = [r for r in rows if r["ok"] and r["seed"] == 0 and r["peers"] == sizes[-1]]
+        scale.draw_curves(ax, shown, lambda r: f"{r['tolerance']} {r['loss_bound']:g}", f"microburst-{sizes[-1]}, seed 0")
 
     c.write_results(args.out, NAME, rows, "Loss tolerance under microbursts at scale, in virtual time", setup,
                     "\n\n".join(tables), draw, notes="\n".join(verdicts))

@@ -17,8 +17,6 @@ Quick: 16 peers, steady, one seed.
 """
 from __future__ import annotations
 
-import json
-import math
 import os
 import sys
 import tempfile
@@ -26,10 +24,7 @@ import time
 from pathlib import Path
 
 import common as c
-import selmcast_vs_random as svr
 import sim_scale as scale
-
-from p2plearn.sim.__main__ import main as sim_main
 
 NAME = "sim_value_filter"
 MESSAGES = [("dense", []), ("value filter", ["--filter", "value", "--filter-granularity", "per_element",
@@ -38,22 +33,8 @@ MESSAGES = [("dense", []), ("value filter", ["--filter", "value", "--filter-gran
 
 
 def run(tmp: Path, cfg: dict, flags: list[str], seed: int) -> dict | None:
-    out = tmp / "run.json"
-    samples = max(12000, math.ceil(cfg["peers"] * 32 * 4 / 0.8))  # >= 4 batches of 32 per peer per epoch
-    argv = ["train", "--topology", str(scale.topology_file(tmp, cfg["peers"], cfg["bursts"])), "--sync", "bsp",
-            "--selection", "selmcast", "--fanout", "1", "--period", str(scale.PERIOD), "--model", "mlp",
-            "--hidden", str(scale.HIDDEN), "--steps", str(scale.STEPS), "--samples", str(samples),
-            "--eval-every", str(scale.EVAL_EVERY), "--eval-peers", str(scale.EVAL_PEERS),
-            "--message-bytes", str(scale.MESSAGE_BYTES), "--seed", str(seed), "--json", str(out), *flags]
-    if sim_main(argv) != 0:
-        return None
-    r = json.loads(out.read_text())
-    return {"virtual_s": r["virtual_s"], "wall_s": r["wall_s"], "average_p": r["average_p"],
-            "round_s": r["virtual_s"] / max(1, r["rounds"]), "delivered": r["delivered"],
-            "final_accuracy": r["averaged_accuracy"], "history": [(t, mean) for t, _, mean in r["history"]],
-            "own_accuracy_end": r["history"][-1][2] if r["history"] else math.nan,
-            "mb_per_message": r.get("bytes_per_message", r["message_bytes"]) / 1e6,
-            "bytes_ratio": r.get("bytes_ratio", 1.0), "parameters": r["parameters"]}
+    return scale.virtual_run(tmp, scale.topology_file(tmp, cfg["peers"], cfg["bursts"]), cfg["peers"], seed,
+                             ["--sync", "bsp", "--selection", "selmcast", "--fanout", "1", *flags])
 
 
 def extra_flags(ap) -> None:
@@ -79,11 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     tables, verdicts = [], []
     tta = c.metric("tta_s")
     for group in c.groups(rows, ["peers", "bursts"]).values():
-        target = svr.target_of(group)
-        for r in group:
-            if r["ok"]:
-                r["target"] = target
-                r["tta_s"] = c.time_to_accuracy(r["history"], target)
+        target = scale.time_to_target(group)
         medians = {m: c.summary(tta(r) for r in group if r["message"] == m)[0] for m, _ in MESSAGES}
         own = {m: c.summary(r["own_accuracy_end"] for r in group if r["ok"] and r["message"] == m)[0]
                for m, _ in MESSAGES}
@@ -116,13 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     def draw(ax) -> None:
         first = [r for r in rows if r["ok"] and r["seed"] == 0]
         shown = [r for r in first if (r["peers"], r["bursts"]) == (first[-1]["peers"], first[-1]["bursts"])]
-        for r in shown:
-            t, a = zip(*r["history"])
-            ax.plot(t, a, label=f"{r['message']} ({r['mb_per_message']:.2g} MB per message)")
-        ax.set_xlabel("virtual seconds")
-        ax.set_ylabel("mean test accuracy")
-        ax.set_title(f"{shown[0]['peers']} peers, {'bursts' if shown[0]['bursts'] else 'steady'}, seed 0")
-        ax.legend()
+        scale.draw_curves(ax, shown, lambda r: f"{r['message']} ({r['mb_per_message']:.2g} MB per message)",
+                          f"{shown[0]['peers']} peers, {'bursts' if shown[0]['bursts'] else 'steady'}, seed 0")
 
     c.write_results(args.out, NAME, rows, "The value filter and int8 at scale, in virtual time", setup,
                     "\n\n".join(tables), draw, notes="\n".join(verdicts))

@@ -42,3 +42,13 @@ def test_charlm_time_to_loss_quick(tmp_path: Path) -> None:
     assert [r["system"] for r in rows] == ["local SGD", "p2plearn", "p2plearn"] and all(r["ok"] == "True" for r in rows)
     assert all(math.isfinite(float(r["averaged_loss"])) and float(r["averaged_loss"]) < math.log(256) for r in rows)
     assert "homogeneous-4" in md and md.count("\n| ") >= 4 and "charlm_time_to_loss.png" in md
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name,runs", [("sim_scale", 6), ("sim_tolerance", 3), ("sim_value_filter", 3)])
+def test_virtual_time_experiments_quick(tmp_path: Path, name: str, runs: int) -> None:
+    rows, md = run_quick(name, tmp_path, timeout=800)
+    assert len(rows) == runs and all(r["ok"] == "True" for r in rows), rows
+    assert all(float(r["virtual_s"]) > 0 and 0.0 <= float(r["final_accuracy"]) <= 1.0 for r in rows)
+    assert "Virtual time" in md and md.count("\n| ") >= runs + 1 and "time to target" in md
