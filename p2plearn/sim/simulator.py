@@ -293,6 +293,8 @@ class _Run:
         if self.next_change < t_arr and self.next_change <= t_fin:
             self._advance(self.next_change)
             self.uplink, self.downlink, self.next_change = self.sim.links(self.t)
+            if not self.next_change > self.t:
+                raise RuntimeError(f"links({self.t}) gave its next change at {self.next_change}, not later")
             self.dirty = True
             return
         if t_arr <= t_fin:

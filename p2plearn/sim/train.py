@@ -96,53 +96,77 @@ class Settings:
 
 class LinkSchedule:
     """A topology's links over time: per rank (a node with `slots` gives that many ranks), its
-    uplink and downlink (bytes/s) and loss with the events (bursts) active at t applied."""
+    uplink and downlink (bytes/s) and loss with the events (bursts) active at t applied (a later
+    event of a node over an earlier one). Vectorised over nodes: thousands of bursting peers
+    change links many times a round."""
+
+    FIELDS = ("uplink_mbit", "downlink_mbit", "loss")
 
     def __init__(self, topology: Topology):
-        self.peers = [(topology.base_link(p), topology.events(p), topology.slots(p)) for p in topology.peers]
+        nodes = topology.peers
+        self.slots = np.array([topology.slots(p) for p in nodes])
+        self.base = {k: np.array([topology.base_link(p)[k] for p in nodes], dtype=float) for k in self.FIELDS}
+        events = [topology.events(p) for p in nodes]
+        # one group per event position (a node's k-th event), arrays over the nodes that have one
+        self.groups = []
+        for k in range(max((len(e) for e in events), default=0)):
+            have = [i for i, e in enumerate(events) if len(e) > k]
+            ev = [events[i][k] for i in have]
+            self.groups.append({
+                "node": np.array(have), "at": np.array([e.at_s for e in ev]),
+                "every": np.array([e.every_s or math.inf for e in ev]),
+                "duration": np.array([e.duration_s for e in ev]),
+                "until": np.array([math.inf if e.until_s is None else e.until_s for e in ev]),
+                **{f: np.array([e.changes.get(f, math.nan) for e in ev]) for f in self.FIELDS}})
 
     def at(self, t: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        up, down, loss = [], [], []
-        for base, events, slots in self.peers:
-            link = dict(base)
-            for event in events:
-                if _active(event, t):
-                    link.update(event.changes)
-            up += [link["uplink_mbit"] * BYTES_PER_MBIT] * slots
-            down += [link["downlink_mbit"] * BYTES_PER_MBIT] * slots
-            loss += [link["loss"]] * slots
-        return np.array(up), np.array(down), np.array(loss)
+        link = {k: v.copy() for k, v in self.base.items()}
+        for g in self.groups:
+            start = _last_start(g, t)
+            on = ~np.isnan(start) & (t < start + g["duration"])
+            for f in self.FIELDS:
+                changed = on & ~np.isnan(g[f])
+                link[f][g["node"][changed]] = g[f][changed]
+        up, down, loss = (np.repeat(link[f], self.slots) for f in self.FIELDS)
+        return up * BYTES_PER_MBIT, down * BYTES_PER_MBIT, loss
 
     def next_change(self, t: float) -> float:
         """The first time after t at which an event begins or ends (inf: none)."""
-        return min((_next_boundary(event, t) for _, events, _ in self.peers for event in events), default=math.inf)
+        return min((_next_boundary(g, t) for g in self.groups), default=math.inf)
+
+    def from_time(self, t0: float):
+        """The links as `Simulator(links=...)` takes them, its time 0 being t0: t -> (uplink,
+        downlink, the next change after t)."""
+        def links(t: float) -> tuple[np.ndarray, np.ndarray, float]:
+            at = t0 + t
+            after = self.next_change(at)
+            while after - at <= 1e-9 * max(1.0, abs(at)):  # t is a change, rounded short of it by t0's offset
+                at, after = after, self.next_change(after)
+            up, down, _ = self.at(at)
+            return up, down, after - t0
+        return links
 
 
-def _next_boundary(event, t: float) -> float:
-    """The first time after t at which `event` begins or ends (inf: never again)."""
-    if t < event.at_s:
-        return event.at_s
-    if not event.every_s:
-        return event.at_s + event.duration_s if t < event.at_s + event.duration_s else math.inf
-    k = math.floor((t - event.at_s) / event.every_s)
-    until = event.until_s if event.until_s is not None else math.inf
-    ends = (b for j in (k, k + 1) for start in [event.at_s + j * event.every_s] if start < until
-            for b in (start, start + event.duration_s) if b > t)  # k or k + 1: floor may round either way
-    return min(ends, default=math.inf)
+def _last_start(g: dict[str, np.ndarray], t: float) -> np.ndarray:
+    """When each event last began at or before t (nan: not yet, or its repeats ended)."""
+    with np.errstate(invalid="ignore"):
+        k = np.where(np.isfinite(g["every"]), np.floor((t - g["at"]) / g["every"]), 0.0)
+        start = g["at"] + k * np.where(np.isfinite(g["every"]), g["every"], 0.0)
+    return np.where((t >= g["at"]) & (start < g["until"]), start, np.nan)
 
 
-def _active(event, t: float) -> bool:
-    start = _last_start(event, t)
-    return start is not None and t < start + event.duration_s
-
-
-def _last_start(event, t: float) -> float | None:
-    """When `event` last began at or before t (None: not yet, or its repeats ended)."""
-    if t < event.at_s:
-        return None
-    k = math.floor((t - event.at_s) / event.every_s) if event.every_s else 0
-    start = event.at_s + k * (event.every_s or 0.0)
-    return start if start < (event.until_s if event.until_s is not None else math.inf) else None
+def _next_boundary(g: dict[str, np.ndarray], t: float) -> float:
+    """The first time after t at which one of the events begins or ends (inf: never again)."""
+    repeats = np.isfinite(g["every"])
+    with np.errstate(invalid="ignore"):
+        k = np.where(repeats & (t >= g["at"]), np.floor((t - g["at"]) / g["every"]), 0.0)
+    out = np.full(len(g["at"]), math.inf)
+    for j in (k, k + 1):  # k or k + 1: floor may round either way
+        start = g["at"] + j * np.where(repeats, g["every"], 0.0)
+        valid = (start < g["until"]) & (repeats | (j == 0))
+        for b in (start, start + g["duration"]):
+            out = np.where(valid & (b > t), np.minimum(out, b), out)
+    return float(out.min(initial=math.inf))
 
 
 def peer_batches(samples: int, batch_size: int, n: int, epoch: int, seed: int,
@@ -364,12 +388,8 @@ class VirtualTraining:
         else:  # every peer's policy: [n, L] bounds, [n] deadlines
             bounds, deadline = self.tolerance.bounds(rnd, sizes, planned_s)
             shares = self.tolerance.shares
-        def links(t: float) -> tuple[np.ndarray, np.ndarray, float]:  # bursts begin and end while flows move
-            up_t, down_t, _ = self.links.at(t0 + t)
-            return up_t, down_t, self.links.next_change(t0 + t) - t0
-
         sim = _PlannedSimulator(view, plan, (src, dst, cap), loss=loss, bound=bounds, layer_shares=shares,
-                                deadline=deadline, compute_s=send_at - t0, links=links)
+                                deadline=deadline, compute_s=send_at - t0, links=self.links.from_time(t0))
         f = sim.run(1).flows
         fsrc, fdst = f["src"].astype(int), f["dst"].astype(int)
         # what the senders report: the ACK-timed rate of what arrived, against the pace

@@ -12,7 +12,7 @@ import torch
 from p2plearn.sim.__main__ import main
 from p2plearn.sim.replicas import Replicas
 from p2plearn.sim.train import LinkSchedule, peer_batches
-from p2plearn.topology import heterogeneous, microburst
+from p2plearn.topology import Topology, heterogeneous, microburst
 from p2plearn.train.data import Dataset, dirichlet_shards, shard
 
 SMALL = ["--model", "mlp", "--hidden", "32", "--samples", "4000", "--steps", "48", "--period", "8",
@@ -104,6 +104,18 @@ def test_links_change_where_an_event_begins_or_ends():
         before, after = links.at(t - 1e-6), links.at(t + 1e-6)
         assert not (np.array_equal(before[1], after[1]) and np.array_equal(before[2], after[2]))
     assert LinkSchedule(heterogeneous(4)).next_change(0.0) == np.inf
+
+
+def test_a_change_rounded_short_by_the_rounds_start_is_taken_and_the_next_one_given():
+    # 3.7 + (13.35 - 3.7) < 13.35 in floating point: a simulator at the change would be given it again
+    topology = microburst(1, every_s=20.0, duration_s=0.5)
+    topology = Topology.from_data({**topology.to_data(), "nodes": [
+        {**topology.to_data()["nodes"][0], "events": [{"at_s": 13.35, "duration_s": 0.5, "downlink_mbit": 10.0}]}]})
+    links = LinkSchedule(topology).from_time(3.7)
+    _, quiet, change = links(0.0)
+    assert 3.7 + change < 13.35  # the case
+    _, down, after = links(change)
+    assert after > change and after == pytest.approx(13.85 - 3.7) and down[0] < quiet[0]
 
 
 def test_batched_replicas_step_as_one_after_another():
