@@ -146,7 +146,8 @@ class Simulator:
         return cls(view, **kw)
 
     def plan(self, rnd: int) -> tuple[dict[int, list[int]], tuple]:
-        """Round `rnd`'s plan and its flows (src, dst, pacing rate), computed once."""
+        """Round `rnd`'s plan and its flows (src, dst, pacing rate), computed once. A subclass may
+        give a fourth array, each flow's bytes (else a flow carries its sender's message)."""
         if rnd not in self._plans:
             plan = self.policy.plan(self.view, self.p, rnd)
             self._plans[rnd] = (plan, plan_flows(self.view, plan))
@@ -155,6 +156,20 @@ class Simulator:
     def run(self, rounds: int) -> SimResult:
         """Simulate `rounds` rounds from time 0; per-round results in order."""
         return _Run(self, rounds).go()
+
+
+class PlannedSimulator(Simulator):
+    """A Simulator of one round whose plan and flows are given (src, dst, pace[, bytes per flow]),
+    not drawn by its own policy: a training round's, planned by its planner."""
+
+    def __init__(self, view: NetworkView, plan: dict[int, list[int]], flows: tuple, **kw):
+        super().__init__(view, **kw)
+        if self.paced and not (np.asarray(flows[2]) > 0).all():
+            raise ValueError("a flow paced at 0 bytes/s never ends")
+        self._given = (plan, flows)
+
+    def plan(self, rnd: int) -> tuple[dict[int, list[int]], tuple]:
+        return self._given
 
 
 class _Run:
@@ -237,11 +252,12 @@ class _Run:
         new = {k: [self.f[k]] for k in self.f}
         idle = []
         for r, peers in by_round.items():
-            _, (src, dst, cap) = sim.plan(r)
+            _, flows = sim.plan(r)
+            src, dst, cap = flows[:3]
             pick = np.isin(src, peers)
             s, d = src[pick], dst[pick]
             q = sim.loss[d]
-            m = view.message_bytes[s]
+            m = flows[3][pick] if len(flows) > 3 else view.message_bytes[s]  # bytes per flow, or per sender
             # The first pass always goes whole; beyond it, each layer's lost bytes are resent until
             # 1 - its bound arrived.
             repairs = np.maximum(1.0, (1.0 - sim.layer_bounds[s]) / (1.0 - q)[:, None])

@@ -30,6 +30,8 @@ i.i.d. or `--dirichlet ALPHA`), and its own virtual clock:
   in the planner's view and the flow simulator), the receiver merging the decoded values that came;
 - BSP: a peer merges once its own sends are done and its round's messages arrived; SSP: once its
   sends are done and every peer has finished round r - s, whatever arrived from rounds r-s..r.
+- `--sync partitioned`: training's two phases (scatter to each part's aggregator, gather of the
+  averaged parts), each on the flow-level simulator, with training's layout (`sim.partitioned`).
 Rounds of the lock-stepped replicas are taken in order, which is causal: a message of round r
 carries its sender's model after its round r - 1 merge, and no merge takes a later round's message.
 
@@ -38,8 +40,8 @@ among themselves, not with an overlapping round's (SSP); a flow's loss is its re
 round's start; the plan and pacing do not follow a burst that begins mid-round (the view lags it,
 as live); the message is one bucket.
 
-Not simulated yet (refused with a message): --sync partitioned, --overlap, --transport-mode
-other than unicast, --tolerance layerwise with --compress or --filter value.
+Not simulated yet (refused with a message): --overlap, --transport-mode other than unicast,
+--tolerance layerwise with --compress or --filter value, --sync partitioned with either of them.
 """
 from __future__ import annotations
 
@@ -57,8 +59,9 @@ from p2plearn.selection import NetworkView
 from p2plearn.selection.view import DATAGRAM_DATA
 from p2plearn.sim.calibrate import costs
 from p2plearn.sim.messages import Messages
+from p2plearn.sim.partitioned import VirtualPartitioned
 from p2plearn.sim.replicas import Replicas
-from p2plearn.sim.simulator import Simulator
+from p2plearn.sim.simulator import PlannedSimulator
 from p2plearn.sim.tolerance import VirtualTolerance
 from p2plearn.sync.merge import Contribution, merge_parameter
 from p2plearn.sync.outer import OuterOptimizer
@@ -70,7 +73,7 @@ from p2plearn.train.optimizer import describe_layers
 from p2plearn.transport.delivery import ChunkMask
 
 VIEW_LAG = 2  # round r is planned from the samples of rounds up to r - VIEW_LAG
-UNSUPPORTED = {"sync": ("partitioned",), "overlap": (True,), "transport_mode": ("multicast", "auto")}
+UNSUPPORTED = {"overlap": (True,), "transport_mode": ("multicast", "auto")}
 
 
 @dataclass
@@ -179,17 +182,6 @@ def peer_batches(samples: int, batch_size: int, n: int, epoch: int, seed: int,
     return mine[:, :steps * batch_size].reshape(n, steps, batch_size).transpose(0, 1)
 
 
-class _PlannedSimulator(Simulator):
-    """A Simulator of one round whose plan is given (the planner's), not drawn by its own policy."""
-
-    def __init__(self, view: NetworkView, plan: dict[int, list[int]], flows: tuple, **kw):
-        super().__init__(view, **kw)
-        self._given = (plan, flows)
-
-    def plan(self, rnd: int):
-        return self._given
-
-
 class VirtualTraining:
     """One virtual run; `run()` returns its result (a JSON-able dict)."""
 
@@ -233,6 +225,10 @@ class VirtualTraining:
         if self.messages is not None and options.tolerance == "layerwise":
             raise ValueError("--tolerance layerwise with --compress or --filter value: not simulated yet "
                              "(per-layer chunk masks are the plain message's)")
+        if options.sync == "partitioned" and (self.messages is not None or options.tolerance == "layerwise"):
+            raise ValueError("--sync partitioned with --compress, --filter value or --tolerance layerwise: "
+                             "not simulated yet (a part carries one bound, as float32 values)")
+        self.partitioned = VirtualPartitioned(self)
         # The fixed policy needs no state: its bound and deadline are the options' (the scalar path).
         self.tolerance = None if options.tolerance == "fixed" else \
             VirtualTolerance(options, describe_layers(model), self.n)
@@ -279,8 +275,11 @@ class VirtualTraining:
             if step % o.period == 0:  # the round is part of the step (DecentralizedOptimizer.step), as in training
                 if self.tolerance is not None:
                     self.tolerance.track(self.replicas.numpy() - merged, losses.numpy())
-                messages[rnd] = message_slots[rnd % len(message_slots)]
-                clock, pending = self._round(rnd, clock, staleness, pending, messages, done_at, anchors, rounds)
+                if o.sync == "partitioned":
+                    clock = self._partitioned_round(rnd, clock, anchors, rounds)
+                else:
+                    messages[rnd] = message_slots[rnd % len(message_slots)]
+                    clock, pending = self._round(rnd, clock, staleness, pending, messages, done_at, anchors, rounds)
                 if merged is not None:
                     np.copyto(merged, self.replicas.numpy())
                 rnd += 1
@@ -366,6 +365,47 @@ class VirtualTraining:
                           in_flight_msgs=zeros, alive=np.ones(self.n, dtype=bool), clock=np.full(self.n, rnd),
                           message_bytes=sizes, version=rnd)
 
+    def round_bounds(self, rnd: int, sizes: np.ndarray, planned_s: float):
+        """Round `rnd`'s loss bounds (the option's, or [n, L]: every peer's policy's per layer), the
+        layers' shares of a message (None with one bound for all) and deadlines (None or [n])."""
+        o = self.options
+        if self.tolerance is None:
+            return o.loss_bound, None, o.deadline_ms / 1000 if o.deadline_ms else None
+        bounds, deadline = self.tolerance.bounds(rnd, sizes, planned_s)
+        return bounds, self.tolerance.shares, deadline
+
+    def _report(self, rnd: int, src: np.ndarray, dst: np.ndarray, paced: np.ndarray, rate: np.ndarray,
+                probes: list[str]) -> None:
+        """What the senders report of their flows to the estimator: the ACK-timed rate of what
+        arrived (rate), against the pace; a later flow to the same receiver in a round replaces it."""
+        reports: dict[int, dict[int, dict]] = {}
+        for i, j, p, r, probe in zip(src.tolist(), dst.tolist(), paced.tolist(), rate.tolist(), probes):
+            reports.setdefault(i, {})[j] = {"paced": p, "rate": r, "probe": probe}
+        for i, links in reports.items():
+            self.estimator.observe(i, rnd, links)
+
+    def _partitioned_round(self, rnd: int, clock: np.ndarray, anchors: np.ndarray | None,
+                           rounds: list[dict]) -> np.ndarray:
+        """Round `rnd` of `--sync partitioned` (`sim.partitioned`), every peer's compute done at
+        clock[i]: the clocks after it and the outer step."""
+        if rnd >= VIEW_LAG:
+            self.estimator.close_round(rnd - VIEW_LAG)
+        sizes = np.full(self.n, self.message_bytes)
+        end, record, f = self.partitioned.round(rnd, clock, sizes, self._view(rnd, sizes))
+        self._report(rnd, f["src"], f["dst"], f["cap"], f["rate"] * (1 - f["loss"]), [""] * len(f["src"]))
+        if self.tolerance is not None:
+            done = clock.copy()
+            np.maximum.at(done, f["src"], f["end_s"])
+            self.tolerance.observe(rnd, f["src"], f["delivered"], f["loss"], f["end_s"] - f["start_s"], done - clock,
+                                   sizes)
+        own = self.replicas.numpy()
+        if anchors is not None:
+            for i in range(self.n):
+                self.outer[i].step([own[i]], [anchors[i]])
+            anchors[...] = own
+        rounds.append(record)
+        return end
+
     def _transfer(self, rnd: int, send_at: np.ndarray, sizes: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
         """Round `rnd`'s flows, each peer sending its message of sizes[i] bytes from send_at[i]: per
         flow (round, src, dst, arrival time, delivered fraction), and when each peer's sends were done."""
@@ -382,22 +422,12 @@ class VirtualTraining:
         t0 = float(send_at.min())
         up, down, loss = self.links.at(t0)
         view = NetworkView(up, down, sizes, np.ones(self.n, dtype=bool))
-        o = self.options
-        if self.tolerance is None:
-            bounds, shares, deadline = o.loss_bound, None, o.deadline_ms / 1000 if o.deadline_ms else None
-        else:  # every peer's policy: [n, L] bounds, [n] deadlines
-            bounds, deadline = self.tolerance.bounds(rnd, sizes, planned_s)
-            shares = self.tolerance.shares
-        sim = _PlannedSimulator(view, plan, (src, dst, cap), loss=loss, bound=bounds, layer_shares=shares,
+        bounds, shares, deadline = self.round_bounds(rnd, sizes, planned_s)
+        sim = PlannedSimulator(view, plan, (src, dst, cap), loss=loss, bound=bounds, layer_shares=shares,
                                 deadline=deadline, compute_s=send_at - t0, links=self.links.from_time(t0))
         f = sim.run(1).flows
         fsrc, fdst = f["src"].astype(int), f["dst"].astype(int)
-        # what the senders report: the ACK-timed rate of what arrived, against the pace
-        reports: dict[int, dict[int, dict]] = {}
-        for i, j, paced, rate in zip(fsrc.tolist(), fdst.tolist(), f["cap"].tolist(), (f["rate"] * (1 - loss[fdst])).tolist()):
-            reports.setdefault(i, {})[j] = {"paced": paced, "rate": rate, "probe": probes[(i, j)]}
-        for i, links in reports.items():
-            self.estimator.observe(i, rnd, links)
+        self._report(rnd, fsrc, fdst, f["cap"], f["rate"] * (1 - loss[fdst]), [probes[(i, j)] for i, j in zip(fsrc, fdst)])
         done = send_at.copy()
         np.maximum.at(done, fsrc, t0 + f["end_s"])
         if self.tolerance is None:

@@ -81,7 +81,10 @@ def partition(numels: list[int], parts: np.ndarray) -> list[Slices]:
     weights = np.asarray(parts, dtype=float)
     cuts = np.concatenate(([0.0], np.cumsum(weights))) / max(weights.sum(), 1e-300) * total
     bounds = np.minimum(np.round(cuts / ALIGN).astype(np.int64) * ALIGN, total)
-    bounds[-1] = total
+    # the last part with a weight ends the sequence: rounding the sums must not leave a sliver to
+    # peers after it that take no part (their pace is 0: a flow that never ends)
+    last = np.flatnonzero(weights > 0)
+    bounds[last[-1] + 1 if len(last) else len(bounds) - 1:] = total
     starts = np.concatenate(([0], np.cumsum(numels)))
     out: list[Slices] = []
     for lo, hi in zip(bounds[:-1], bounds[1:]):

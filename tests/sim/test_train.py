@@ -149,8 +149,8 @@ def test_threads_change_the_wall_time_only(tmp_path, capsys):
     assert "--threads 0" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag", [["--sync", "partitioned"], ["--transport-mode", "multicast"], ["--overlap"],
-                                  ["--tolerance", "layerwise", "--compress", "int8"]])
+@pytest.mark.parametrize("flag", [["--sync", "partitioned", "--compress", "int8"], ["--transport-mode", "multicast"],
+                                  ["--overlap"], ["--tolerance", "layerwise", "--compress", "int8"]])
 def test_refuses_what_it_does_not_simulate(tmp_path, flag, capsys):
     assert main(["train", "--topology", "topology/homogeneous-4.json", *SMALL, *flag]) == 2
     assert "not simulated yet" in capsys.readouterr().err

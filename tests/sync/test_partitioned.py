@@ -101,3 +101,13 @@ def test_each_uplink_carries_about_two_n_minus_one_over_n_models(job):  # noqa: 
 def test_the_value_filter_is_refused(job):  # noqa: F811
     with pytest.raises(ValueError, match="value filter does not apply to partitioned rounds"):
         job(2, Partitioned, value_filter=make_filter("value"))
+
+
+def test_a_peer_that_takes_no_part_gets_no_sliver_of_the_rounding():
+    # 912,842 elements are not a multiple of ALIGN: the cuts round to 912,832 and the last 10
+    # elements went to the last peer, whose weight (and so its pace) is 0
+    parts = partition([912842], np.array([0.6, 0.7, 0.5, 0.9, 0.8, 0.0]))
+    assert parts[-1] == []
+    assert parts[-2][-1][2] == 912842
+    assert [b for p in parts for _, a, b in p][:-1] == [a for p in parts for _, a, _ in p][1:]  # they tile
+    assert partition([1000], np.zeros(3)) == [[], [], [(0, 0, 1000)]]  # nobody aggregates: as before
