@@ -16,11 +16,13 @@ starts it, in a process of its own, at the address ``p2plearn.launch.discover.co
 finds (``P2PLEARN_COORDINATOR_HOST``, ``MASTER_ADDR``, the first Slurm node, 127.0.0.1 when every
 rank is on this host, or mpi4py), on a port chosen by this rule:
 
+- every rank on this host (unless both ``P2PLEARN_JOB_KEY`` and ``MASTER_PORT`` are set): a free
+  port the OS chooses; rank 0 publishes it in the job's private directory and the other ranks read
+  it there (``p2plearn.launch.jobfiles``), so two jobs on one host never collide. ``MASTER_PORT + 1``
+  is not used here: torchrun picks ``MASTER_PORT`` among the ephemeral ports, where the next one may
+  be any program's;
 - ``MASTER_PORT`` set: ``MASTER_PORT + 1`` (torchrun's own store owns ``MASTER_PORT``);
 - a job of one peer: a free port the OS chooses;
-- every rank on this host: a free port the OS chooses; rank 0 publishes it in the job's private
-  directory and the other ranks read it there (``p2plearn.launch.jobfiles``), so two jobs on one
-  host never collide;
 - across hosts: a port derived from the job id, in ``COORDINATOR_PORTS`` (30000-32767). Two jobs
   sharing a host collide only when their ids map to one port (1 in 2,768); set ``MASTER_PORT``.
 
@@ -172,9 +174,9 @@ def init(engine_address: tuple[str, int] | None = None, *, join: bool = False, t
     - ``environ``: read instead of ``os.environ`` (tests).
     - ``overrides``: option values that win over ``P2PLEARN_*`` (e.g. ``sync="ssp"``).
 
-    The coordinator's port: ``MASTER_PORT + 1`` when ``MASTER_PORT`` is set, else one the OS
-    chooses when every rank is on this host, else one derived from the job id (see the module's
-    docstring). Raises ``PortInUse`` (one line, at once) when something else holds that port.
+    The coordinator's port: one the OS chooses when every rank is on this host, else
+    ``MASTER_PORT + 1`` when ``MASTER_PORT`` is set, else one derived from the job id (see the
+    module's docstring). Raises ``PortInUse`` (one line, at once) when something else holds that port.
     """
     env = os.environ if environ is None else environ
     rank, world_size, local_rank, local_world_size = detect_rank(env)
@@ -219,8 +221,8 @@ def _connect(env: Mapping[str, str], rank: int, world_size: int, local_world_siz
     from .launch.discover import coordinator_host
 
     host = coordinator_host(env, rank, world_size, local_world_size)
-    # A job of one peer: nobody else looks for its coordinator. Ranks on one host: rank 0 publishes the port.
-    port = coordinator_port(env, job_id, os_chooses=world_size == 1 or files is not None)
+    # Ranks on one host: rank 0 publishes the port. A job of one peer: nobody else looks for its coordinator.
+    port = None if files is not None else coordinator_port(env, job_id, os_chooses=world_size == 1)
 
     def start(bind_port: int) -> ServerProcess:
         return spawn(job_id, key, bind=f"tcp://0.0.0.0:{bind_port}", advertise=host, world_size=world_size,
@@ -286,9 +288,9 @@ def _port_in_use(port: int | None, holder: str) -> PortInUse:
 
 
 def coordinator_port(env: Mapping[str, str], job_id: str, os_chooses: bool) -> int | None:
-    """The coordinator's port by the rule of the module's docstring: ``MASTER_PORT + 1``, else None
-    when ``os_chooses`` (a job of one peer, or ranks on one host that read rank 0's published port),
-    else a port in ``COORDINATOR_PORTS`` derived from ``job_id``."""
+    """The coordinator's port, for ranks that do not share a host's job files (see the module's
+    docstring): ``MASTER_PORT + 1``, else None when ``os_chooses`` (a job of one peer), else a port
+    in ``COORDINATOR_PORTS`` derived from ``job_id``."""
     if env.get("MASTER_PORT"):
         try:
             return int(env["MASTER_PORT"]) + 1

@@ -63,6 +63,11 @@ class Refused(ControlError):
     """The coordinator refused this peer (wrong job id or key, or a rank already taken)."""
 
 
+class SelfConnected(ControlError):
+    """A request came back as its own reply: nothing listened on the coordinator's port yet and the
+    connect, from a source port equal to it, reached this socket itself (TCP simultaneous open)."""
+
+
 class CoordinatorDead(ControlError):
     """No coordinator, not even a successor, answered for the client's ``give_up`` seconds."""
 
@@ -195,6 +200,8 @@ class Client:
                     reply, blobs_in = p.unpack(self._key, self.job_id, frames)
                 except p.AuthError:
                     continue  # not from our coordinator: ignore, do not trust
+                if reply.get("type") == body["type"] and reply.get("session") == self._session:
+                    raise SelfConnected(f"{body['type']} to {self._endpoint} came back from this socket itself")
                 if reply.get("id") != rid:
                     continue  # a late reply to an earlier request that timed out
                 if reply["type"] == p.ERROR:
@@ -203,8 +210,9 @@ class Client:
         self._check()
         raise ControlError(f"no reply to {body['type']} from the coordinator at {self._endpoint} in {timeout:g} s")
 
-    def _hello(self, connect_timeout: float, sock: zmq.Socket | None = None) -> dict:
-        """Reach the coordinator, retrying while it may still be starting; its settings, checked."""
+    def _hello(self, connect_timeout: float, sock: zmq.Socket | None = None, endpoint: str | None = None) -> dict:
+        """Reach the coordinator (through ``sock``, connected to ``endpoint``; default: this client's
+        own), retrying while it may still be starting; its settings, checked."""
         start = time.monotonic()
         noticed = False
         while True:
@@ -213,7 +221,11 @@ class Client:
                 break
             except Refused:
                 raise
-            except ControlError:
+            except ControlError as exc:
+                if isinstance(exc, SelfConnected):  # connect again: a new source port, the listener by then
+                    reconnect = sock or self._req
+                    reconnect.disconnect(endpoint or self._endpoint)
+                    reconnect.connect(endpoint or self._endpoint)
                 waited = time.monotonic() - start
                 if waited >= connect_timeout:
                     raise ControlError(f"no coordinator answered at {self._endpoint} within {connect_timeout:g} s") from None
@@ -716,7 +728,7 @@ class Client:
         except zmq.ZMQError:
             return None  # an endpoint libzmq cannot connect to (a host name it cannot resolve, say)
         try:
-            return self._hello(wait, sock=sock)
+            return self._hello(wait, sock=sock, endpoint=endpoint)
         except ControlError:
             return None
         finally:

@@ -287,6 +287,33 @@ def test_no_coordinator_is_a_timeout_error(key):
         Client(f"127.0.0.1:{port}", JOB, key, rank=0, connect_timeout=1.0, timeout=0.5)
 
 
+def test_a_connect_that_reached_its_own_socket_is_not_taken_for_the_coordinator(key, monkeypatch):
+    """On one host, a connect to a port where nothing listens yet can come from that very port (TCP
+    simultaneous open): the client then reads its own HELLO back. Made on purpose here with ZeroMQ's
+    source-port syntax; the client must see its echo for what it is and keep waiting."""
+    import socket
+
+    from p2plearn.control import client as client_module
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    echoes = []
+    request = Client._request
+
+    def recorded(self, *args, **kwargs):
+        try:
+            return request(self, *args, **kwargs)
+        except client_module.SelfConnected as exc:
+            echoes.append(str(exc))
+            raise
+
+    monkeypatch.setattr(Client, "_request", recorded)
+    with pytest.raises(ControlError, match="no coordinator answered"):
+        Client(f"tcp://127.0.0.1:{port};127.0.0.1:{port}", JOB, key, rank=0, connect_timeout=2.0, timeout=0.5)
+    assert echoes and "came back from this socket itself" in echoes[0]
+
+
 def test_joiner_is_given_a_donor_and_the_donor_is_told(connect):
     a, b = connect(0, ("127.0.0.1", 9000)), connect(1, ("127.0.0.1", 9001))
     a.report(4)

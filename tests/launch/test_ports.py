@@ -57,6 +57,30 @@ def test_a_foreign_listener_on_the_port_is_named_at_once():
     assert "set MASTER_PORT" in message
 
 
+def test_ranks_on_one_host_do_not_use_master_port_plus_one(tmp_path):
+    """torchrun picks MASTER_PORT among the ephemeral ports: its next one may be anything's, here a
+    listener's. Ranks that share a host take a port the OS chooses, published in the job's files."""
+    with socket.socket() as listener:
+        listener.bind(("0.0.0.0", 0))
+        listener.listen(8)
+        port = listener.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("P2PLEARN_")}
+        env.update(PYTHONPATH=ROOT, XDG_RUNTIME_DIR=str(tmp_path), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port - 1), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2", P2PLEARN_JOB_ID="one-host")
+        ranks = [subprocess.Popen([sys.executable, PEER, "--out", str(tmp_path)], cwd=ROOT,
+                                  env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, start_new_session=True) for r in range(2)]
+        try:
+            outputs = [rank.communicate(timeout=120)[0] for rank in ranks]
+        finally:
+            for rank in ranks:
+                if rank.poll() is None:
+                    os.killpg(rank.pid, signal.SIGKILL)
+                    rank.wait()
+    assert [rank.returncode for rank in ranks] == [0, 0], outputs
+    assert sorted(peers_seen(str(tmp_path))) == [0, 1]
+
+
 def test_another_jobs_coordinator_on_the_port_is_named_at_once():
     port = free_port() + 1
     other = spawn("another-job", os.urandom(32).hex(), bind=f"tcp://0.0.0.0:{port}", world_size=2)

@@ -5,7 +5,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -145,11 +144,8 @@ def test_several_hosts_get_rank0s_key_through_mpi4py(monkeypatch):
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun (Open MPI) is not installed")
 def test_a_job_under_mpirun_without_a_key_refuses_an_outsider(tmp_path):
-    with socket.socket() as s:  # rank 0 hosts the coordinator on MASTER_PORT + 1
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("P2PLEARN_")}
-    env.update(PYTHONPATH=ROOT, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port - 1), XDG_RUNTIME_DIR=str(tmp_path))
+    env.update(PYTHONPATH=ROOT, MASTER_ADDR="127.0.0.1", MASTER_PORT="29400", XDG_RUNTIME_DIR=str(tmp_path))
     argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "PYTHONPATH", "-x", "MASTER_ADDR",
             "-x", "MASTER_PORT", "-x", "XDG_RUNTIME_DIR", sys.executable, PEER, "--hang", "--out", str(tmp_path)]
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -163,10 +159,11 @@ def test_a_job_under_mpirun_without_a_key_refuses_an_outsider(tmp_path):
         assert job_id != "local"  # Open MPI's job id
         (job_dir,) = (tmp_path / "p2plearn").iterdir()
         assert stat.S_IMODE((job_dir / "key").stat().st_mode) == 0o600
+        address = (job_dir / "address").read_text().strip()  # the port rank 0's OS chose (not MASTER_PORT + 1)
         # What the first version keyed such a job with, and what anyone could compute: refused now.
         for guess in (hashlib.sha256(f"p2plearn:{job_id}".encode()).hexdigest(), secret.secrets.token_hex(32)):
             with pytest.raises(ControlError, match="refused|authentic"):
-                outsider = Client(f"127.0.0.1:{port}", job_id, guess, rank=None, connect_timeout=10.0)
+                outsider = Client(address, job_id, guess, rank=None, connect_timeout=10.0)
                 try:
                     outsider.register(None, join=True)
                 finally:
