@@ -72,30 +72,50 @@ def _block_quantize(x: np.ndarray, block: int, top: int) -> tuple[np.ndarray, np
     return q.reshape(-1)[:x.size], scale, (q * scale[:, None]).reshape(-1)[:x.size]
 
 
+def stored(x: np.ndarray, like: np.ndarray) -> np.ndarray:
+    """The numbers x as an array of `like`'s shape and dtype (bfloat16 bits for a BF16Array)."""
+    out = np.empty(like.shape, like.dtype).view(type(like))
+    store(out, x.reshape(like.shape))
+    return np.asarray(out)
+
+
 class Compressor:
     """Encodes a peer's outgoing values and reads compressed messages back as contributions.
 
-    sizes: elements of each tensor (one residual per element, float32, kept across rounds).
+    sizes: elements of each tensor (one residual per element, float32, kept across rounds); None:
+    no error feedback (each message rounded on its own; `encode` then ignores `at`).
     """
 
-    def __init__(self, mode: str, sizes: list[int]):
+    def __init__(self, mode: str, sizes: list[int] | None):
         if mode not in MODES[1:]:
             raise ValueError(f"compression must be one of {', '.join(MODES[1:])}, got {mode!r}")
         self.mode = mode
-        self.residuals = [np.zeros(n, dtype=np.float32) for n in sizes]
+        self.residuals = None if sizes is None else [np.zeros(n, dtype=np.float32) for n in sizes]
 
-    def encode(self, pieces: list[np.ndarray], at: list[Piece]) -> list[np.ndarray]:
+    def encode(self, pieces: list[np.ndarray], at: list[Piece],
+               decoded: list[np.ndarray] | None = None) -> list[np.ndarray]:
         """The arrays that carry `pieces` (flat parameter values; piece i is elements at[i] of its
-        tensor): one per piece, and for int8 and int4 one scale array per piece after them."""
+        tensor): one per piece, and for int8 and int4 one scale array per piece after them.
+        `decoded`, when given, gets what a receiver reads of each piece (float32)."""
         sent, scales = [], []
         for piece, (t, a, b) in zip(pieces, at):
-            residual = self.residuals[t][a:b]
-            x = values(piece).reshape(-1).astype(np.float32) + residual
-            wire, decoded = self._quantize(x)
-            np.subtract(x, decoded, out=residual)
+            x = values(piece).reshape(-1).astype(np.float32)
+            if self.residuals is not None:
+                residual = self.residuals[t][a:b]
+                x += residual
+            wire, read = self._quantize(x)
+            if self.residuals is not None:
+                np.subtract(x, read, out=residual)
+            if decoded is not None:
+                decoded.append(read)
             sent.append(wire[0])
             scales.extend(wire[1:])
         return sent + scales
+
+    def forget(self, at: list[Piece]) -> None:
+        """Drop the error feedback of the pieces `at` (what they held was sent some other way)."""
+        for t, a, b in at:
+            self.residuals[t][a:b] = 0.0
 
     def _quantize(self, x: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
         if self.mode == "fp16":
@@ -171,15 +191,13 @@ class Compressor:
             x = c.values * np.repeat(c.scales, BLOCK)[:c.values.size]
         else:
             x = unpack_int4(c.values, like.size) * np.repeat(c.scales, BLOCK4)[:like.size]
-        out = np.empty(like.shape, like.dtype).view(type(like))
-        store(out, x.reshape(like.shape))
-        return np.asarray(out)
+        return stored(x, like)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "residuals": [r.copy() for r in self.residuals]}
+        return {"mode": self.mode, "residuals": [r.copy() for r in self.residuals or []]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state["mode"] != self.mode or [r.size for r in state["residuals"]] != [r.size for r in self.residuals]:
+        if state["mode"] != self.mode or [r.size for r in state["residuals"]] != [r.size for r in self.residuals or []]:
             raise ValueError(f"the state is of --compress {state['mode']} on tensors of "
                              f"{[r.size for r in state['residuals']]} elements, not this run's")
         self.residuals = [np.array(r, dtype=np.float32) for r in state["residuals"]]

@@ -14,6 +14,18 @@ equal parts 2(n-1)/n of the model M, as a ring all-reduce does, instead of (n-1)
 average by multicast. Parts are sized from the view's bandwidths so that every peer's transfers
 take about as long (`part_bytes`): a slow peer aggregates a smaller part, down to none.
 
+With ``--compress`` both phases carry the change since the round before (x - anchor), not values:
+after a round every peer holds the same model, its anchor, so a change is all the others need, and
+a change is far smaller than the values it moves (int4 rounds it to 1/14 of its block's largest
+change instead of 1/14 of the largest weight). The scatter sends each peer's change with its own
+error feedback; the aggregator averages the changes, sends their average with error feedback of
+its own, and puts the same decoded average on its anchor as every receiver does. A peer whose
+anchor is off (a gather piece lost to a loss bound or a deadline, a joiner's model, different
+initial models) would stay off for good, since changes never carry the anchor: so every
+RESYNC_ROUNDS-th round of a fragment (its first included) exchanges values instead, in both phases,
+in the format (int8 for int4), without error feedback: its average is the true one whatever the
+anchors, and every peer leaves it with the same model (about 10% more bytes than int4 throughout).
+
 Loss bounds and Early Close apply per part (the smallest bound of the layers in the array a part
 covers: a part cuts an array anywhere) and the deadline per phase. The value filter does not apply (each part is averaged whole).
 Peers that plan a round from different views cut different parts: such a message does not fit and
@@ -36,11 +48,15 @@ import numpy as np
 from p2plearn.protocols import PendingSend
 from p2plearn.selection import PACING_HEADROOM
 from p2plearn.sync.base import AHEAD_ROUNDS, RoundStats, Synchronizer
+from p2plearn.sync.bfloat16 import values
+from p2plearn.sync.compress import Compressor, stored
 from p2plearn.sync.inbox import UNUSABLE
 from p2plearn.sync.merge import Contribution, merge_parameter, unfit
 from p2plearn.transport import Delivery
 
 ALIGN = 64  # part boundaries fall on multiples of this many elements: whole chunks, no sliver parts
+# compressed rounds: every this many rounds of a fragment the gather carries values (see the docstring)
+RESYNC_ROUNDS = 8
 
 Slices = list[tuple[int, int, int]]  # (tensor index, first element, end element)
 
@@ -107,6 +123,11 @@ class Partitioned(Synchronizer):
             raise ValueError("the value filter does not apply to partitioned rounds (each part is averaged whole)")
         super().__init__(*args, **kwargs)
         self._flat = [p.reshape(-1) for p in self.params]  # views of the (contiguous) parameters
+        # compressed rounds: the averaged change of this peer's parts, with error feedback of its own,
+        # and the values a resync round gathers (int4's resyncs at 8 bits)
+        mode = self.compressor.mode if self.compressor is not None else None
+        self._gather_format = Compressor(mode, [p.size for p in self.params]) if mode else None
+        self._resync_format = Compressor("int8" if mode == "int4" else mode, None) if mode else None
         # per fragment, the last view's layout, by the view's order
         self._layouts: dict[int, tuple[tuple, PartLayout]] = {}
 
@@ -147,48 +168,71 @@ class Partitioned(Synchronizer):
         def pieces(slices: Slices) -> list[np.ndarray]:
             return [self._flat[t][a:b] for t, a, b in slices]
 
+        def changes(slices: Slices) -> list[np.ndarray]:
+            """The pieces' change since the last round (float32): what compressed rounds exchange."""
+            return [values(self._flat[t][a:b]).astype(np.float32) - values(self._previous[t][a:b])
+                    for t, a, b in slices]
+
         sent_bytes = 0
 
-        def send(msg_id: int, slices: Slices, receivers: list[tuple[str, int, float]]) -> PendingSend:
+        def send(msg_id: int, arrays: list[np.ndarray], slices: Slices,
+                 receivers: list[tuple[str, int, float]], fmt: Compressor | None) -> PendingSend:
             nonlocal sent_bytes
-            arrays, loss_bounds = pieces(slices), [bounds[t] for t, _, _ in slices]
-            if self.compressor is not None:
-                arrays, loss_bounds = self.compressor.encode(arrays, slices), self.compressor.loss_bounds(loss_bounds)
+            loss_bounds = [bounds[t] for t, _, _ in slices]
+            if fmt is not None:
+                loss_bounds = fmt.loss_bounds(loss_bounds)
             sent_bytes += sum(a.nbytes for a in arrays) * len(receivers)
             return self.channel.send(msg_id, arrays, receivers, loss_bounds=loss_bounds, deadline=deadline)
 
-        # 1. scatter: part k to its aggregator k
-        scatter = [(k, send(2 * rnd, layout.slices[k], [(*engines[k].engine, layout.scatter_rate[me][k])]))
-                   for k in others if layout.slices[k]]
+        # 1. scatter: part k (compressed: its change, or its values on a resync round) to its aggregator k
+        compressed, resync = self.compressor is not None, self._resync(rnd)
+        scatter_format = (self._resync_format if resync else self.compressor) if compressed else None
+        gather_format = (self._resync_format if resync else self._gather_format) if compressed else None
+        scatter = []
+        for k in others:
+            if theirs := layout.slices[k]:
+                if not compressed:
+                    arrays = pieces(theirs)
+                elif resync:  # the values carry what the error feedback held
+                    arrays = scatter_format.encode(pieces(theirs), theirs)
+                    self.compressor.forget(theirs)
+                else:
+                    arrays = self.compressor.encode(changes(theirs), theirs)
+                receiver = [(*engines[k].engine, layout.scatter_rate[me][k])]
+                scatter.append((k, send(2 * rnd, arrays, theirs, receiver, scatter_format)))
         self._interrupted = False
         merged_from: set[int] = set()
         fractions: list[float] = []
         if mine:
             self._wait_round(rnd, set(others), t0 + self._wait_limit(deadline))
             merge_t0 = time.monotonic()
-            usable = [(d.sender, c) for d in self._inputs(rnd) if (c := self._fits(d, mine)) is not None]
-            for i, own in enumerate(pieces(mine)):
+            usable = [(d.sender, c) for d in self._inputs(rnd)
+                      if (c := self._fits(d, mine, scatter_format)) is not None]
+            averaged = changes(mine) if compressed and not resync else pieces(mine)
+            for i, own in enumerate(averaged):
                 fractions.append(merge_parameter(own, [c[i] for _, c in usable]))
             if usable:  # per message received, as the load model counts it (here: parts of models)
                 self._merge_s = (time.monotonic() - merge_t0) / len(usable)
             merged_from.update(sender for sender, _ in usable)
+            if compressed:  # this peer's parts become what every receiver reads of them
+                averaged = self._encode_gather(averaged, mine, gather_format, resync)
         # 2. gather: the averaged part to everyone else; theirs into place where it arrived
-        gather = send(2 * rnd + 1, mine, [(*engines[j].engine, layout.gather_rate[me][j]) for j in others]) \
-            if mine and others else None
+        gather = send(2 * rnd + 1, averaged, mine, [(*engines[j].engine, layout.gather_rate[me][j]) for j in others],
+                      gather_format) if mine and others else None
         aggregators = {k for k in others if layout.slices[k]}
         self.inbox.wait_round(2 * rnd + 1, aggregators, time.monotonic() + self._wait_limit(deadline), self._alive)
         sent = [handle.wait()[0] for _, handle in scatter]  # they read the parts about to be overwritten
         self.inbox.drain()
         for d in self.inbox.take(2 * rnd + 1, 2 * rnd + 1):
             theirs = layout.slices.get(d.sender, [])
-            arrived = self._fits(d, theirs) if d.sender in aggregators else None
+            arrived = self._fits(d, theirs, gather_format) if d.sender in aggregators else None
             if arrived is None:
                 continue
-            for i, (own, c) in enumerate(zip(pieces(theirs), arrived)):
+            for i, ((t, a, b), c) in enumerate(zip(theirs, arrived)):
                 where = d.element_mask(i) if c.chunks is not None else True
                 if c.mask is not None:
                     where = c.mask & where
-                np.copyto(own, self.compressor.decode(c, own) if self.compressor is not None else c.values, where=where)
+                np.copyto(self._flat[t][a:b], self._gathered(c, t, a, b, gather_format, resync), where=where)
             merged_from.add(d.sender)
         gathered = gather.wait() if gather is not None else []
         comm_s = time.monotonic() - t0
@@ -206,6 +250,45 @@ class Partitioned(Synchronizer):
                           layout.planned_time, comm_s, max((st.elapsed_s for st in stats), default=0.0), sent_bytes,
                           sum(st.retransmitted for st in stats), results, sorted(merged_from))
 
+    def state_dict(self) -> dict[str, Any]:
+        """Synchronizer's state and, compressed, the gather's error feedback."""
+        state = super().state_dict()
+        if self._gather_format is not None:
+            state["gather_compressor"] = self._gather_format.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if self._gather_format is not None and state.get("gather_compressor") is not None:
+            self._gather_format.load_state_dict(state["gather_compressor"])
+
+    def _resync(self, rnd: int) -> bool:
+        """Whether round `rnd`'s gather carries values, not the averaged change (see the docstring)."""
+        return self.compressor is not None and (rnd // self.fragments.count) % RESYNC_ROUNDS == 0
+
+    def _encode_gather(self, averaged: list[np.ndarray], mine: Slices, fmt: Compressor, resync: bool) -> list[np.ndarray]:
+        """The arrays that carry this peer's averaged parts (changes; values on a resync round);
+        the parts themselves become what the receivers read of them (plus the anchor, for changes)."""
+        if resync:
+            self._gather_format.forget(mine)
+        decoded: list[np.ndarray] = []
+        arrays = fmt.encode(averaged, mine, decoded)
+        for (t, a, b), read in zip(mine, decoded):
+            own = self._flat[t][a:b]
+            own[...] = stored(read if resync else values(self._previous[t][a:b]) + read, own)
+        return arrays
+
+    def _gathered(self, c: Contribution, t: int, a: int, b: int, fmt: Compressor | None, resync: bool) -> np.ndarray:
+        """Elements a:b of array t as an aggregator's gather sets them: its values, or (compressed)
+        this peer's anchor plus the averaged change (the values on a resync round)."""
+        own = self._flat[t][a:b]
+        if fmt is None:
+            return c.values
+        if resync:
+            return fmt.decode(c, own)
+        change = fmt.decode(c, np.empty(own.size, np.float32))
+        return stored(values(self._previous[t][a:b]) + change, own)
+
     def _plan(self, view: Any, rnd: int) -> PartLayout | None:
         """Round `rnd`'s parts (of its fragment's arrays) and pacing, from the view (the same on
         every peer that holds it)."""
@@ -219,6 +302,9 @@ class Partitioned(Synchronizer):
             if len(carried) != len(self.params):  # the parts index the fragment's arrays: make them the model's
                 layout = replace(layout, slices={k: [(carried[t], a, b) for t, a, b in s]
                                                  for k, s in layout.slices.items()})
+            if cached is not None and self._gather_format is not None and cached[1].slices != layout.slices:
+                # what this peer aggregated may now be another's: its error feedback starts afresh
+                self._gather_format.forget([(t, 0, self.params[t].size) for t in carried])
             cached = self._layouts[fragment] = (view.order, layout)
         layout = cached[1]
         return layout if len(layout.ranks) >= 2 else None
@@ -229,14 +315,14 @@ class Partitioned(Synchronizer):
             return self.compressor.wire_bytes([self.params[t].size for t in carried])
         return sum(self.params[t].nbytes for t in carried)
 
-    def _fits(self, d: Delivery, slices: Slices) -> list[Contribution] | None:
-        """d's arrays as contributions to the pieces `slices` cut, or None when they do not fit
-        (another view's parts, a malformed message, or a layout that never arrived: counted in the
-        inbox's drops)."""
+    def _fits(self, d: Delivery, slices: Slices, fmt: Compressor | None) -> list[Contribution] | None:
+        """d's arrays (in `fmt`; None: plain values) as contributions to the pieces `slices` cut, or
+        None when they do not fit (another view's parts, a malformed message, or a layout that never
+        arrived: counted in the inbox's drops)."""
         pieces = [self._flat[t][a:b] for t, a, b in slices]
         try:
-            if self.compressor is not None:
-                out = self.compressor.contributions(d, [p.size for p in pieces])
+            if fmt is not None:
+                out = fmt.contributions(d, [p.size for p in pieces])
             elif d.arrays is None or len(d.arrays) != len(pieces) or any(
                     a.shape != p.shape or a.dtype != p.dtype for a, p in zip(d.arrays, pieces)):
                 out = None

@@ -8,7 +8,7 @@ from p2plearn.options import Options, OptionsError
 from p2plearn.sync import BSP
 from p2plearn.sync.compress import BLOCK, BLOCK4, Compressor, pack_int4, unpack_int4
 from p2plearn.sync.merge import merge_parameter
-from p2plearn.sync.partitioned import Partitioned
+from p2plearn.sync.partitioned import RESYNC_ROUNDS, Partitioned
 from p2plearn.transport import Delivery, Reason
 from tests.sync.test_rounds import job, run_threads  # noqa: F401 - job is the fixture
 
@@ -175,21 +175,84 @@ ROUNDING = {"fp16": 2.0 ** -11, "int8": 1 / 254, "int4": 1 / 14}
 BYTES = {"fp16": 0.5, "int8": (1 + 4 / 256) / 4, "int4": (0.5 + 4 / 64) / 4}
 
 
-@pytest.mark.parametrize("mode", ["fp16", "int8", "int4"])
-def test_a_compressed_partitioned_round_is_the_average_to_the_formats_rounding(job, mode):  # noqa: F811
-    peers = job(4, Partitioned, compress=mode)
-    rng = np.random.default_rng(4)
+RESYNC_MODE = {"fp16": "fp16", "int8": "int8", "int4": "int8"}
+
+
+def _random_models(peers, seed, scale=0.1):
+    rng = np.random.default_rng(seed)
     for p in peers:
         for a in p.params:
-            a[...] = (rng.standard_normal(a.shape) * 0.1).astype(np.float32)
+            a[...] = (rng.standard_normal(a.shape) * scale).astype(np.float32)
+
+
+@pytest.mark.parametrize("mode", ["fp16", "int8", "int4"])
+def test_a_compressed_partitioned_first_round_is_the_average_of_values_to_the_formats_rounding(job, mode):  # noqa: F811
+    """The first round of a fragment resyncs: values in both phases (int4's at 8 bits), whatever the
+    anchors (here every peer's initial model differs from the one it then holds)."""
+    peers = job(4, Partitioned, compress=mode)
+    _random_models(peers, 4)
     mean = [np.mean([p.params[t].astype(np.float64) for p in peers], axis=0) for t in range(2)]
     largest = max(float(np.abs(a).max()) for p in peers for a in p.params)
     results = []
     run_threads(peers, 1, after_step=results.append)
     for p in peers:
-        for got, want in zip(p.params, mean):
+        for got, want, first in zip(p.params, mean, peers[0].params):
             # scatter and gather each round once: two roundings of values at most `largest` in magnitude
-            np.testing.assert_allclose(got, want, atol=2 * largest * ROUNDING[mode], rtol=0)
+            np.testing.assert_allclose(got, want, atol=2 * largest * ROUNDING[RESYNC_MODE[mode]], rtol=0)
+            np.testing.assert_array_equal(got, first)  # every peer the same model: the anchors agree
     model = sum(a.nbytes for a in peers[0].params)
     for rs in results:  # a ring all-reduce's bytes, compressed
-        assert rs.bytes_sent == pytest.approx(BYTES[mode] * 2 * 3 / 4 * model, rel=0.05)
+        assert rs.bytes_sent == pytest.approx(BYTES[RESYNC_MODE[mode]] * 2 * 3 / 4 * model, rel=0.05)
+
+
+@pytest.mark.parametrize("mode", ["fp16", "int8", "int4"])
+def test_compressed_partitioned_rounds_send_the_change_and_err_by_its_rounding(job, mode):  # noqa: F811
+    """After the first round every peer holds the same anchor: each round then sends each peer's
+    change since it (and the aggregators their averaged change), so the error is the format's
+    rounding of the changes (1e-3 here), not of the values (0.1), at the format's bytes."""
+    peers = job(4, Partitioned, compress=mode)
+    _random_models(peers, 5)
+    run_threads(peers, 1)
+    rng = {p.client.rank: np.random.default_rng(p.client.rank) for p in peers}
+    step = 1e-3
+    model = sum(a.nbytes for a in peers[0].params)
+    for rnd in range(1, RESYNC_ROUNDS):
+        for p in peers:
+            for a in p.params:
+                a += (rng[p.client.rank].standard_normal(a.shape) * step).astype(np.float32)
+        mean = [np.mean([p.params[t].astype(np.float64) for p in peers], axis=0) for t in range(2)]
+        results = []
+        run_threads(peers, 1, after_step=results.append)
+        for p in peers:
+            for got, want, first in zip(p.params, mean, peers[0].params):
+                # a round's scatter and gather roundings, and what error feedback still holds of the last
+                # round's: each at most the rounding of a change about 4 steps large
+                np.testing.assert_allclose(got, want, atol=4 * 4 * step * ROUNDING[mode], rtol=0)
+                np.testing.assert_array_equal(got, first)
+        for rs in results:
+            assert rs.round == rnd and rs.bytes_sent == pytest.approx(BYTES[mode] * 2 * 3 / 4 * model, rel=0.05)
+
+
+def test_a_peer_whose_anchor_is_off_rejoins_the_consensus_at_the_next_resync_round(job):  # noqa: F811
+    """Changes never carry the anchor: a peer that adopted a model of its own (a joiner's, or one that
+    kept its own values where a gather piece was lost) stays off until a round exchanges values."""
+    peers = job(4, Partitioned, compress="int4")
+    _random_models(peers, 6)
+    run_threads(peers, 2)
+    off = peers[2]
+    for a in off.params:
+        a += 0.05
+    off.sync.adopt(off.sync.clock)  # this model is its anchor now
+    run_threads(peers, RESYNC_ROUNDS - 2)  # rounds 2 .. RESYNC_ROUNDS - 1: changes (none, here)
+    others = [p for p in peers if p is not off]
+    for t in range(2):
+        assert all(np.array_equal(p.params[t], others[0].params[t]) for p in others)
+        assert np.abs(off.params[t] - others[0].params[t]).min() > 0.04  # still its own
+    mean = [np.mean([p.params[t].astype(np.float64) for p in peers], axis=0) for t in range(2)]
+    largest = max(float(np.abs(a).max()) for p in peers for a in p.params)
+    run_threads(peers, 1)  # round RESYNC_ROUNDS: values
+    assert off.sync.clock == RESYNC_ROUNDS + 1
+    for t in range(2):
+        for p in peers:
+            np.testing.assert_array_equal(p.params[t], peers[0].params[t])
+            np.testing.assert_allclose(p.params[t], mean[t], atol=2 * largest * ROUNDING["int8"], rtol=0)

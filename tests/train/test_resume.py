@@ -28,9 +28,12 @@ def job(tmp: Path, ckpt: str, out: str, *extra: str, resume: bool = False, sched
                                       ("--period", "4", "--overlap"),
                                       ("--period", "4", "--overlap-steps", "3", "--overlap-alpha", "0.5"),  # in flight at a save
                                       ("--filter", "none", "--compress", "int8"),
+                                      # changes, the aggregators' own error feedback, a resync round after the save
+                                      ("--filter", "none", "--sync", "partitioned", "--compress", "int4", "--period", "4"),
                                       ("--filter", "none", "--period", "4", "--fragments", "2", "--bucket-mb", "0.001",
                                        "--outer-lr", "0.7", "--outer-momentum", "0.9")],
-                         ids=["every-step", "period-outer", "overlap", "overlap-mixed", "compress", "fragments"])
+                         ids=["every-step", "period-outer", "overlap", "overlap-mixed", "compress", "partitioned-int4",
+                              "fragments"])
 def test_a_resumed_job_ends_bit_for_bit_where_an_uninterrupted_one_ends(tmp_path, schedule):
     # 42 steps an epoch: with --period 4 the checkpoints fall inside a period
     job(tmp_path, "ckpt-a", "a", schedule=schedule)
