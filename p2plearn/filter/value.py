@@ -18,7 +18,8 @@ class ValueFilter(UpdateFilter):
     Each round a layer's accumulation is acc = residual + update, then:
       per_element: elements with |acc| >= threshold are sent, the others stay in the residual
           (error feedback). The layer travels sparse (int32 indices + float32 values) or, when
-          at least half its elements pass (sparse would be larger), dense with zeros elsewhere.
+          at least half its elements pass (sparse would be larger), dense: then every element, the
+          small ones too (receivers read every element's current value), and its residual empties.
       per_layer: the layer is sent dense when mean |acc| >= threshold; otherwise it is deferred
           (acc becomes the residual) and flushed once the accumulation crosses the threshold.
     In both, what was sent plus the residual equals the sum of all updates (up to float32 rounding).
@@ -101,12 +102,12 @@ class ValueFilter(UpdateFilter):
                 continue
             keep = np.abs(acc) < thr
             count = acc.size - int(keep.sum())
-            if count == 0:
-                entries.append(None)
-            elif 2 * count >= acc.size:  # int32 index + float32 value per element: sparse would be larger
-                entries.append(np.where(keep, 0.0, acc).astype(np.float32))
+            if 2 * count >= acc.size:  # int32 index + float32 value per element: sparse would be larger
+                # dense carries every element (receivers read each one's current value): nothing stays behind
+                entries.append(acc.astype(np.float32))
+                keep[:] = False
             else:
                 idx = np.flatnonzero(~keep).astype(np.int32)
-                entries.append((idx, acc[idx]))
+                entries.append((idx, acc[idx]) if count else None)
             self._residuals[i] = np.where(keep, acc, 0.0).astype(np.float32)
         return self._count(pack(entries, sum(u.nbytes for u in flat)))
