@@ -2,7 +2,7 @@
 than torch's local SGD with the same period (PeriodicModelAverager over gloo), on the same networks,
 model, data and optimizer.
 
-    sudo python experiments/charlm_time_to_loss.py [--quick] [--seeds N] [--out DIR]
+    sudo python experiments/charlm_time_to_loss.py [--rows full|streaming] [--quick] [--seeds N] [--out DIR]
 
 The model is p2plearn.examples.charlm's default byte-level transformer (4 layers, dim 192, 4 heads,
 context 64: 1.9M parameters, 7.6 MB a message), AdamW lr 1e-3, batch 8 windows per rank, trained
@@ -21,6 +21,12 @@ steps, reached 2.69 at step 50, 2.44 at step 200 and 2.35 at step 300. So 2.45 f
 experiment (late enough that the time to it is mostly training, reachable by every configuration
 within its steps), and 2.70 (its step-50 loss) for the quick one's 60 steps.
 Full: STEPS steps, 3 seeds. Quick: 60 steps, 1 seed, homogeneous-4 only.
+
+--rows streaming (charlm_time_to_loss_streaming.*): the streaming rows of time_to_accuracy.py on this
+model, beside local SGD: 4 fragments, each round landing 2 steps after it starts mixed at alpha 0.5,
+int4 (partitioned: of the change; bsp: of the values), and partitioned int4 whole rounds as the
+peak's reference, with each run's peak uplink rate (rank 0's engine, per 1 s window) and wall /
+max(compute, communication) (~65 min).
 """
 from __future__ import annotations
 
@@ -41,6 +47,16 @@ P2PLEARN_CONFIGS = {f"partitioned (full average), period {PERIOD}": {"sync": "pa
                     f"bsp, selmcast p=1, period {PERIOD}": {"sync": "bsp", "selection": "selmcast", "fanout": 1,
                                                            "period": PERIOD}}
 LOCAL_SGD = f"PeriodicModelAverager, period {PERIOD}"
+# The settings of time_to_accuracy.py's streaming rows (chosen there on MNIST-1D): measured here on a second model.
+STREAMED = {"fragments": 4, "overlap_steps": 2, "overlap_alpha": 0.5, "compress": "int4"}
+STREAMING_CONFIGS = {
+    f"partitioned, period {PERIOD}, compress int4 (whole rounds: the peak's reference)":
+        {"sync": "partitioned", "period": PERIOD, "compress": "int4"},
+    f"partitioned, period {PERIOD}, fragments 4, overlap-steps 2, alpha 0.5, compress int4":
+        {"sync": "partitioned", "period": PERIOD, **STREAMED},
+    f"bsp, selmcast p=1, period {PERIOD}, fragments 4, overlap-steps 2, alpha 0.5, compress int4":
+        {"sync": "bsp", "selection": "selmcast", "fanout": 1, "period": PERIOD, **STREAMED}}
+ROWS = {"full": (NAME, P2PLEARN_CONFIGS), "streaming": (f"{NAME}_streaming", STREAMING_CONFIGS)}
 
 
 def time_to_loss(history: list[tuple[float, float]], target: float) -> float:
@@ -62,7 +78,13 @@ def loss_curves(ax, rows: list[c.Row], target: float, title: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = c.parse_args(__doc__, argv)
+    def extra(ap) -> None:
+        ap.add_argument("--rows", choices=list(ROWS), default="full",
+                        help="full: partitioned and SELMCAST rounds; streaming: streaming rounds (default: %(default)s)")
+
+    args = c.parse_args(__doc__, argv, extra=extra)
+    name, configs = ROWS[args.rows]
+    streaming = args.rows == "streaming"
     testbed = c.is_root()
     steps = 60 if args.quick else STEPS
     target = QUICK_TARGET if args.quick else TARGET
@@ -78,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
                              lambda seed: c.torch_job(c.ROOT / "experiments" / "torch_charlm.py", PEERS,
                                                       {**script, "seed": seed, "period": PERIOD}, testbed=testbed,
                                                       port=29520 + seed, topology=topo), first_seed=seed)
-            for label, options in P2PLEARN_CONFIGS.items():
+            for label, options in configs.items():
                 rows += c.repeat({**where, "system": "p2plearn", "settings": label}, 1,
                                  lambda seed: c.train(PEERS, options, {**script, "seed": seed},
                                                       topology=f"topology/{topo}.json", testbed=testbed,
@@ -88,6 +110,9 @@ def main(argv: list[str] | None = None) -> None:
             r["time_to_target_s"] = time_to_loss(r["history"], target)
             r["final_loss"] = r["history"][-1][1]
             r["mb_sent"] = r["bytes_sent"] / 1e6
+            if "peak_uplink_bytes_per_s" in r:  # p2plearn's: its engine's counter (rounds run in the background)
+                r["peak_uplink_mb_s"] = r["peak_uplink_bytes_per_s"] / 1e6
+                r["wall_over_bound"] = r["wall_s"] / max(sum(r["round_times"]), r["compute_s"])
     where = ("Testbed (root; 4 network namespaces shaped by tbf)" if testbed else
              "Emulated (not root): p2plearn `--emulate` vs gloo on unshaped loopback (favours gloo)")
     setup = (f"{where}. p2plearn.examples.charlm's default transformer (1.9M parameters), {steps} local steps "
@@ -96,14 +121,21 @@ def main(argv: list[str] | None = None) -> None:
              f"{script['eval_every']} steps; averaged: the average of the ranks' final models. Both exchange every "
              f"{PERIOD} steps. Target loss {target:g}: from a pilot run (see the script's "
              f"docstring). MB sent: per rank (gloo: 2(n-1)/n of the model per average). Ratio: time "
-             f"to target / local SGD's on the same topology. {c.load_note(rows)}")
+             f"to target / local SGD's on the same topology."
+             + (" Peak uplink: rank 0's engine, the most bytes it sent in any 1 s window (sampled every 50 ms). "
+                "Wall / bound: wall time over the larger of rank 0's compute and its rounds' summed duration."
+                if streaming else "") + f" {c.load_note(rows)}")
     keys = ["topology", "system", "settings"]
     metrics = {"time to target s": c.metric("time_to_target_s"), "final loss (rank 0)": c.metric("final_loss"),
-               "averaged loss": c.metric("averaged_loss"), "wall s": c.metric("wall_s"), "MB sent": c.metric("mb_sent")}
+               "averaged loss": c.metric("averaged_loss"), "wall s": c.metric("wall_s"), "MB sent": c.metric("mb_sent"),
+               **({"peak uplink MB/s": c.metric("peak_uplink_mb_s"), "wall / bound": c.metric("wall_over_bound")}
+                  if streaming else {})}
     tables = [f"**{topo}**\n\n" + c.table([r for r in rows if r["topology"] == topo], keys, metrics,
                                           baseline=(topo, "local SGD", LOCAL_SGD), ratio_of="time to target s")
               for topo in topologies]
-    c.write_results(args.out, NAME, rows, "Time to a validation loss: a transformer LM, p2plearn vs torch local SGD",
+    title = "Time to a validation loss: a transformer LM, " + \
+        ("streaming rounds vs torch local SGD" if streaming else "p2plearn vs torch local SGD")
+    c.write_results(args.out, name, rows, title,
                     setup, "\n\n".join(tables),
                     lambda ax: loss_curves(ax, [r for r in rows if r["topology"] == topologies[0]], target,
                                            f"Validation loss over wall time, {topologies[0]}, seed 0"))

@@ -2,7 +2,7 @@
 torch's local SGD with the same period (PeriodicModelAverager over gloo), DDP (gloo all_reduce every
 step), and one process alone, on the same networks, model and data.
 
-    sudo python experiments/time_to_accuracy.py [--rows full|streaming|mixing] [--quick] [--seeds N] [--out DIR]
+    sudo python experiments/time_to_accuracy.py [--rows full|streaming|mixing|change] [--quick] [--seeds N] [--out DIR]
 
 As root every distributed system runs on the testbed (4 namespaces shaped by tbf; gloo with
 GLOO_SOCKET_IFNAME and MASTER_ADDR = rank 0's testbed address); the single process needs no
@@ -21,6 +21,8 @@ Quick: 2 epochs (2 rounds), 1 seed, homogeneous-4 only.
 0's engine, bytes sent per 1 s window) and wall / max(compute, communication) (~35 min).
 --rows mixing (time_to_accuracy_mixing.*): the overlap's delay and mixing (tau, alpha) on
 homogeneous-4 beside local SGD: what chose the streaming rows' settings (~10 min with 2 seeds).
+--rows change (time_to_accuracy_change.*): partitioned rounds with --compress int4, which send the
+change since the last round, whole and streamed, beside local SGD on the three topologies (~20 min).
 """
 from __future__ import annotations
 
@@ -67,8 +69,12 @@ MIXING_CONFIGS = {f"bsp, selmcast p=1, period {PERIOD}, fragments {FRAGMENTS}{la
                            ", tau 1": {"overlap_steps": 1}, ", tau 2": {"overlap_steps": 2},
                            ", tau 2, alpha 0.5": {"overlap_steps": 2, "overlap_alpha": 0.5},
                            ", tau 2, alpha 1": {"overlap_steps": 2, "overlap_alpha": 1.0}}.items()}
+CHANGE_CONFIGS = {f"partitioned, period {PERIOD}, compress int4": {"sync": "partitioned", "period": PERIOD,
+                                                                 "compress": "int4"},
+                  f"partitioned, period {PERIOD}, {STREAMED}, compress int4":
+                      {**STREAMING, "sync": "partitioned", "compress": "int4"}}
 ROWS = {"full": (NAME, TOPOLOGIES, P2PLEARN_CONFIGS), "streaming": (f"{NAME}_streaming", TOPOLOGIES, STREAMING_CONFIGS),
-        "mixing": (f"{NAME}_mixing", TOPOLOGIES[:1], MIXING_CONFIGS)}
+        "mixing": (f"{NAME}_mixing", TOPOLOGIES[:1], MIXING_CONFIGS), "change": (f"{NAME}_change", TOPOLOGIES, CHANGE_CONFIGS)}
 
 
 def mlp_size() -> int:
@@ -87,7 +93,8 @@ def main(argv: list[str] | None = None) -> None:
     def extra(ap) -> None:
         ap.add_argument("--rows", choices=list(ROWS), default="full",
                         help="full: every system; streaming: streaming rounds beside local SGD; mixing: the overlap's "
-                             "tau and alpha on homogeneous-4 beside local SGD (default: %(default)s)")
+                             "tau and alpha on homogeneous-4 beside local SGD; change: partitioned int4 rounds "
+                             "(default: %(default)s)")
 
     args = c.parse_args(__doc__, argv, extra=extra)
     name, topologies, configs = ROWS[args.rows]
@@ -155,7 +162,8 @@ def main(argv: list[str] | None = None) -> None:
                                                   ratio_of=f"time to {targets[0]:.0%} s"))
     title = {"full": "Time to accuracy: p2plearn vs torch local SGD, DDP and one process",
              "streaming": "Time to accuracy of streaming rounds (fragments, bounded overlap, 4-bit) vs torch local SGD",
-             "mixing": "Streaming rounds: the overlap's delay (tau) and mixing (alpha) vs torch local SGD"}[args.rows]
+             "mixing": "Streaming rounds: the overlap's delay (tau) and mixing (alpha) vs torch local SGD",
+             "change": "Partitioned rounds sending the int4 change vs torch local SGD"}[args.rows]
     c.write_results(args.out, name, rows, title,
                     setup, "\n\n".join(tables),
                     lambda ax: c.accuracy_curves(ax, [r for r in rows if r["topology"] in (topologies[0], "none")],

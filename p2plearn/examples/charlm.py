@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import p2plearn
+from p2plearn.bench.uplink import UplinkMeter
 from p2plearn.options import Options
 from p2plearn.train.data import Dataset, shard, stdlib_text
 
@@ -207,8 +208,10 @@ def main(argv: list[str] | None = None) -> None:
         if args.checkpoint:
             p2plearn.checkpoint.save(args.checkpoint, model, opt)
 
+    meter = UplinkMeter(opt.channel)  # the JSON's peak_uplink_bytes_per_s: this rank's, per 1 s window
     history = train(args, model, data, rt.rank, rt.world_size, step, first_step=opt.steps, on_eval=save)
     opt.flush()  # the last overlapped round, if any, is part of the training
+    peak_uplink = meter.stop()
     st = opt.stats()
     own = validation_loss(model, data, args.eval_windows, args.device)
     print(f"rank {rt.rank} done: own model validation loss {own:.3f} (perplexity {math.exp(own):.2f}); "
@@ -224,7 +227,8 @@ def main(argv: list[str] | None = None) -> None:
             with open(args.json, "w") as f:
                 json.dump({"averaged_loss": avg, "own_loss": own, "wall_s": history[-1][0] if history else 0.0,
                            "steps": opt.steps, "rounds": st.rounds, "comm_s": st.comm_s, "compute_s": st.compute_s,
-                           "bytes_sent": st.bytes_sent, "history": history}, f)
+                           "bytes_sent": st.bytes_sent, "history": history, "round_times": st.round_times,
+                           "peak_uplink_bytes_per_s": peak_uplink}, f)
     opt.close()
 
 

@@ -55,7 +55,7 @@ from p2plearn.sync.merge import Contribution, merge_parameter, unfit
 from p2plearn.transport import Delivery
 
 ALIGN = 64  # part boundaries fall on multiples of this many elements: whole chunks, no sliver parts
-# compressed rounds: every this many rounds of a fragment the gather carries values (see the docstring)
+# compressed rounds: every this many rounds of a fragment exchange values, not changes (see the docstring)
 RESYNC_ROUNDS = 8
 
 Slices = list[tuple[int, int, int]]  # (tensor index, first element, end element)
@@ -263,7 +263,7 @@ class Partitioned(Synchronizer):
             self._gather_format.load_state_dict(state["gather_compressor"])
 
     def _resync(self, rnd: int) -> bool:
-        """Whether round `rnd`'s gather carries values, not the averaged change (see the docstring)."""
+        """Whether round `rnd` exchanges values, not changes, in both phases (see the docstring)."""
         return self.compressor is not None and (rnd // self.fragments.count) % RESYNC_ROUNDS == 0
 
     def _encode_gather(self, averaged: list[np.ndarray], mine: Slices, fmt: Compressor, resync: bool) -> list[np.ndarray]:
