@@ -110,9 +110,7 @@ def main(argv: list[str] | None = None) -> None:
             r["time_to_target_s"] = time_to_loss(r["history"], target)
             r["final_loss"] = r["history"][-1][1]
             r["mb_sent"] = r["bytes_sent"] / 1e6
-            if "peak_uplink_bytes_per_s" in r:  # p2plearn's: its engine's counter (rounds run in the background)
-                r["peak_uplink_mb_s"] = r["peak_uplink_bytes_per_s"] / 1e6
-                r["wall_over_bound"] = r["wall_s"] / max(sum(r["round_times"]), r["compute_s"])
+            c.add_streaming_metrics(r)
     where = ("Testbed (root; 4 network namespaces shaped by tbf)" if testbed else
              "Emulated (not root): p2plearn `--emulate` vs gloo on unshaped loopback (favours gloo)")
     setup = (f"{where}. p2plearn.examples.charlm's default transformer (1.9M parameters), {steps} local steps "
@@ -128,8 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     keys = ["topology", "system", "settings"]
     metrics = {"time to target s": c.metric("time_to_target_s"), "final loss (rank 0)": c.metric("final_loss"),
                "averaged loss": c.metric("averaged_loss"), "wall s": c.metric("wall_s"), "MB sent": c.metric("mb_sent"),
-               **({"peak uplink MB/s": c.metric("peak_uplink_mb_s"), "wall / bound": c.metric("wall_over_bound")}
-                  if streaming else {})}
+               **(c.STREAMING_METRICS if streaming else {})}
     tables = [f"**{topo}**\n\n" + c.table([r for r in rows if r["topology"] == topo], keys, metrics,
                                           baseline=(topo, "local SGD", LOCAL_SGD), ratio_of="time to target s")
               for topo in topologies]

@@ -201,6 +201,18 @@ def metric(name: str) -> Callable[[Row], float]:
     return lambda r: float(r[name]) if r.get("ok", True) and r.get(name) is not None else math.nan
 
 
+def add_streaming_metrics(r: Row) -> None:
+    """A p2plearn run's peak uplink (MB/s, its engine's counter per 1 s window: rounds run in the
+    background) and wall / max(compute, its rounds' summed duration), when its JSON has them."""
+    if "peak_uplink_bytes_per_s" in r:
+        r["peak_uplink_mb_s"] = r["peak_uplink_bytes_per_s"] / 1e6
+        r["wall_over_bound"] = r["wall_s"] / max(sum(r["round_times"]), r["compute_s"])
+
+
+# The columns add_streaming_metrics fills.
+STREAMING_METRICS = {"peak uplink MB/s": metric("peak_uplink_mb_s"), "wall / bound": metric("wall_over_bound")}
+
+
 def write_results(out: Path, name: str, rows: list[Row], title: str, setup: str, tables: str,
                   draw: Callable[[plt.Axes], None], notes: str = "") -> None:
     """Write <out>/<name>.csv (every row, list-valued fields as JSON), <name>.md and <name>.png."""

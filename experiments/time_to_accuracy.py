@@ -132,9 +132,7 @@ def main(argv: list[str] | None = None) -> None:
                 r[f"tta_{target}"] = c.time_to_accuracy(r["history"], target)
             r["accuracy_at_budget"] = max((acc for t, acc in r["history"] if t <= budget), default=float("nan"))
             r["mb_sent"] = r["bytes_sent"] / 1e6
-            if "peak_uplink_bytes_per_s" in r:  # p2plearn's: its engine's counter (rounds run in the background)
-                r["peak_uplink_mb_s"] = r["peak_uplink_bytes_per_s"] / 1e6
-                r["wall_over_bound"] = r["wall_s"] / max(sum(r["round_times"]), r["compute_s"])
+            c.add_streaming_metrics(r)
     where = ("Testbed (root; 4 network namespaces shaped by tbf, loss by iptables; every distributed system)"
              if testbed else "Fallback (not root): p2plearn `--emulate` vs gloo on unshaped loopback")
     setup = (f"{where}. MNIST-1D MLP (2 hidden layers of {HIDDEN}, {mlp_size() / 1e6:.1f}M parameters), "
@@ -154,8 +152,7 @@ def main(argv: list[str] | None = None) -> None:
                f"accuracy at {budget:g} s": c.metric("accuracy_at_budget"),
                "final accuracy": c.metric("averaged_accuracy"), "wall s": c.metric("wall_s"),
                "MB sent": c.metric("mb_sent"),
-               **({"peak uplink MB/s": c.metric("peak_uplink_mb_s"), "wall / bound": c.metric("wall_over_bound")}
-                  if not full else {})}
+               **(c.STREAMING_METRICS if not full else {})}
     tables = []
     for topo in topologies:
         tables.append(f"**{topo}**\n\n" + c.table([r for r in rows if r["topology"] in (topo, "none")], keys, metrics,
