@@ -492,10 +492,12 @@ class Client:
                     while sock.poll(0):
                         self._receive(sock, beat, sock.recv_multipart())
                 now = time.monotonic()
-                if self._moved_to or self._detector.suspected(now):
+                # A peer that left, or whose job ended, follows no successor; one that left keeps
+                # listening (it may wait until it is alone), for a suspicion may be a busy host.
+                if self._in_job() and (self._moved_to or self._detector.suspected(now)):
                     following = self._endpoint, self._pub_endpoint, self._term
-                    if not self._in_job() or not self._failover():
-                        return  # a peer that left, or whose job ended, follows no coordinator
+                    if not self._failover():
+                        return
                     if (self._endpoint, self._pub_endpoint, self._term) != following:
                         _close(streams)
                         streams = self._open_streams()
