@@ -156,6 +156,11 @@ class Options:
     deadline_ms: float | None = _opt(None, "hard limit of a round's transfer in ms (default: none); set it "
                                            "a few times the expected transfer time; at most 86400000 (a day)",
                                        valid=_within(0.0, 86_400_000.0, low_open=True))
+    slow_close: float = _opt(0.0, "end a receiver's send once its delivery rate, measured from its ACKs, puts the "
+                                  "message's end past this many times the time planned for it (its bytes at its "
+                                  "pacing rate): it keeps what arrived, merged only within its loss bound, as at a "
+                                  "deadline, and a burst on its downlink costs the round a bounded time; 0: off",
+                              valid=(lambda v: v == 0 or 1 <= v <= 100, "must be 0 (off) or in [1, 100]"))
     topology: str | None = _opt(None, "topology file (node-link JSON) seeding the coordinator's bandwidth view")
     emulate: bool = _opt(False, "pace each engine to its topology rates and inject its loss (no root needed)")
     heartbeat: float = _opt(0.5, "seconds between heartbeats, in [0.01, 60]: smaller detects dead peers sooner (and "
