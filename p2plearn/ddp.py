@@ -57,7 +57,7 @@ class LossTolerantState:
         self.process_group = process_group
         self.seed = seed
         self._depth = {id(p): i for i, p in enumerate(model.parameters())} if model is not None else {}
-        self.buckets: dict[int, "_BucketState"] = {}
+        self.buckets: dict[tuple[int, ...], "_BucketState"] = {}  # by index and parameters
 
     def group(self) -> ProcessGroupP2P:
         pg = self.process_group if self.process_group is not None else dist.distributed_c10d._get_default_group()
@@ -81,14 +81,16 @@ class LossTolerantState:
         return sorted((r for b in self.buckets.values() for r in b.network.history), key=lambda r: r.round)
 
     def _bucket(self, bucket: dist.GradBucket) -> "_BucketState":
-        index = bucket.index()
-        if index not in self.buckets:
-            params = bucket.parameters()
+        # DDP rebuilds its buckets after the first iteration (in the order gradients came): an index
+        # then holds other parameters, and a state of their own
+        index, params = bucket.index(), bucket.parameters()
+        key = (index, *map(id, params))
+        if key not in self.buckets:
             layers = [Layer(name=f"bucket{index}.{i}", numel=p.numel(), nbytes=p.numel() * p.element_size(),
                             depth=self._depth.get(id(p), i), kind="weight" if p.dim() > 1 else "bias")
                       for i, p in enumerate(params)]
-            self.buckets[index] = _BucketState(copy.deepcopy(self.policy), layers)
-        return self.buckets[index]
+            self.buckets[key] = _BucketState(copy.deepcopy(self.policy), layers)
+        return self.buckets[key]
 
 
 class _BucketState:
@@ -134,9 +136,9 @@ def _transformed(buffer: torch.Tensor, numels: list[int], seed: int, index: int,
     pieces, shapes, offset = [], [], 0
     for n in numels:
         block = min(1 << max(n - 1, 1).bit_length(), HADAMARD_BLOCK)
-        padded = torch.zeros(-(-n // block) * block, dtype=buffer.dtype)
+        padded = torch.zeros(-(-n // block) * block, dtype=buffer.dtype, device=buffer.device)
         padded[:n] = buffer[offset:offset + n]
-        signs = torch.randint(0, 2, (padded.numel(),), generator=generator).to(buffer.dtype) * 2 - 1
+        signs = torch.randint(0, 2, (padded.numel(),), generator=generator).to(buffer.device, buffer.dtype) * 2 - 1
         pieces.append(_fwht((padded * signs).view(-1, block)).view(-1))
         shapes.append((offset, n, block, signs))
         offset += n

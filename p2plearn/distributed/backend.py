@@ -15,8 +15,9 @@ DDP comm hook (`p2plearn.ddp.loss_tolerant_hook`) does so for gradient buckets.
 
 Supported: allreduce (SUM, AVG, PRODUCT, MIN, MAX), broadcast, allgather (and into one tensor),
 gather, scatter, reduce_scatter (and from one tensor), barrier; the object collectives and
-torch.distributed.checkpoint are built on these. Only the default (world) group and CPU tensors;
-other ops raise NotImplementedError naming the op.
+torch.distributed.checkpoint are built on these. Only the default (world) group; other ops raise
+NotImplementedError naming the op. Tensors may live on any device: a CUDA tensor's collective runs on
+a pinned host copy, as gloo's does (`CollectiveStaging`).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
 from p2plearn.distributed.collectives import SEQS, Collectives, Links
+from p2plearn.distributed.staging import CollectiveStaging
 from p2plearn.keys import data_key
 from p2plearn.runtime import Runtime, detect_rank, init
 from p2plearn.tolerance import RoundRecord
@@ -62,25 +64,37 @@ class ProcessGroupP2P(dist.ProcessGroup):
                                        timeout.total_seconds())
         self._seq = 0
         self._lock = threading.Lock()  # collectives come from the main thread and from autograd's
+        self._stage_cpu = runtime.options.staging == "host"
+        self._side: torch.cuda.Stream | None = None  # CUDA copies' stream, made at the first CUDA tensor
         self._queue: queue.Queue = queue.Queue()
         self._worker = threading.Thread(target=self._run, name="p2plearn-collectives", daemon=True)
         self._worker.start()
 
     # -- the queue -----------------------------------------------------------------------------
-    def _submit(self, run: Callable[[int], Any], result: Any) -> dist.Work:
-        """Queue ``run(seq)``; the work's future gets ``result`` (or run's return value when
-        ``result`` is None) once it finished."""
+    def _staging(self, *tensors: torch.Tensor) -> CollectiveStaging:
+        """A collective's staging, on the caller's thread (its copies follow the caller's stream)."""
+        with self._lock:
+            cuda = next((t for t in tensors if t.is_cuda), None)
+            if cuda is not None and self._side is None:
+                self._side = torch.cuda.Stream(device=cuda.device)
+            return CollectiveStaging(self._stage_cpu, self._side)
+
+    def _submit(self, run: Callable[[int], Any], result: Any, staging: CollectiveStaging) -> dist.Work:
+        """Queue ``run(seq)`` on ``staging``'s host tensors; the work's future gets ``result`` (or
+        run's return value when ``result`` is None) once the outputs are back."""
         future: torch.futures.Future = torch.futures.Future()
         with self._lock:
             seq, self._seq = self._seq, (self._seq + 1) % SEQS
-            self._queue.put((seq, run, result, future))
+            self._queue.put((seq, run, result, future, staging))
         return _create_work_from_future(future)
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            seq, run, result, future = item
+            seq, run, result, future, staging = item
             try:
+                staging.wait_inputs()
                 value = run(seq)
+                staging.write_back()
                 future.set_result(value if result is None else result)
             except BaseException as exc:  # the caller's wait() raises it
                 future.set_exception(exc)
@@ -99,72 +113,91 @@ class ProcessGroupP2P(dist.ProcessGroup):
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "allreduce")
         tensor = _one(tensors, "allreduce")
-        return self._submit(lambda seq: _in_place(tensor, lambda a: self.collectives.allreduce(seq, [a], op)), tensors)
+        staging = self._staging(tensor)
+        host = staging.update(tensor)
+        return self._submit(lambda seq: _in_place(host, lambda a: self.collectives.allreduce(seq, [a], op)), tensors,
+                            staging)
 
     def allreduce_tolerant(self, tensor: torch.Tensor, layers: Sequence[int], bounds: Sequence[float],
                            deadline: float | None) -> torch.futures.Future:
         """Average ``tensor`` (a flat contiguous float bucket) over the ranks, each layer
         (``layers``: its element counts, in order) within its loss bound and each phase within
         ``deadline`` s (None: none). The future's value is the RoundRecord the round measured."""
+        staging = self._staging(tensor)
+        host = staging.update(tensor)
+
         def run(seq: int) -> RoundRecord:
-            flat = _array(tensor)
+            flat = _array(host)
             views = np.split(flat, np.cumsum(layers)[:-1]) if len(layers) > 1 else [flat]
             return self.collectives.allreduce(seq, views, "avg", bounds, deadline)
 
-        return self._submit(run, None).get_future()
+        return self._submit(run, None, staging).get_future()
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
-        tensor = _one(tensors, "broadcast")
-        root = opts.rootRank
-        return self._submit(lambda seq: _in_place(tensor, lambda a: self.collectives.broadcast(seq, a, root)), tensors)
+        tensor, root = _one(tensors, "broadcast"), opts.rootRank
+        staging = self._staging(tensor)
+        host = staging.update(tensor)
+        return self._submit(lambda seq: _in_place(host, lambda a: self.collectives.broadcast(seq, a, root)), tensors,
+                            staging)
 
     def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
                   ) -> dist.Work:
         tensor, outputs = _one(inputs, "allgather"), _one(output_lists, "allgather")
+        staging = self._staging(tensor, *outputs)
+        source, targets = staging.read(tensor), [staging.write(o) for o in outputs]
 
         def run(seq: int) -> None:
-            flat = [o.detach().contiguous() for o in outputs]
-            self.collectives.allgather(seq, _array(tensor.contiguous()), [_array(o) for o in flat])
-            _copy_back(outputs, flat)
+            flat = [o.detach().contiguous() for o in targets]
+            self.collectives.allgather(seq, _array(source.contiguous()), [_array(o) for o in flat])
+            _copy_back(targets, flat)
 
-        return self._submit(run, output_lists)
+        return self._submit(run, output_lists, staging)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
+        staging = self._staging(output, input)
+        source, target = staging.read(input), staging.write(output)
         return self._submit(lambda seq: self.collectives.allgather(
-            seq, _array(input.contiguous()), list(_array(output).reshape(self.size(), -1))), output)
+            seq, _array(source.contiguous()), list(_array(target).reshape(self.size(), -1))), output, staging)
 
     def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> dist.Work:
         tensor, root = _one(inputs, "gather"), opts.rootRank
-        outputs = _one(output_lists, "gather") if self.rank() == root else None
+        outputs = _one(output_lists, "gather") if self.rank() == root else []
+        staging = self._staging(tensor, *outputs)
+        source, targets = staging.read(tensor), [staging.write(o) for o in outputs]
 
         def run(seq: int) -> None:
-            flat = [o.detach().contiguous() for o in outputs] if outputs is not None else None
-            self.collectives.gather(seq, _array(tensor.contiguous()), [_array(o) for o in flat] if flat else None, root)
-            if outputs is not None:
-                _copy_back(outputs, flat)
+            flat = [o.detach().contiguous() for o in targets]
+            self.collectives.gather(seq, _array(source.contiguous()), [_array(o) for o in flat] or None, root)
+            _copy_back(targets, flat)
 
-        return self._submit(run, output_lists)
+        return self._submit(run, output_lists, staging)
 
     def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any) -> dist.Work:
         tensor, root = _one(outputs, "scatter"), opts.rootRank
-        inputs = _one(input_lists, "scatter") if self.rank() == root else None
-        return self._submit(lambda seq: _in_place(tensor, lambda a: self.collectives.scatter(
-            seq, [_array(i.contiguous()) for i in inputs] if inputs is not None else None, a, root)), outputs)
+        inputs = _one(input_lists, "scatter") if self.rank() == root else []
+        staging = self._staging(tensor, *inputs)
+        target, sources = staging.write(tensor), [staging.read(i) for i in inputs]
+        return self._submit(lambda seq: _in_place(target, lambda a: self.collectives.scatter(
+            seq, [_array(i.contiguous()) for i in sources] or None, a, root)), outputs, staging)
 
     def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any
                        ) -> dist.Work:
         tensor, inputs = _one(outputs, "reduce_scatter"), _one(input_lists, "reduce_scatter")
         op = _op(opts.reduceOp, "reduce_scatter")
-        return self._submit(lambda seq: _in_place(tensor, lambda a: self.collectives.reduce_scatter(
-            seq, [_array(i.contiguous()) for i in inputs], a, op)), outputs)
+        staging = self._staging(tensor, *inputs)
+        target, sources = staging.write(tensor), [staging.read(i) for i in inputs]
+        return self._submit(lambda seq: _in_place(target, lambda a: self.collectives.reduce_scatter(
+            seq, [_array(i.contiguous()) for i in sources], a, op)), outputs, staging)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> dist.Work:
         op = _op(opts.reduceOp, "reduce_scatter_tensor")
-        return self._submit(lambda seq: _in_place(output, lambda a: self.collectives.reduce_scatter(
-            seq, list(_array(input.contiguous()).reshape(self.size(), -1)), a.reshape(-1), op)), output)
+        staging = self._staging(output, input)
+        target, source = staging.write(output), staging.read(input)
+        return self._submit(lambda seq: _in_place(target, lambda a: self.collectives.reduce_scatter(
+            seq, list(_array(source.contiguous()).reshape(self.size(), -1)), a.reshape(-1), op)), output, staging)
 
     def barrier(self, opts: Any = None) -> dist.Work:
-        return self._submit(lambda seq: self.collectives.barrier(seq), [])
+        return self._submit(lambda seq: self.collectives.barrier(seq), [], self._staging())
 
     _allgather_base = all_gather_single  # the names older callers use
     _reduce_scatter_base = reduce_scatter_single
@@ -197,9 +230,7 @@ def _one(items: list, name: str) -> Any:
 
 
 def _array(tensor: torch.Tensor) -> np.ndarray:
-    """A numpy view of a contiguous CPU tensor (flat)."""
-    if tensor.device.type != "cpu":
-        raise NotImplementedError(f"the p2plearn backend moves CPU tensors only, got one on {tensor.device}")
+    """A numpy view of a contiguous host tensor (flat): a staged collective's tensors are all on the host."""
     if tensor.dtype == torch.bfloat16:
         return tensor.detach().view(torch.int16).numpy().reshape(-1)  # bits: moved and compared, not reduced
     return tensor.detach().numpy().reshape(-1)
@@ -214,8 +245,8 @@ def _in_place(tensor: torch.Tensor, run: Callable[[np.ndarray], Any]) -> Any:
     return out
 
 
-def _copy_back(outputs: list[torch.Tensor], flat: list[torch.Tensor] | None) -> None:
-    for o, f in zip(outputs, flat or []):
+def _copy_back(outputs: list[torch.Tensor], flat: list[torch.Tensor]) -> None:
+    for o, f in zip(outputs, flat):
         if f.data_ptr() != o.data_ptr():
             o.detach().copy_(f)
 

@@ -30,9 +30,11 @@ def free_port() -> int:
                     continue
 
 
-def run_job(tmp_path: Path, scenario: str, world_size: int = 2, timeout: float = 240.0) -> list[dict]:
-    """Each rank's JSON result; AssertionError with every rank's output when one fails."""
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world_size),
+def run_job(tmp_path: Path, scenario: str, world_size: int = 2, timeout: float = 240.0,
+            env: dict[str, str] | None = None) -> list[dict]:
+    """Each rank's JSON result (``env``: variables over the job's); AssertionError with every rank's
+    output when one fails."""
+    env = {**os.environ, **(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(world_size),
            "LOCAL_WORLD_SIZE": str(world_size), "OMP_NUM_THREADS": "1", "P2PLEARN_JOB_ID": f"dist-{secrets.token_hex(4)}",
            "P2PLEARN_JOB_KEY": secrets.token_hex(16)}
     procs = []

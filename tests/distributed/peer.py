@@ -1,8 +1,10 @@
 """One rank of a test job (started by ``job.run_job``): ``peer.py SCENARIO RESULT_JSON``. The default
-group is the p2plearn backend; a gloo group over the same ranks computes every reference result."""
+group is the p2plearn backend; a gloo group over the same ranks computes every reference result, on
+the CPU. ``P2PLEARN_TEST_DEVICE=cuda`` puts the p2plearn side's tensors and models on the GPU."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -14,9 +16,22 @@ import p2plearn  # noqa: F401  (registers the backend: torch was imported first)
 import p2plearn.ddp
 
 
+DEVICE = os.environ.get("P2PLEARN_TEST_DEVICE", "cpu")
+TOLERANCE = 1e-6 if DEVICE == "cpu" else 1e-4  # a GPU's float32 kernels round otherwise than the CPU's
+
+
+def on(t: torch.Tensor) -> torch.Tensor:
+    """``t`` where the p2plearn side's tensors live (a copy unless that is the CPU)."""
+    return t.to(DEVICE)
+
+
 def same(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Equal to float rounding (the all-reduce averages, then scales; gloo sums)."""
-    return a.shape == b.shape and torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    return a.shape == b.shape and torch.allclose(a.cpu(), b.cpu(), rtol=10 * TOLERANCE, atol=TOLERANCE)
+
+
+def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.cpu(), b.cpu())
 
 
 def collectives(rank: int, n: int, gloo: dist.ProcessGroup) -> dict:
@@ -24,6 +39,7 @@ def collectives(rank: int, n: int, gloo: dist.ProcessGroup) -> dict:
     g = torch.Generator().manual_seed(rank)
     for name, op in (("sum", dist.ReduceOp.SUM), ("avg", dist.ReduceOp.AVG), ("max", dist.ReduceOp.MAX)):
         x = torch.randn(3000, generator=g)
+        ours = on(x)
         if op == dist.ReduceOp.AVG:  # gloo has no AVG: its reference is the sum over n
             ref = x.clone()
             dist.all_reduce(ref, group=gloo)
@@ -31,49 +47,49 @@ def collectives(rank: int, n: int, gloo: dist.ProcessGroup) -> dict:
         else:
             ref = x.clone()
             dist.all_reduce(ref, op=op, group=gloo)
-        dist.all_reduce(x, op=op)
-        out[f"allreduce_{name}"] = same(x, ref)
+        dist.all_reduce(ours, op=op)
+        out[f"allreduce_{name}"] = same(ours, ref)
     ints = torch.arange(10, dtype=torch.int64) * (rank + 1)
-    ref = ints.clone()
+    ref, ours = ints.clone(), on(ints)
     dist.all_reduce(ref, group=gloo)
-    dist.all_reduce(ints)
-    out["allreduce_int"] = torch.equal(ints, ref)
-    strided = torch.randn(40, 30, generator=g).t()  # not contiguous
-    ref = strided.clone()
+    dist.all_reduce(ours)
+    out["allreduce_int"] = equal(ours, ref)
+    strided = torch.randn(40, 30, generator=g)
+    ref, ours = strided.t().clone(), on(strided).t()  # not contiguous
     dist.all_reduce(ref, group=gloo)
-    dist.all_reduce(strided)
-    out["allreduce_strided"] = same(strided, ref)
+    dist.all_reduce(ours)
+    out["allreduce_strided"] = same(ours, ref)
     x = torch.randn(77, generator=g)
-    ref = x.clone()
-    dist.broadcast(x, src=n - 1)
+    ref, ours = x.clone(), on(x)
+    dist.broadcast(ours, src=n - 1)
     dist.broadcast(ref, src=n - 1, group=gloo)
-    out["broadcast"] = torch.equal(x, ref)
+    out["broadcast"] = equal(ours, ref)
     mine = torch.randn(5, generator=g)
-    got, ref = [torch.zeros(5) for _ in range(n)], [torch.zeros(5) for _ in range(n)]
-    dist.all_gather(got, mine)
+    got, ref = [on(torch.zeros(5)) for _ in range(n)], [torch.zeros(5) for _ in range(n)]
+    dist.all_gather(got, on(mine))
     dist.all_gather(ref, mine, group=gloo)
-    out["all_gather"] = all(torch.equal(a, b) for a, b in zip(got, ref))
-    flat, flat_ref = torch.zeros(5 * n), torch.zeros(5 * n)
-    dist.all_gather_into_tensor(flat, mine)
+    out["all_gather"] = all(equal(a, b) for a, b in zip(got, ref))
+    flat, flat_ref = on(torch.zeros(5 * n)), torch.zeros(5 * n)
+    dist.all_gather_into_tensor(flat, on(mine))
     dist.all_gather_into_tensor(flat_ref, mine, group=gloo)
-    out["all_gather_into_tensor"] = torch.equal(flat, flat_ref)
+    out["all_gather_into_tensor"] = equal(flat, flat_ref)
     inputs = [torch.randn(4, generator=g) for _ in range(n)]
-    got, ref = torch.zeros(4), torch.zeros(4)
-    dist.reduce_scatter(got, inputs)
+    got, ref = on(torch.zeros(4)), torch.zeros(4)
+    dist.reduce_scatter(got, [on(i) for i in inputs])
     dist.reduce_scatter(ref, inputs, group=gloo)
     out["reduce_scatter"] = same(got, ref)
-    got, ref = torch.zeros(4), torch.zeros(4)
-    dist.reduce_scatter_tensor(got, torch.cat(inputs))
+    got, ref = on(torch.zeros(4)), torch.zeros(4)
+    dist.reduce_scatter_tensor(got, on(torch.cat(inputs)))
     dist.reduce_scatter_tensor(ref, torch.cat(inputs), group=gloo)
     out["reduce_scatter_tensor"] = same(got, ref)
-    gathered = [torch.zeros(5) for _ in range(n)] if rank == 0 else None
-    dist.gather(mine, gathered, dst=0)
+    gathered = [on(torch.zeros(5)) for _ in range(n)] if rank == 0 else None
+    dist.gather(on(mine), gathered, dst=0)
     everyone = [torch.zeros(5) for _ in range(n)]
     dist.all_gather(everyone, mine, group=gloo)
-    out["gather"] = rank != 0 or all(torch.equal(a, b) for a, b in zip(gathered, everyone))
-    piece = torch.zeros(3)
-    dist.scatter(piece, [torch.full((3,), float(r)) for r in range(n)] if rank == 0 else None, src=0)
-    out["scatter"] = torch.equal(piece, torch.full((3,), float(rank)))
+    out["gather"] = rank != 0 or all(equal(a, b) for a, b in zip(gathered, everyone))
+    piece = on(torch.zeros(3))
+    dist.scatter(piece, [on(torch.full((3,), float(r))) for r in range(n)] if rank == 0 else None, src=0)
+    out["scatter"] = equal(piece, torch.full((3,), float(rank)))
     objects = [None] * n
     dist.all_gather_object(objects, {"rank": rank, "text": "x" * rank})
     out["all_gather_object"] = objects == [{"rank": r, "text": "x" * r} for r in range(n)]
@@ -82,9 +98,9 @@ def collectives(rank: int, n: int, gloo: dist.ProcessGroup) -> dict:
     out["broadcast_object_list"] = box == [{"from": "root"}]
     dist.barrier()
     out["barrier"] = True
-    work = dist.all_reduce(torch.ones(8), async_op=True)
+    work = dist.all_reduce(on(torch.ones(8)), async_op=True)
     work.wait()
-    out["async_future"] = torch.equal(work.get_future().wait()[0], torch.full((8,), float(n)))
+    out["async_future"] = equal(work.get_future().wait()[0], torch.full((8,), float(n)))
     try:
         dist.all_to_all_single(torch.zeros(n), torch.zeros(n))
         out["unsupported"] = "no error"
@@ -102,27 +118,29 @@ def model(seed: int) -> torch.nn.Module:
 def train(ddp: torch.nn.Module, rank: int, steps: int = 6, optimizer: torch.optim.Optimizer | None = None) -> None:
     opt = optimizer or torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     g = torch.Generator().manual_seed(100 + rank)  # each rank its own data
+    device = next(ddp.parameters()).device
     for _ in range(steps):
         x, y = torch.randn(16, 20, generator=g), torch.randint(0, 4, (16,), generator=g)
         opt.zero_grad()
-        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        torch.nn.functional.cross_entropy(ddp(x.to(device)), y.to(device)).backward()
         opt.step()
 
 
-def ddp(rank: int, n: int, gloo: dist.ProcessGroup, hook: bool) -> dict:
-    """DDP over p2plearn (with the hook in exact mode, or without) and over gloo, from the same
-    rank-dependent start (DDP's construction broadcasts rank 0's): the same parameters after training."""
-    ours = DDP(model(seed=rank), bucket_cap_mb=0.01)  # several buckets, overlapped with backward
+def ddp(rank: int, n: int, gloo: dist.ProcessGroup, hook: bool, hadamard: bool = False) -> dict:
+    """DDP over p2plearn (with the hook in exact mode, with or without the Hadamard transform, or
+    without the hook) and over gloo, from the same rank-dependent start (DDP's construction
+    broadcasts rank 0's): the same parameters after training."""
+    ours = DDP(model(seed=rank).to(DEVICE), bucket_cap_mb=0.01)  # several buckets, overlapped with backward
     if hook:
-        state = p2plearn.ddp.LossTolerantState("fixed", model=ours.module)
+        state = p2plearn.ddp.LossTolerantState("fixed", model=ours.module, hadamard=hadamard)
         ours.register_comm_hook(state, p2plearn.ddp.loss_tolerant_hook)
     theirs = DDP(model(seed=rank), bucket_cap_mb=0.01, process_group=gloo)
-    start_equal = all(torch.equal(a, b) for a, b in zip(ours.parameters(), theirs.parameters()))
+    start_equal = all(equal(a, b) for a, b in zip(ours.parameters(), theirs.parameters()))
     train(ours, rank)
     train(theirs, rank)
     out = {"start_equal": start_equal,
            "trained_equal": all(same(a, b) for a, b in zip(ours.parameters(), theirs.parameters())),
-           "moved": any(not torch.equal(a, b) for a, b in zip(ours.parameters(), model(seed=0).parameters()))}
+           "moved": any(not equal(a, b) for a, b in zip(ours.parameters(), model(seed=0).parameters()))}
     if hook:
         out["buckets"] = len(state.buckets)
         out["delivered"] = min(r.delivered for r in state.records())
@@ -173,8 +191,8 @@ def main() -> None:
     out = {"backend": dist.get_backend()}
     if scenario == "collectives":
         out.update(collectives(rank, n, gloo))
-    elif scenario in ("ddp", "ddp_hook"):
-        out.update(ddp(rank, n, gloo, hook=scenario == "ddp_hook"))
+    elif scenario in ("ddp", "ddp_hook", "ddp_hadamard"):
+        out.update(ddp(rank, n, gloo, hook=scenario != "ddp", hadamard=scenario == "ddp_hadamard"))
     elif scenario == "post_local_sgd":
         out.update(post_local_sgd(rank, n, gloo))
     elif scenario == "checkpoint":
