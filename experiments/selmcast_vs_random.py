@@ -1,7 +1,7 @@
 """Claim: SELMCAST picks receivers so that rounds are shorter than random-p at a similar or higher
 average p, and reaches a target accuracy sooner, under BSP and SSP on a heterogeneous network.
 
-    sudo python experiments/selmcast_vs_random.py [--quick] [--seeds N] [--out DIR]
+    sudo python experiments/selmcast_vs_random.py [--slow-close S] [--quick] [--seeds N] [--out DIR]
 
 Two parts, each with its own files in the results directory (the 16-peer one runs first):
 
@@ -23,6 +23,10 @@ Two parts, each with its own files in the results directory (the 16-peer one run
 
 Quick: heterogeneous-16 BSP x selmcast / random p=1, 1 epoch; heterogeneous-4 BSP x selmcast /
 random p=2 / all and SSP s=2 x selmcast, 2 epochs; 1 seed (~5 min).
+
+--slow-close S: the 16-peer part alone, BSP, selmcast and random p = 1, 2, 3 each without and with
+`--slow-close S`, and the exponential graph without (27 runs, about 45 min): selmcast_vs_random_16_slow.*.
+The ratio is to the best random-p of either setting.
 """
 from __future__ import annotations
 
@@ -41,7 +45,8 @@ PERIOD_16 = 4
 EVAL_EVERY_16 = 2 * PERIOD_16  # steps: rank 0's accuracy every 2 rounds, just after a merge
 DIRICHLET = 0.1
 WIDTH_16 = 64
-KEYS = ["sync", "staleness", "selection", "fanout"]
+NAME_16_SLOW = "selmcast_vs_random_16_slow"
+KEYS = ["sync", "staleness", "selection", "fanout", "slow_close"]
 
 
 def configs(quick: bool) -> list[dict]:
@@ -51,18 +56,22 @@ def configs(quick: bool) -> list[dict]:
     else:
         pairs = [(s, st, sel, p) for s, st in [("bsp", 0), ("ssp", 2)]
                  for sel, p in [("selmcast", 2), ("random", 1), ("random", 2), ("random", 3), ("all", 1)]]
-    return [{"sync": s, "staleness": st, "selection": sel, "fanout": p} for s, st, sel, p in pairs]
+    return [{"sync": s, "staleness": st, "selection": sel, "fanout": p, "slow_close": 0.0} for s, st, sel, p in pairs]
 
 
-def configs_16(quick: bool) -> list[dict]:
-    """The 16-peer non-i.i.d. part."""
+def configs_16(quick: bool, slow_close: float = 0.0) -> list[dict]:
+    """The 16-peer non-i.i.d. part (with ``slow_close``: BSP, each selection without and with it)."""
     if quick:
-        pairs = [("bsp", 0, "selmcast", 1), ("bsp", 0, "random", 1)]
+        runs = [("bsp", 0, "selmcast", 1, 0.0), ("bsp", 0, "random", 1, 0.0)]
+    elif slow_close:
+        runs = [("bsp", 0, sel, p, s) for sel, p in [("selmcast", 1), ("random", 1), ("random", 2), ("random", 3)]
+                for s in (0.0, slow_close)] + [("bsp", 0, "exponential", 1, 0.0)]
     else:
-        pairs = [(s, st, sel, p) for s, st in [("bsp", 0), ("ssp", 2)]
-                 for sel, p in [("selmcast", 1), ("random", 1), ("random", 2), ("random", 3), ("all", 1),
-                                ("exponential", 1)]]
-    return [{"sync": s, "staleness": st, "selection": sel, "fanout": p, "period": PERIOD_16} for s, st, sel, p in pairs]
+        runs = [(s, st, sel, p, 0.0) for s, st in [("bsp", 0), ("ssp", 2)]
+                for sel, p in [("selmcast", 1), ("random", 1), ("random", 2), ("random", 3), ("all", 1),
+                               ("exponential", 1)]]
+    return [{"sync": s, "staleness": st, "selection": sel, "fanout": p, "slow_close": slow, "period": PERIOD_16}
+            for s, st, sel, p, slow in runs]
 
 
 def target_of(rows: list[c.Row]) -> float:
@@ -73,12 +82,15 @@ def target_of(rows: list[c.Row]) -> float:
 
 
 def best_random(rows: list[c.Row], sync: str, staleness: int) -> dict | None:
-    """The random-p configuration with the lowest median time to target in this sync mode."""
-    medians = {p: c.summary(r["tta_s"] for r in rows if r["ok"] and (r["sync"], r["staleness"], r["selection"],
-                                                                      r["fanout"]) == (sync, staleness, "random", p))[0]
-               for p in (1, 2, 3)}
-    finite = {p: m for p, m in medians.items() if math.isfinite(m)}
-    return {"fanout": min(finite, key=finite.get), "tta": min(finite.values())} if finite else None
+    """The random-p configuration (p, and the slow close where rows differ in it) with the lowest
+    median time to target in this sync mode."""
+    mode = [r for r in rows if r["ok"] and (r["sync"], r["staleness"], r["selection"]) == (sync, staleness, "random")]
+    medians = {key: c.summary(r["tta_s"] for r in rs)[0] for key, rs in c.groups(mode, ["fanout", "slow_close"]).items()}
+    finite = {key: m for key, m in medians.items() if math.isfinite(m)}
+    if not finite:
+        return None
+    fanout, slow_close = min(finite, key=finite.get)
+    return {"fanout": fanout, "slow_close": slow_close, "tta": finite[(fanout, slow_close)]}
 
 
 def part_8(args) -> None:
@@ -120,7 +132,7 @@ def script_16(quick: bool) -> dict:
 
 def part_16(args) -> None:
     rows, script = [], script_16(args.quick)
-    for cfg in configs_16(args.quick):
+    for cfg in configs_16(args.quick, args.slow_close):
         rows += c.repeat(cfg, args.seeds, lambda seed, cfg=cfg: c.train(16, cfg, {**script, "seed": seed},
                                                                         topology=TOPOLOGY_16, testbed=c.is_root()))
     report_16(args, rows, c.is_root())
@@ -142,17 +154,19 @@ def report_16(args, rows: list[c.Row], testbed: bool) -> None:
         mode = [r for r in rows if (r["sync"], r["staleness"]) == (sync, st)]
         best = best_random(rows, sync, st)
         title = f"{sync.upper()}{f' s={st}' if sync == 'ssp' else ''}"
-        tables.append(f"### {title}\n\n" + c.table(mode, KEYS, metrics, baseline=(sync, st, "random", best["fanout"])
-                                                   if best else None, ratio_of=f"time to {target:.0%} s"))
-        sel = [r for r in mode if r["selection"] == "selmcast"]
-        if best and sel:
+        baseline = (sync, st, "random", best["fanout"], best["slow_close"]) if best else None
+        tables.append(f"### {title}\n\n" + c.table(mode, KEYS, metrics, baseline=baseline,
+                                                   ratio_of=f"time to {target:.0%} s"))
+        for slow_close, sel in c.groups([r for r in mode if r["selection"] == "selmcast"], ["slow_close"]).items():
+            if not best:
+                continue
             tta = c.summary(c.metric("tta_s")(r) for r in sel)[0]
             acc = c.summary(c.metric("averaged_accuracy")(r) for r in sel)[0]
             acc_best = c.summary(c.metric("averaged_accuracy")(r) for r in mode
-                                 if (r["selection"], r["fanout"]) == ("random", best["fanout"]))[0]
-            verdicts.append(f"- {title}: SELMCAST / best random-p (p={best['fanout']}) time to {target:.0%} = "
-                            f"{tta:.3g} / {best['tta']:.3g} s = **{tta / best['tta']:.2f}** (goal <= 0.7); final "
-                            f"accuracy {acc:.3f} vs {acc_best:.3f}.")
+                                 if (r["selection"], r["fanout"], r["slow_close"]) == baseline[2:])[0]
+            verdicts.append(f"- {title}, slow close {slow_close[0]:g}: SELMCAST / best random-p (p={best['fanout']}, "
+                            f"slow close {best['slow_close']:g}) time to {target:.0%} = {tta:.3g} / {best['tta']:.3g} s "
+                            f"= **{tta / best['tta']:.2f}** (goal <= 0.7); final accuracy {acc:.3f} vs {acc_best:.3f}.")
     where = (f"Testbed (root; 16 network namespaces shaped by tbf from `{TOPOLOGY_16}`, its bursts applied)"
              if testbed else f"Emulated (not root: `--emulate` paces each engine to its uplink in `{TOPOLOGY_16}`; "
                              f"the downlinks and bursts do not exist there)")
@@ -166,32 +180,37 @@ def report_16(args, rows: list[c.Row], testbed: bool) -> None:
              f"16 models at the end. The ratio column is time to target / the best random-p's (lowest median) in the "
              f"same sync mode. {c.load_note(rows)}")
 
-    def draw(ax) -> None:  # seed 0's curves: a colour per selection, solid BSP, dashed SSP
+    def draw(ax) -> None:  # seed 0's curves: a colour per selection, solid BSP, dashed SSP, dotted slow close
         colours = {}
-        for (sync, _, sel, p), rs in c.groups(rows, KEYS).items():
+        for (sync, _, sel, p, slow), rs in c.groups(rows, KEYS).items():
             hist = next((r["history"] for r in rs if r["ok"] and r["history"]), None)
             if hist:
                 colour = colours.setdefault((sel, p), f"C{len(colours)}")
-                label = f"{sync} {sel}" + (f" p={p}" if sel == "random" else "")
+                label = f"{sync} {sel}" + (f" p={p}" if sel == "random" else "") + (f" slow {slow:g}" if slow else "")
                 ax.plot([h[0] for h in hist], [h[1] for h in hist], color=colour, marker=".",
-                        linestyle="-" if sync == "bsp" else "--", label=label)
+                        linestyle="--" if sync == "ssp" else ":" if slow else "-", label=label)
         ax.axhline(target, color="gray", linewidth=1)
         ax.set_xlabel("wall time since training start (s)")
         ax.set_ylabel("test accuracy (rank 0's own model)")
         ax.set_title(f"heterogeneous-16 (testbed), Dirichlet {DIRICHLET}, seed 0; grey: the target", fontsize=10)
         ax.legend(fontsize=7, ncol=2)
 
-    why = (f"\nWhy: `python experiments/selmcast_16_diagnosis.py --csv {args.out / NAME_16}.csv` splits time to target "
+    name, title = ((NAME_16_SLOW, "SELMCAST vs random-p with and without the slow close: 16 peers, non-i.i.d., "
+                                  "bursts") if args.slow_close else
+                   (NAME_16, "SELMCAST vs random-p, all, exponential: 16 peers, non-i.i.d., bursts"))
+    why = (f"\nWhy: `python experiments/selmcast_16_diagnosis.py --csv {args.out / name}.csv` splits time to target "
            f"into rounds and wall per round and replays the plans; [selmcast_16_diagnosis.md](selmcast_16_diagnosis.md) "
            f"is our reading of the 2026-11-25 run.")
-    c.write_results(args.out, NAME_16, rows, "SELMCAST vs random-p, all, exponential: 16 peers, non-i.i.d., bursts",
-                    setup, "\n\n".join(tables), draw, notes="\n".join(verdicts) + "\n" + why)
+    c.write_results(args.out, name, rows, title, setup, "\n\n".join(tables), draw,
+                    notes="\n".join(verdicts) + "\n" + why)
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = c.parse_args(__doc__, argv)
+    args = c.parse_args(__doc__, argv, extra=lambda ap: ap.add_argument(
+        "--slow-close", type=float, default=0.0, help="S: the 16-peer part alone, BSP, without and with --slow-close S"))
     part_16(args)  # the claim issue 16 asks about first
-    part_8(args)
+    if not args.slow_close:
+        part_8(args)
 
 
 if __name__ == "__main__":
