@@ -519,7 +519,8 @@ class Synchronizer(ABC):
                              delivered=float(np.mean([st.delivered for st in sent])) if sent else 1.0,
                              loss_rate=float(np.mean([st.loss_rate for st in sent])) if sent else 0.0,
                              delivery_rates=[st.delivery_rate for st in sent],
-                             deadline_hit=any(st.result == "deadline" for st in sent),
+                             # a slow close cuts a flow as a deadline does
+                             deadline_hit=any(st.result in ("deadline", "slow") for st in sent),
                              message_bytes=self.network.expected_bytes)
         self.network.history.append(record)
         del self.network.history[:-HISTORY]
