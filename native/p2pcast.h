@@ -97,15 +97,15 @@ typedef struct {
 
 typedef struct {
     uint32_t deadline_ms;         /* close whatever arrived after this long; 0 = no deadline */
+    uint32_t chunk_size;          /* payload bytes per chunk; 0 = largest the paths allow */
+    const void *app;              /* opaque descriptor delivered with the message (e.g. dtypes) */
+    uint32_t app_len;
     /* Slow close, per paced receiver (rate > 0; a multicast member: at the pace its group sends at):
      * its planned time is the message's wire bytes at that pace. Its send closes with what arrived
      * (P2P_SEND_SLOW) at start + slow_factor x planned, or sooner once its first-pass ACKs project
      * its end past that (bytes its bounds still need at the arrival rate measured so far, judged
      * from 1/16 of the message and two ACK intervals on). 0 = off; else >= 1. */
     double slow_factor;
-    uint32_t chunk_size;          /* payload bytes per chunk; 0 = largest the paths allow */
-    const void *app;              /* opaque descriptor delivered with the message (e.g. dtypes) */
-    uint32_t app_len;
 } p2p_send_options;
 
 typedef struct {
