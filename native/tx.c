@@ -100,6 +100,17 @@ static int close_ok(const struct p2p_send *s, const struct txr *r) {
     return r->first_pass_done && r->meta_acked == s->meta_chunks && r->nseg_ok == s->nseg;
 }
 
+/* A member closed as slow no longer sets the group's pace: the slowest paced member still following
+ * does (the group was paced at the slowest of all, see init_group). */
+static void group_repace(struct p2p_send *s) {
+    double pace = 0;
+    for (uint32_t i = 0; i < s->nrcv; i++) {
+        const struct txr *m = &s->r[i];
+        if (m->follows && m->rate > 0 && (pace == 0 || m->rate < pace)) pace = m->rate;
+    }
+    if (pace > 0) s->group->rate = pace;
+}
+
 static void start_close(p2p_engine *eng, struct p2p_send *s, struct txr *r, int result, uint64_t now) {
     r->state = S_CLOSE;
     r->result = result;
@@ -109,6 +120,7 @@ static void start_close(p2p_engine *eng, struct p2p_send *s, struct txr *r, int 
     send_close(eng, s, r, now);
     if (r->follows) {
         r->follows = 0;
+        if (result == P2P_SEND_SLOW) group_repace(s);
         group_check(eng, s, now);
     }
 }

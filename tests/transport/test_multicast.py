@@ -145,6 +145,21 @@ def test_a_member_closed_as_slow_stops_holding_up_the_group(ns):
     assert d_slow.reason == Reason.CLOSED and not d_slow.complete
 
 
+def test_a_member_closed_as_slow_no_longer_sets_the_groups_pace(ns):
+    # The group goes at its slowest member's pace, 2 MB/s; once that member is closed as slow
+    # (a fifth arrives), the rest goes at the other's 8 MB/s: it ends well before the whole message
+    # would take at 2 MB/s, which bounds it from below while the slow one sets the pace.
+    fast, slow = ns.make(sender_id=1), ns.make(sender_id=2, drop_prob=0.8, seed=3)
+    tx = ns.make(sender_id=0, transport_mode="multicast", max_datagram=1472)
+    x = np.arange(1_000_000, dtype=np.float32)
+    at_slow_pace = (x.nbytes + -(-x.nbytes // 1416) * (56 + 42)) / 2e6
+    h = send_in(ns, tx, 6, [x], [(*fast.address, 8e6), (*slow.address, 2e6)], slow_close=2.5)
+    st_fast, st_slow = h.wait(30)
+    assert st_slow.result == "slow", st_slow
+    assert st_fast.result == "exact" and st_fast.elapsed_s < 0.8 * at_slow_pace, (st_fast, at_slow_pace)
+    np.testing.assert_array_equal(recv_all([fast])[0].arrays[0], x)
+
+
 def test_receivers_without_multicast_get_it_by_unicast(ns):
     members = [ns.make(sender_id=i + 1) for i in range(3)]
     off = ns.make(sender_id=8, mcast_port=0)  # takes no multicast: answers its JOIN "unicast"
