@@ -81,10 +81,10 @@ def test_an_unpaced_receiver_has_no_plan_and_is_never_closed_slow(channels):
 def test_a_loss_bound_met_first_closes_early_not_slow(channels):
     # A fifth of the chunks arrives in the first pass and a bound of 0.9 needs a tenth: the
     # projection counts only what the bound still needs, so the close the bound allows comes first
-    # (all of it, at a fifth of the pace, would project past 1.5 x planned).
+    # (all of it, at a fifth of the pace, would project past 2.5 x planned).
     a = channels(sender_id=1, max_datagram=DATAGRAM)
     lossy = channels(sender_id=2, drop_prob=0.8, seed=3)
-    h = a.send(1, [np.zeros(1_000_000, np.uint8)], [(*lossy.address, PACE)], loss_bounds=0.9, slow_close=1.5)
+    h = a.send(1, [np.zeros(1_000_000, np.uint8)], [(*lossy.address, PACE)], loss_bounds=0.9, slow_close=2.5)
     (st,) = h.wait(30)
     assert st.result in ("early_closed", "exact")
 
