@@ -318,8 +318,10 @@ static int init_receiver(struct p2p_send *s, struct txr *r, const p2p_receiver *
     r->seg_acked = calloc(s->nseg + 1, sizeof(uint64_t));
     r->seg_ok = calloc(s->nseg + 1, 1);
     if (!r->acked || !r->seg_acked || !r->seg_ok) return set_error(ENOMEM, "out of memory");
-    for (uint32_t i = 0; i < s->nseg; i++)
+    for (uint32_t i = 0; i < s->nseg; i++) {
         if (s->seg_need[i] == 0) { r->seg_ok[i] = 1; r->nseg_ok++; }
+        r->need_left += s->seg_need[i];
+    }
     r->plen = s->nchunks;
     r->passes = 1;
     r->last_ack_ns = r->last_heard_ns = now;
@@ -344,6 +346,23 @@ static int init_group(struct p2p_send *s, uint64_t now) {
     g->passes = 1;
     g->refill_ns = g->last_ack_ns = g->last_heard_ns = now;
     g->rto_ns = 50000000ull;
+    return 0;
+}
+
+/* Slow close: each paced receiver's limit, start + factor x its planned time (the message's wire
+ * bytes at the pace it is sent at: a multicast member's is its group's, the slowest member's). */
+static int init_slow(struct p2p_send *s, double factor) {
+    if (!(factor == 0 || (factor >= 1 && factor < 1e9)))
+        return set_error(EINVAL, "slow_factor must be 0 (off) or in [1, 1e9), got %g", factor);
+    if (factor == 0) return 0;
+    double wire = (double)s->total + (double)s->nchunks * (WIRE_HDR + WIRE_OVERHEAD);
+    for (uint32_t i = 0; i < s->nrcv; i++) {
+        struct txr *r = &s->r[i];
+        if (r->rate <= 0) continue; /* unpaced: no plan */
+        double pace = r->follows && s->group->rate > 0 ? s->group->rate : r->rate;
+        double limit_ns = factor * wire / pace * 1e9;
+        if (limit_ns < 1e18) r->slow_ns = s->start_ns + (uint64_t)limit_ns; /* else: never in this job's life */
+    }
     return 0;
 }
 
@@ -412,6 +431,7 @@ int p2p_send_start(p2p_engine *eng, uint32_t msg_id, const p2p_segment *segs, ui
     for (uint32_t i = 0; i < nrcv; i++)
         if ((rc = init_receiver(s, &s->r[i], &rcv[i], now))) goto fail;
     if ((rc = init_group(s, now))) goto fail;
+    if ((rc = init_slow(s, opt ? opt->slow_factor : 0))) goto fail;
     s->nactive = nrcv;
     s->refs = 2; /* the caller's and the I/O thread's */
     pthread_mutex_lock(&eng->mu);
@@ -505,9 +525,15 @@ int p2p_send_receiver_stats(p2p_send *s, uint32_t i, p2p_receiver_stats *out, do
     /* Datagrams the receiver counted between its first and latest first-pass replies, over the time
      * between them, in wire bytes (as pacing and link rates count them). */
     uint32_t spread = r->ack_last_total - r->ack_first_total;
-    if (spread >= ACK_RATE_MIN_DGRAMS && r->ack_last_ns > r->ack_first_ns)
-        out->ack_rate = (double)spread * (double)(WIRE_HDR + s->chunk + WIRE_OVERHEAD) /
-                        ((double)(r->ack_last_ns - r->ack_first_ns) / 1e9);
+    double dgram = (double)(WIRE_HDR + s->chunk + WIRE_OVERHEAD);
+    if (r->result == P2P_SEND_SLOW) { /* the rate it was closed on: its arrivals up to the close */
+        if (spread >= ACK_RATE_MIN_DGRAMS && r->close_ns > r->ack_first_ns)
+            out->ack_rate = (double)spread * dgram / ((double)(r->close_ns - r->ack_first_ns) / 1e9);
+        else if (out->elapsed_s > 0)
+            out->ack_rate = (double)r->peer_total * dgram / out->elapsed_s;
+    } else if (spread >= ACK_RATE_MIN_DGRAMS && r->ack_last_ns > r->ack_first_ns) {
+        out->ack_rate = (double)spread * dgram / ((double)(r->ack_last_ns - r->ack_first_ns) / 1e9);
+    }
     out->loss_rate = r->sent ? 1.0 - (double)r->peer_total / (double)r->sent : 0;
     if (out->loss_rate < 0) out->loss_rate = 0;
     out->rtt_s = (double)r->srtt_ns / 1e9;

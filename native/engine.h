@@ -45,6 +45,9 @@ struct txr {
      * of datagrams received (the ACK-based delivery rate, see p2p_receiver_stats.ack_rate). */
     uint64_t ack_first_ns, ack_last_ns;
     uint32_t ack_first_total, ack_last_total;
+    uint64_t need_left;           /* bytes the segments' bounds still need acknowledged */
+    uint64_t slow_ns;             /* slow close: start + slow_factor x planned time; 0 = none */
+    uint64_t close_ns;            /* when its close started */
     int error;                    /* errno of a send the kernel refused (result UNREACHABLE), else 0 */
     uint8_t follows;              /* member: its passes are the group's (set until it leaves for unicast or ends) */
     uint8_t answered;             /* member: answered the probe that ended the group's pass */

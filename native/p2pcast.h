@@ -41,6 +41,7 @@
 #define P2P_SEND_UNREACHABLE 4     /* the receiver stopped answering */
 #define P2P_SEND_CANCELLED 5       /* the engine was closed first */
 #define P2P_SEND_DUPLICATE 6       /* the same message id was already in flight to it */
+#define P2P_SEND_SLOW 7            /* closed as slow: its arrivals put its end past slow_factor x its planned time */
 
 typedef struct p2p_engine p2p_engine;
 typedef struct p2p_send p2p_send;
@@ -99,6 +100,12 @@ typedef struct {
     uint32_t chunk_size;          /* payload bytes per chunk; 0 = largest the paths allow */
     const void *app;              /* opaque descriptor delivered with the message (e.g. dtypes) */
     uint32_t app_len;
+    /* Slow close, per paced receiver (rate > 0; a multicast member: at the pace its group sends at):
+     * its planned time is the message's wire bytes at that pace. Its send closes with what arrived
+     * (P2P_SEND_SLOW) at start + slow_factor x planned, or sooner once its first-pass ACKs project
+     * its end past that (bytes its bounds still need at the arrival rate measured so far, judged
+     * from 1/16 of the message and two ACK intervals on). 0 = off; else >= 1. */
+    double slow_factor;
 } p2p_send_options;
 
 typedef struct {
@@ -112,7 +119,10 @@ typedef struct {
     double delivery_rate;         /* bytes per second that reached the receiver (every pass) */
     double ack_rate;              /* wire bytes/s arriving at the receiver in the first pass, from
                                    * its ACKs' spread (datagrams counted / time between replies);
-                                   * not capped by the send's start or close; 0 = too few ACKs */
+                                   * not capped by the send's start or close; 0 = too few ACKs.
+                                   * P2P_SEND_SLOW: the rate up to the close (its ACKs' spread over the
+                                   * time from the first to the close; too few ACKs: the datagrams it
+                                   * received over the whole send), what the close was judged on */
     double loss_rate;             /* 1 - received/sent datagrams */
     double rtt_s;                 /* smoothed probe round trip */
     int error;                    /* errno when the kernel refused to send there (UNREACHABLE), else 0 */
@@ -169,6 +179,7 @@ typedef struct {
     uint64_t drop_queue_full;     /* delivered messages dropped unread: the delivery queue's quotas (max_queued_*) */
     uint64_t ack_limited;         /* ACKs not sent: 3x the bytes the message brought in (anti-amplification) */
     uint64_t send_errors;         /* sends the kernel refused (EACCES, ENETUNREACH, ...): receiver ended */
+    uint64_t slow_closed;         /* sends to a receiver that ended P2P_SEND_SLOW */
     uint64_t mcast_datagrams_sent; /* DATA datagrams sent to a group (each counted once in datagrams_sent) */
     uint64_t mcast_datagrams_received; /* datagrams that arrived through a group */
     uint64_t mcast_refused;       /* announced messages this engine could not join the group of (got them by unicast) */

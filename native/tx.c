@@ -1,6 +1,7 @@
 /* Sending: each message to each of its receivers is paced, sent in passes (the first sends every
  * chunk, later ones what the receiver's ACKs say is missing and its loss bound still needs), probed,
- * and closed once every segment is within its bound, at the deadline, or when the receiver is gone.
+ * and closed once every segment is within its bound, at the deadline, when its arrivals fall too far
+ * behind its planned time (slow close), or when the receiver is gone.
  * Receivers asked for multicast are first told to join this sender's group (JOIN); while they
  * follow it, the group's passes (one datagram for all) stand for theirs, and each member is still
  * probed, acknowledged and closed on its own (see "the group" below). */
@@ -87,6 +88,7 @@ static void finish(p2p_engine *eng, struct p2p_send *s, struct txr *r, int resul
     r->state = S_DONE;
     r->result = result;
     r->done_ns = now;
+    if (result == P2P_SEND_SLOW) CNT(eng, slow_closed, 1);
     if (--s->nactive == 0) complete_send(eng, s);
     if (r->follows) {
         r->follows = 0;
@@ -98,16 +100,50 @@ static int close_ok(const struct p2p_send *s, const struct txr *r) {
     return r->first_pass_done && r->meta_acked == s->meta_chunks && r->nseg_ok == s->nseg;
 }
 
+/* A member closed as slow no longer sets the group's pace: the slowest paced member still following
+ * does (the group was paced at the slowest of all, see init_group). */
+static void group_repace(struct p2p_send *s) {
+    double pace = 0;
+    for (uint32_t i = 0; i < s->nrcv; i++) {
+        const struct txr *m = &s->r[i];
+        if (m->follows && m->rate > 0 && (pace == 0 || m->rate < pace)) pace = m->rate;
+    }
+    if (pace > 0) s->group->rate = pace;
+}
+
 static void start_close(p2p_engine *eng, struct p2p_send *s, struct txr *r, int result, uint64_t now) {
     r->state = S_CLOSE;
     r->result = result;
+    r->close_ns = now;
     r->tries = 0;
     r->rto_ns = r->srtt_ns ? 3 * r->srtt_ns + RTO_MIN_NS : 50000000ull;
     send_close(eng, s, r, now);
     if (r->follows) {
         r->follows = 0;
+        if (result == P2P_SEND_SLOW) group_repace(s);
         group_check(eng, s, now);
     }
+}
+
+/* Datagrams of the first pass that the receiver must have counted before its arrival rate is
+ * judged: 1/16 of the message, and at least two ACK intervals (a rate from one is noise). */
+static uint32_t slow_sample(const struct p2p_send *s) {
+    uint32_t n = s->nchunks / 16;
+    return n > ACK_RATE_MIN_DGRAMS ? n : ACK_RATE_MIN_DGRAMS;
+}
+
+/* Slow close (p2p_send_options.slow_factor): past the limit (start + S x planned time), or, in the
+ * first pass, once the arrivals measured so far (datagrams the receiver counted since its first
+ * reply, over the time since) project the end past it: what its bounds still need, at that rate.
+ * Measured up to now, not to the latest reply, so a receiver whose arrivals stall projects ever later. */
+static int slow_due(const struct p2p_send *s, const struct txr *r, uint64_t now) {
+    if (!r->slow_ns) return 0;
+    if (now >= r->slow_ns) return 1;
+    uint32_t counted = r->ack_last_total - r->ack_first_total;
+    if (r->pass != 0 || counted < slow_sample(s) || now <= r->ack_first_ns) return 0;
+    double left = (double)(s->meta_chunks - r->meta_acked) + (double)r->need_left / s->chunk;
+    double ns_per_dgram = (double)(now - r->ack_first_ns) / counted;
+    return (double)now + left * ns_per_dgram > (double)r->slow_ns;
 }
 
 static void close_if_ok(p2p_engine *eng, struct p2p_send *s, struct txr *r, uint64_t now) {
@@ -116,6 +152,8 @@ static void close_if_ok(p2p_engine *eng, struct p2p_send *s, struct txr *r, uint
             start_close(eng, s, r, r->nacked == s->nchunks ? P2P_SEND_EXACT : P2P_SEND_EARLY_CLOSED, now);
         else if (s->deadline_ns && now >= s->deadline_ns)
             start_close(eng, s, r, P2P_SEND_DEADLINE, now);
+        else if (slow_due(s, r, now))
+            start_close(eng, s, r, P2P_SEND_SLOW, now);
     }
 }
 
@@ -130,6 +168,10 @@ static void mark_acked(struct p2p_send *s, struct txr *r, uint32_t k) {
         uint64_t end = s->seg_flat[i] + s->seg_len[i];
         uint64_t hi = b < end ? b : end;
         if (hi <= lo) continue;
+        if (!r->seg_ok[i]) {
+            uint64_t gap = s->seg_need[i] - r->seg_acked[i];
+            r->need_left -= hi - lo < gap ? hi - lo : gap;
+        }
         r->seg_acked[i] += hi - lo;
         if (!r->seg_ok[i] && r->seg_acked[i] >= s->seg_need[i]) {
             r->seg_ok[i] = 1;
@@ -652,11 +694,15 @@ static struct txr *find_txr(p2p_engine *eng, uint32_t msg, const struct sockaddr
     return NULL;
 }
 
-/* Timers of one receiver's send: deadline, lost probes or CLOSEs, a stalled window. */
+/* Timers of one receiver's send: deadline, slow-close limit, lost probes or CLOSEs, a stalled window. */
 static void timers_of(p2p_engine *eng, struct p2p_send *s, struct txr *r, uint64_t now) {
     if (r->state == S_DONE) return;
     if (r->state != S_CLOSE && s->deadline_ns && now >= s->deadline_ns) {
         start_close(eng, s, r, P2P_SEND_DEADLINE, now);
+        return;
+    }
+    if (r->state != S_CLOSE && r->slow_ns && now >= r->slow_ns) {
+        start_close(eng, s, r, P2P_SEND_SLOW, now);
         return;
     }
     if (now - r->last_heard_ns > UNREACHABLE_NS && r->tries >= 3) {
@@ -692,6 +738,7 @@ static uint64_t next_wake_of(p2p_engine *eng, struct p2p_send *s, struct txr *r,
     uint64_t wake = UINT64_MAX;
     if (r->state == S_DONE) return wake;
     if (s->deadline_ns && r->state != S_CLOSE) wake = s->deadline_ns;
+    if (r->slow_ns && r->state != S_CLOSE && r->slow_ns < wake) wake = r->slow_ns;
     if (r->follows && (r->state == S_SEND || r->state == S_PROBE)) return wake; /* the group's timer watches it */
     int sending = r->state == S_SEND && r->ppos < r->plen && window_open(eng, s, r);
     if (!sending) { /* waiting for the receiver: its answer, or the retransmission timer (see tx_timers) */

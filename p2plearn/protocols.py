@@ -66,12 +66,14 @@ class DataChannel(DeliverySource, Protocol):
 
     def send(self, msg_id: int, arrays: Sequence[Any], receivers: Iterable[tuple[str, int] | tuple[str, int, float]],
              loss_bounds: float | Sequence[float] = 0.0, deadline: float | None = None, *,
-             multicast: bool | Sequence[bool] | None = None) -> PendingSend:
+             multicast: bool | Sequence[bool] | None = None, slow_close: float = 0.0) -> PendingSend:
         """Start sending `arrays` (numpy arrays or CPU tensors, read in place until the send is
         done) as message `msg_id` to every receiver ((host, port[, pacing rate in bytes/s]));
         returns at once. `loss_bounds`: per array (or one for all), the fraction a receiver may
         miss; `deadline`: seconds after which each receiver's send closes; `multicast`: per
-        receiver (or for all) whether it goes through the sender's group."""
+        receiver (or for all) whether it goes through the sender's group; `slow_close`: S, a
+        paced receiver's send closes once its arrivals put its end past S x its planned time
+        (0 = off; a transport without pacing ignores it)."""
         ...
 
     def stats(self) -> Mapping[str, int]:

@@ -119,6 +119,11 @@ class Synchronizer(ABC):
             engine address.
         selection, fanout, seed: the selection policy's name, p, and tie-break seed.
         tolerance: decides per-layer bounds and the round deadline.
+        slow_close: S for every round's sends (`Channel.send`'s slow_close; `Options.slow_close`):
+            a receiver whose arrivals put its end past S times its planned time is closed with
+            what it got (result "slow"), so a burst on one downlink costs the round at most S x
+            its plan; 0 = off. Its receiver merges what arrived within its loss bound, as after
+            a deadline.
         value_filter: when given, only what it lets through is sent: the elements (or layers)
             whose accumulated change crossed its threshold, carrying their current values;
             receivers average just those and keep their own values elsewhere.
@@ -146,7 +151,8 @@ class Synchronizer(ABC):
                  value_filter: UpdateFilter | None = None, outer: OuterOptimizer | None = None,
                  compress: str = "none", round_cap_s: float = 30.0, start_clock: int = 0,
                  policy_options: dict | None = None, transport_mode: str = "unicast",
-                 layer_ranges: list[tuple[int, int, int]] | None = None, fragments: int = 1):
+                 layer_ranges: list[tuple[int, int, int]] | None = None, fragments: int = 1,
+                 slow_close: float = 0.0):
         if not all(p.flags.c_contiguous for p in params):
             raise ValueError("the synchronizer merges in place: its arrays must be C-contiguous")
         self.params = [p.reshape(-1) for p in params]  # 1-D views: layers are element ranges of them
@@ -172,6 +178,7 @@ class Synchronizer(ABC):
         self.channel = channel
         self.client = client
         self.tolerance = tolerance
+        self.slow_close = slow_close
         self.filter = value_filter
         self.outer = outer
         self.compressor = Compressor(compress, [p.size for p in params]) if compress != "none" else None
@@ -213,7 +220,7 @@ class Synchronizer(ABC):
         receivers = [(j, rate) for j, rate in plan.receivers if j in members and members[j].engine]
         message, wire_bounds = to_wire(bounds)
         handle = self.channel.send(rnd, message, [(*members[j].engine, rate) for j, rate in receivers],
-                                   loss_bounds=wire_bounds, deadline=deadline,
+                                   loss_bounds=wire_bounds, deadline=deadline, slow_close=self.slow_close,
                                    multicast=[j in plan.grouped for j, _ in receivers])
         self._interrupted = False
         # A peer that joined holds no view older than the one it was given: for the rounds before
@@ -512,7 +519,8 @@ class Synchronizer(ABC):
                              delivered=float(np.mean([st.delivered for st in sent])) if sent else 1.0,
                              loss_rate=float(np.mean([st.loss_rate for st in sent])) if sent else 0.0,
                              delivery_rates=[st.delivery_rate for st in sent],
-                             deadline_hit=any(st.result == "deadline" for st in sent),
+                             # a slow close cuts a flow as a deadline does
+                             deadline_hit=any(st.result in ("deadline", "slow") for st in sent),
                              message_bytes=self.network.expected_bytes)
         self.network.history.append(record)
         del self.network.history[:-HISTORY]

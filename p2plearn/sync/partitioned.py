@@ -182,7 +182,8 @@ class Partitioned(Synchronizer):
             if fmt is not None:
                 loss_bounds = fmt.loss_bounds(loss_bounds)
             sent_bytes += sum(a.nbytes for a in arrays) * len(receivers)
-            return self.channel.send(msg_id, arrays, receivers, loss_bounds=loss_bounds, deadline=deadline)
+            return self.channel.send(msg_id, arrays, receivers, loss_bounds=loss_bounds, deadline=deadline,
+                                     slow_close=self.slow_close)
 
         # 1. scatter: part k (compressed: its change, or its values on a resync round) to its aggregator k
         compressed, resync = self.compressor is not None, self._resync(rnd)

@@ -266,7 +266,8 @@ class DecentralizedOptimizer(Optimizer):
                                                       "mixing_slack": self.options.mixing_slack}
                                       if self.options.selection == "selmcast" else None,
                                       transport_mode=self.options.transport_mode,
-                                      layer_ranges=layer_ranges, fragments=self.options.fragments, **extra)
+                                      layer_ranges=layer_ranges, fragments=self.options.fragments,
+                                      slow_close=self.options.slow_close, **extra)
         self._donations: list[int] = []
         # Each rank's last engine address, and the ranks last heard of as dead: a final average
         # sends to a root that left the job (it is averaging), never to one known dead.

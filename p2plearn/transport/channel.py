@@ -46,6 +46,7 @@ SEND_RESULTS = {
     lib.P2P_SEND_UNREACHABLE: "unreachable",
     lib.P2P_SEND_CANCELLED: "cancelled",
     lib.P2P_SEND_DUPLICATE: "duplicate",
+    lib.P2P_SEND_SLOW: "slow",
 }
 
 
@@ -64,7 +65,8 @@ class ReceiverStats:
     passes: int
     elapsed_s: float
     delivery_rate: float        # bytes/s that reached the receiver, every pass, over the whole send
-    ack_rate: float             # wire bytes/s arriving in the first pass, from ACK spread (0: too few ACKs)
+    ack_rate: float             # wire bytes/s arriving in the first pass, from ACK spread (0: too few ACKs);
+                                # result "slow": the rate up to the close, what it was closed on
     loss_rate: float
     rtt_s: float
     error: str = ""            # why the kernel refused to send there (result "unreachable"), e.g. "EACCES: Permission denied"
@@ -97,7 +99,7 @@ class SendHandle:
         return lib.p2p_send_wait(self._ptr, 0) == 0
 
     def wait(self, timeout: float | None = None) -> list[ReceiverStats]:
-        """Block until every receiver finished (closed, exact, deadline or unreachable); per-receiver stats.
+        """Block until every receiver finished (closed, exact, deadline, slow or unreachable); per-receiver stats.
 
         Raises TimeoutError if `timeout` seconds pass first.
         """
@@ -271,7 +273,7 @@ class Channel:
     def send(self, msg_id: int, arrays: Sequence[Any], receivers: Iterable[Any],
              loss_bounds: float | Sequence[float] = 0.0, deadline: float | None = None,
              chunk_size: int | None = None, multicast: bool | Sequence[bool] | None = None, *,
-             _probe: bool = False) -> SendHandle:
+             slow_close: float = 0.0, _probe: bool = False) -> SendHandle:
         """Start sending `arrays` as message `msg_id` to every receiver; returns at once.
 
         msg_id: 32 bits, but for PROBE_MSG_IDS; a receiver refuses one it delivered from this
@@ -280,6 +282,11 @@ class Channel:
         loss_bounds: per array (or one for all), the fraction that may be missing at a receiver
             when the send to it closes early; 0 = exact delivery.
         deadline: seconds after which each receiver's send closes with whatever arrived.
+        slow_close: S; 0 = off, else >= 1. Each paced receiver's send (rate > 0) closes with
+            whatever arrived, result "slow", at S times its planned time (the message's wire bytes
+            at its rate; a multicast receiver's: at its group's pace) from the start, or sooner once
+            the arrival rate its ACKs measured projects its end past that. The receiver handles it
+            as a deadline's close. See docs/slow-close.md for choosing S.
         multicast: True: every receiver through this sender's group; False: unicast; one bool
             per receiver: those marked True through the group, the others by unicast (a round's
             plan says which share the sender's multicast domain); None: as `transport_mode` says,
@@ -325,6 +332,7 @@ class Channel:
         opt.app, opt.app_len = desc, len(ffi.string(desc))
         opt.deadline_ms = 0 if deadline is None else max(1, int(deadline * 1000))
         opt.chunk_size = chunk_size or 0
+        opt.slow_factor = slow_close
         out = ffi.new("p2p_send **")
         with self._held() as eng:
             check(lib.p2p_send_start(eng, msg_id, segs, len(views), rs, len(rcv), opt, out))

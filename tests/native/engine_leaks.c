@@ -87,6 +87,25 @@ int main(void) {
         p2p_send_release(s);
     }
 
+    /* Slow close: a paced receiver that gets a fifth of what is sent ends SLOW, its cut delivery freed. */
+    p2p_engine *lossy = open_engine(3, 0.8);
+    p2p_segment part = {x, 100000 * sizeof *x, 0};
+    p2p_receiver paced = {"127.0.0.1", port_of(lossy), 2e6, 0};
+    p2p_send_options slow_opt = {.slow_factor = 2, .app = "f4", .app_len = 2};
+    p2p_send *ss = NULL;
+    CHECK(p2p_send_start(a, 9, &part, 1, &paced, 1, &slow_opt, &ss) == 0);
+    CHECK(p2p_send_wait(ss, 10000) == 0);
+    p2p_receiver_stats st;
+    CHECK(p2p_send_receiver_stats(ss, 0, &st, NULL, 0) == 0 && st.result == P2P_SEND_SLOW);
+    p2p_send_release(ss);
+    p2p_delivery *cut = NULL;
+    CHECK(p2p_recv(lossy, 10000, &cut) == 0 && cut->reason == P2P_DELIVERED_CLOSED);
+    p2p_delivery_free(cut);
+    p2p_counters counters;
+    p2p_engine_counters(a, &counters);
+    CHECK(counters.slow_closed == 1);
+    p2p_engine_close(lossy);
+
     /* Garbage and a replay from another socket: dropped and counted, nothing delivered. */
     int raw = socket(AF_INET, SOCK_DGRAM, 0);
     struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons(port_of(b))};

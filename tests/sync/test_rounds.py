@@ -20,8 +20,8 @@ JOB = "sync-test"
 
 class Peer:
     def __init__(self, rank: int, coordinator: Coordinator, key: str, cls, params: list[np.ndarray] | None = None,
-                 **kw):
-        self.channel = Channel(sender_id=rank)
+                 channel_kw: dict | None = None, **kw):
+        self.channel = Channel(sender_id=rank, **(channel_kw or {}))
         self.client = Client(coordinator.address, JOB, key, rank=rank, connect_timeout=5.0)
         self.client.register(self.channel.address)
         self.params = params if params is not None else [np.full((50, 40), float(rank), np.float32),
@@ -291,3 +291,36 @@ def test_a_message_that_does_not_fit_is_dropped_and_counted_and_the_others_merge
     assert merged == 1
     np.testing.assert_allclose(peer.params[0], 2.0)  # (0 + 4) / 2: rank 0 holds 0
     assert peer.sync.inbox.drops == {"unmergeable: values reaching past their message's 2 chunks": 1}
+
+
+@pytest.mark.parametrize("factor", [0.0, 3.0])
+def test_a_round_closes_a_receiver_far_behind_its_plan_as_slow_only_with_slow_close(factor):
+    """Two peers whose view plans 2 MB/s each way; rank 1's downlink takes a tenth of what is sent
+    (its engine drops 90%). With slow_close the send to it ends "slow" by 3 x its planned time, and
+    rank 1 merges what arrived only within its bound (0 here: it is dropped); without, it waits for
+    every chunk."""
+    key = secrets.token_hex(16)
+    coord = Coordinator(JOB, key, heartbeat=0.2, startup_grace=1.0,
+                        rates={0: (2e6, 2e6), 1: (2e6, 2e6)}).start()
+    peers = []
+    try:
+        for rank, drop in ((0, 0.0), (1, 0.9)):
+            peers.append(Peer(rank, coord, key, BSP, params=[np.full(50_000, float(rank), np.float32)],
+                              channel_kw={"drop_prob": drop, "seed": 1, "max_datagram": 1472},
+                              slow_close=factor))
+        for p in peers:
+            p.client.wait_members(2, 5.0, receiving=True)
+        stats = {}
+        run_threads(peers, 1, after_step=lambda st: stats.setdefault(st.receivers[0], st))
+        to_lossy = stats[1]
+        assert to_lossy.planned_s > 0.05  # 200 KB at the view's 2 MB/s: paced, so planned
+        if factor:
+            assert to_lossy.results == {"slow": 1}
+            assert to_lossy.send_s < factor * to_lossy.planned_s + 2.0
+            assert peers[0].sync.network.history[-1].deadline_hit  # the tolerance policy sees a cut flow
+        else:
+            assert to_lossy.results == {"exact": 1}
+    finally:
+        for p in peers:
+            p.close()
+        coord.stop()

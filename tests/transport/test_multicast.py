@@ -127,6 +127,39 @@ def test_loss_bounds_hold_per_receiver(ns):
     assert all(st.fractions[0] >= 0.9 and st.fractions[1] == 1.0 for st in stats), stats
 
 
+def test_a_member_closed_as_slow_stops_holding_up_the_group(ns):
+    # Both members paced at 2 MB/s through the group; one takes a fifth of what is sent. Its
+    # projection closes it as slow long before 2.5 x planned, and the other's repairs and close do
+    # not wait for it: it ends exact well inside the slow one's limit too.
+    fast, slow = ns.make(sender_id=1), ns.make(sender_id=2, drop_prob=0.8, seed=3)
+    tx = ns.make(sender_id=0, transport_mode="multicast", max_datagram=1472)
+    x = np.arange(250_000, dtype=np.float32)
+    pace, factor = 2e6, 2.5
+    limit = factor * (x.nbytes + -(-x.nbytes // 1416) * (56 + 42)) / pace  # wire bytes at the pace, meta left out
+    h = send_in(ns, tx, 5, [x], [(*c.address, pace) for c in (fast, slow)], slow_close=factor)
+    st_fast, st_slow = h.wait(30)
+    assert st_fast.result == "exact" and st_fast.multicast and st_fast.elapsed_s < limit, st_fast
+    assert st_slow.result == "slow" and st_slow.elapsed_s < limit, st_slow
+    d_fast, d_slow = recv_all([fast, slow])
+    np.testing.assert_array_equal(d_fast.arrays[0], x)
+    assert d_slow.reason == Reason.CLOSED and not d_slow.complete
+
+
+def test_a_member_closed_as_slow_no_longer_sets_the_groups_pace(ns):
+    # The group goes at its slowest member's pace, 2 MB/s; once that member is closed as slow
+    # (a fifth arrives), the rest goes at the other's 8 MB/s: it ends well before the whole message
+    # would take at 2 MB/s, which bounds it from below while the slow one sets the pace.
+    fast, slow = ns.make(sender_id=1), ns.make(sender_id=2, drop_prob=0.8, seed=3)
+    tx = ns.make(sender_id=0, transport_mode="multicast", max_datagram=1472)
+    x = np.arange(1_000_000, dtype=np.float32)
+    at_slow_pace = (x.nbytes + -(-x.nbytes // 1416) * (56 + 42)) / 2e6
+    h = send_in(ns, tx, 6, [x], [(*fast.address, 8e6), (*slow.address, 2e6)], slow_close=2.5)
+    st_fast, st_slow = h.wait(30)
+    assert st_slow.result == "slow", st_slow
+    assert st_fast.result == "exact" and st_fast.elapsed_s < 0.9 * at_slow_pace, (st_fast, at_slow_pace)
+    np.testing.assert_array_equal(recv_all([fast])[0].arrays[0], x)
+
+
 def test_receivers_without_multicast_get_it_by_unicast(ns):
     members = [ns.make(sender_id=i + 1) for i in range(3)]
     off = ns.make(sender_id=8, mcast_port=0)  # takes no multicast: answers its JOIN "unicast"
