@@ -152,9 +152,12 @@ class Partitioned(Synchronizer):
         self._computed_until(t0)
         self._track_updates(loss)
         me = self.client.rank
-        self.network.expected_bytes = self._model_bytes(carried)
+        resync = self._resync(rnd)
+        self.network.expected_bytes = self._model_bytes(carried, resync)
         layout = self._plan(self.client.view_for(rnd), rnd)
-        self.network.planned_time_s = layout.planned_time if layout else 0.0
+        # the layout is planned at the format's bytes; a resync round carries values (int4's in int8)
+        self.network.planned_time_s = \
+            layout.planned_time * self.network.expected_bytes / self._model_bytes(carried) if layout else 0.0
         bounds, deadline = self.tolerance.bounds(rnd, self.layers, self.network, self.training)
         bounds = self.array_bounds(bounds)  # parts cut arrays anywhere: each keeps its array's smallest bound
         if layout is None or me not in layout.ranks:  # alone, or not in the view that plans this round yet
@@ -186,7 +189,7 @@ class Partitioned(Synchronizer):
                                      slow_close=self.slow_close)
 
         # 1. scatter: part k (compressed: its change, or its values on a resync round) to its aggregator k
-        compressed, resync = self.compressor is not None, self._resync(rnd)
+        compressed = self.compressor is not None
         scatter_format = (self._resync_format if resync else self.compressor) if compressed else None
         gather_format = (self._resync_format if resync else self._gather_format) if compressed else None
         scatter = []
@@ -310,10 +313,12 @@ class Partitioned(Synchronizer):
         layout = cached[1]
         return layout if len(layout.ranks) >= 2 else None
 
-    def _model_bytes(self, carried: list[int]) -> int:
-        """The bytes of the arrays `carried` (a round's fragment: all of them without fragments) on the wire."""
-        if self.compressor is not None:
-            return self.compressor.wire_bytes([self.params[t].size for t in carried])
+    def _model_bytes(self, carried: list[int], resync: bool = False) -> int:
+        """The bytes of the arrays `carried` (a round's fragment: all of them without fragments) on the
+        wire, in the compressed format of a change round or (``resync``) of a resync round."""
+        fmt = self._resync_format if resync else self.compressor
+        if fmt is not None:
+            return fmt.wire_bytes([self.params[t].size for t in carried])
         return sum(self.params[t].nbytes for t in carried)
 
     def _fits(self, d: Delivery, slices: Slices, fmt: Compressor | None) -> list[Contribution] | None:

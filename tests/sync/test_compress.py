@@ -233,6 +233,19 @@ def test_compressed_partitioned_rounds_send_the_change_and_err_by_its_rounding(j
             assert rs.round == rnd and rs.bytes_sent == pytest.approx(BYTES[mode] * 2 * 3 / 4 * model, rel=0.05)
 
 
+def test_a_resync_round_is_planned_at_the_bytes_it_carries(job):  # noqa: F811
+    """int4's resync rounds carry int8 values: their planned time (the adaptive deadline's base) is
+    the change rounds' times int8's bytes over int4's, not the same."""
+    peers = job(2, Partitioned, compress="int4")
+    planned = []
+    for _ in range(2):  # round 0 resyncs, round 1 sends the change
+        run_threads(peers, 1)
+        planned.append(peers[0].sync.network.planned_time_s)
+    sizes = [a.size for a in peers[0].params]
+    ratio = Compressor("int8", None).wire_bytes(sizes) / Compressor("int4", None).wire_bytes(sizes)
+    assert planned[1] > 0 and planned[0] == pytest.approx(ratio * planned[1], rel=1e-9)
+
+
 def test_a_peer_whose_anchor_is_off_rejoins_the_consensus_at_the_next_resync_round(job):  # noqa: F811
     """Changes never carry the anchor: a peer that adopted a model of its own (a joiner's, or one that
     kept its own values where a gather piece was lost) stays off until a round exchanges values."""
