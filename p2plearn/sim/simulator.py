@@ -283,9 +283,9 @@ class _Run:
             new["cut"].append(self.t + sim.deadline[s])
             # planned: the first pass's wire bytes at the pacing rate (the engine's plan knows no
             # loss); a pace of 0 or inf is none. RTOL: a flow that keeps its pace at S = 1 ends itself.
-            pace = cap[pick]
             slow_at = np.full(len(d), np.inf)
             if sim.slow_close and sim.paced:
+                pace = cap[pick]
                 has_plan = (pace > 0) & np.isfinite(pace)
                 planned = np.broadcast_to(m, len(d))[has_plan] / sim.efficiency / pace[has_plan]
                 slow_at[has_plan] = self.t + sim.slow_close * planned * (1 + RTOL)
@@ -328,7 +328,7 @@ class _Run:
         with np.errstate(divide="ignore"):
             projected = self.t + f["remaining"] / f["rate"]
         late = np.isfinite(f["slow_at"]) & (projected > f["slow_at"])
-        f["slow_at"][late] = np.minimum(f["slow_at"][late], self.t)
+        f["slow_at"][late] = self.t
 
     def _step(self) -> None:
         f = self.f
