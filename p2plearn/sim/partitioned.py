@@ -10,7 +10,7 @@ transfers take about as long, and each flow's pace):
 A peer's round ends when its sends are done and the parts sent to it arrived; then the outer
 step. The model is one sequence of elements (the replica's row), cut as training cuts the
 exchanged tensors read in order. Loss bounds: each sender's smallest (per-layer bounds are refused
-with this mode, as with compression); the deadline applies to each phase.
+with this mode, as with compression); the deadline and the slow close apply to each phase.
 """
 from __future__ import annotations
 
@@ -82,7 +82,8 @@ class VirtualPartitioned:
                  "rate": np.concatenate([f1["rate"], f2["rate"]]), "cap": np.concatenate([f1["cap"], f2["cap"]])}
         record = {"round": rnd, "end_s": float(end.max()), "average_p": float(len(layout.ranks) - 1),
                   "delivered": float(flows["delivered"].mean()) if len(flows["src"]) else 1.0,
-                  "merged": float(counts.mean()), "planned_s": layout.planned_time}
+                  "merged": float(counts.mean()), "planned_s": layout.planned_time,
+                  "slow": int(f1["slow"].sum() + f2["slow"].sum())}
         return end, record, flows
 
     def _phase(self, flows: list[tuple[int, int, float, float]], start: np.ndarray, sizes: np.ndarray,
@@ -94,14 +95,15 @@ class VirtualPartitioned:
         up, down, loss = t.links.at(t0)
         if not flows:
             empty = {k: np.zeros(0, dtype=int if k in ("src", "dst") else float)
-                     for k in ("src", "dst", "start_s", "end_s", "delivered", "rate", "cap")}
+                     for k in ("src", "dst", "start_s", "end_s", "delivered", "rate", "cap", "slow")}
             return empty, t0, loss
         src, dst, cap, nbytes = (np.array(x) for x in zip(*flows))
         plan = {i: dst[src == i].tolist() for i in np.unique(src).tolist()}
         view = NetworkView(up, down, sizes, np.ones(t.n, dtype=bool))
         sim = PlannedSimulator(view, plan, (src.astype(np.int64), dst.astype(np.int64), cap.astype(float),
                                              nbytes.astype(float)),
-                                loss=loss, bound=bound, deadline=deadline, compute_s=start - t0,
+                                loss=loss, bound=bound, deadline=deadline, slow_close=t.options.slow_close,
+                                compute_s=start - t0,
                                 links=t.links.from_time(t0))
         f = sim.run(1).flows
         f["src"], f["dst"] = f["src"].astype(int), f["dst"].astype(int)

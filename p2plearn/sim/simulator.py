@@ -43,7 +43,8 @@ class SimResult:
 
     rounds: list[RoundResult] = field(default_factory=list)
     # One entry per flow, arrays in the order flows ended: round, src, dst, start_s, end_s, cap
-    # (pacing rate), rate (wire bytes/s it moved at on average) and delivered (fraction of its message).
+    # (pacing rate), rate (wire bytes/s it moved at on average), delivered (fraction of its message)
+    # and slow (1.0 where the slow close ended it, else 0.0).
     flows: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
@@ -88,6 +89,13 @@ class Simulator:
     layer_shares: [L] fractions of a message's bytes in each layer (with a [n, L] bound).
     deadline: seconds after its start at which a flow is cut; it reports what arrived by then.
         One for all or one per sender ([n], inf: none).
+    slow_close: S, the engine's `--slow-close` (0: off, else >= 1): a paced flow's planned time is its
+        message's wire bytes at its pacing rate; the flow is cut, as at a deadline, once its projected
+        end (now + its remaining bytes at its current rate, judged whenever rates change: flows
+        starting or ending where links are shared, burst edges) passes start + S x planned time, and
+        at start + S x planned time at the latest. Unpaced flows (paced=False) have no plan and no
+        slow close. Smaller S bounds a burst's cost tighter and cuts more flows that were only a
+        little late (with loss, a flow that must resend more than S - 1 of its bytes is cut).
     paced: cap flows at their pacing rate (the synchronizer's behaviour); False: only fairness.
     efficiency: payload bytes per byte on the link (WIRE_EFFICIENCY for 1500-byte frames).
     latency_s: fixed time a peer's send takes beyond moving its bytes (the close handshake, thread
@@ -105,7 +113,7 @@ class Simulator:
                  p: int = 2, seed: int = 0, policy_kw: dict | None = None, sync: str = "bsp",
                  staleness: int = 0, compute_s: float = 0.0, compute_spread: float = 0.0, jitter: float = 0.0,
                  bound: float | np.ndarray = 0.0, layer_shares: np.ndarray | None = None,
-                 deadline: float | np.ndarray | None = None, paced: bool = True,
+                 deadline: float | np.ndarray | None = None, slow_close: float = 0.0, paced: bool = True,
                  efficiency: float = WIRE_EFFICIENCY, latency_s: float = 0.0, host_rate: float | None = None,
                  links: Callable[[float], tuple[np.ndarray, np.ndarray, float]] | None = None):
         if sync not in ("bsp", "ssp"):
@@ -125,6 +133,9 @@ class Simulator:
         self.p = p
         self.staleness = 0 if sync == "bsp" else staleness
         self.deadline = np.broadcast_to(np.asarray(np.inf if deadline is None else deadline, dtype=float), (view.n,))
+        if not (slow_close == 0 or slow_close >= 1):
+            raise ValueError(f"slow_close must be 0 (off) or at least 1, got {slow_close}")
+        self.slow_close = float(slow_close)
         self.paced, self.efficiency = paced, efficiency
         self.latency_s = latency_s
         self.links = links
@@ -186,7 +197,10 @@ class _Run:
         self.waiting = self.live.copy()                          # done with a round, may not start the next
         self.outstanding = np.zeros(n, dtype=np.int64)           # active flows per sender
         self.arrivals: list[tuple[float, int, int]] = []        # (compute end, peer, round)
-        names = ("src", "dst", "cap", "rate", "remaining", "total", "cut", "round", "payload", "survive", "start")
+        # cut: the deadline; slow_at: when the slow close ends the flow (inf: never; now, once its
+        # projection passed start + S x planned time)
+        names = ("src", "dst", "cap", "rate", "remaining", "total", "cut", "slow_at", "round", "payload", "survive",
+                 "start")
         self.f = {k: np.zeros(0, dtype=np.int64 if k in ("src", "dst", "round") else float) for k in names}
         self.dirty = False                                       # flows or links changed: recompute rates
         self.uplink, self.downlink = sim.view.uplink, sim.view.downlink  # the links' rates now
@@ -210,7 +224,7 @@ class _Run:
             delivered = self.delivered_sum[r] / self.flows_per_round[r] if self.flows_per_round[r] else 1.0
             results.append(RoundResult(r, float(self.end[r] - prev), average_fanout(plan), float(delivered),
                                        plan_time(self.sim.view, plan), float(self.end[r])))
-        keys = ("round", "src", "dst", "start_s", "end_s", "cap", "rate", "delivered")
+        keys = ("round", "src", "dst", "start_s", "end_s", "cap", "rate", "delivered", "slow")
         flows = {k: np.concatenate([e[k] for e in self.ended]) if self.ended else np.zeros(0) for k in keys}
         return SimResult(results, flows)
 
@@ -267,6 +281,15 @@ class _Run:
             new["cap"].append(cap[pick] if sim.paced else np.full(len(d), np.inf))
             new["rate"].append(np.zeros(len(d))), new["remaining"].append(total), new["total"].append(total)
             new["cut"].append(self.t + sim.deadline[s])
+            # planned: the first pass's wire bytes at the pacing rate (the engine's plan knows no
+            # loss); a pace of 0 or inf is none. RTOL: a flow that keeps its pace at S = 1 ends itself.
+            slow_at = np.full(len(d), np.inf)
+            if sim.slow_close and sim.paced:
+                pace = cap[pick]
+                has_plan = (pace > 0) & np.isfinite(pace)
+                planned = np.broadcast_to(m, len(d))[has_plan] / sim.efficiency / pace[has_plan]
+                slow_at[has_plan] = self.t + sim.slow_close * planned * (1 + RTOL)
+            new["slow_at"].append(slow_at)
             new["round"].append(np.full(len(d), r)), new["payload"].append(m), new["survive"].append(1.0 - q)
             new["start"].append(np.full(len(d), self.t))
             count = np.bincount(s, minlength=view.n)
@@ -295,6 +318,17 @@ class _Run:
             f["rate"] = max_min_rates(f["src"], f["dst"], self.uplink, self.downlink, f["cap"], self.sim.host_rate)
             self.feasible = False
         self.dirty = False
+        if self.sim.slow_close:
+            self._slow_close()
+
+    def _slow_close(self) -> None:
+        """End now every flow whose projected end, at the rate it has now, is past its slow close.
+        Rates hold until they are next recomputed, so this is the only place a projection moves."""
+        f = self.f
+        with np.errstate(divide="ignore"):
+            projected = self.t + f["remaining"] / f["rate"]
+        late = np.isfinite(f["slow_at"]) & (projected > f["slow_at"])
+        f["slow_at"][late] = self.t
 
     def _step(self) -> None:
         f = self.f
@@ -302,7 +336,7 @@ class _Run:
             self._rates()
         t_arr = self.arrivals[0][0] if self.arrivals else np.inf
         with np.errstate(divide="ignore"):
-            fin = np.minimum(self.t + f["remaining"] / f["rate"], f["cut"])
+            fin = np.minimum(np.minimum(self.t + f["remaining"] / f["rate"], f["cut"]), f["slow_at"])
         t_fin = fin.min(initial=np.inf)
         if t_arr == t_fin == self.next_change == np.inf:
             raise RuntimeError("flows that never end: a live peer has a zero rate and no deadline is set")
@@ -356,11 +390,15 @@ class _Run:
         delivered = np.minimum(1.0, sent * f["survive"][done] / f["payload"][done])
         np.add.at(self.delivered_sum, f["round"][done], delivered)
         start = f["start"][done]
+        # ended by the slow close: cut short at its slow_at, before its deadline
+        slow = (ends >= f["slow_at"][done]) & (f["slow_at"][done] < f["cut"][done]) & (left > RTOL * f["total"][done])
         with np.errstate(divide="ignore", invalid="ignore"):
-            rate = np.where(ends > start, (f["total"][done] - left) / (ends - start), f["cap"][done])
+            # a flow cut as it starts measured only its rate then
+            rate = np.where(ends > start, (f["total"][done] - left) / (ends - start),
+                            np.where(slow, f["rate"][done], f["cap"][done]))
         self.ended.append({"round": f["round"][done], "src": f["src"][done], "dst": f["dst"][done], "start_s": start,
                            "end_s": np.asarray(ends, dtype=float), "cap": f["cap"][done], "rate": rate,
-                           "delivered": delivered})
+                           "delivered": delivered, "slow": slow.astype(float)})
         np.subtract.at(self.outstanding, f["src"][done], 1)
         keep = np.ones(len(f["src"]), dtype=bool)
         keep[done] = False

@@ -22,6 +22,11 @@ i.i.d. or `--dirichlet ALPHA`), and its own virtual clock:
 - the loss bounds and deadline: `--tolerance fixed` takes `--loss-bound` and `--deadline-ms`; the
   other policies are every peer's own, fed what a real peer feeds them (`sim.tolerance`), per-layer
   bounds repaired per layer and merged as per-layer chunk masks;
+- `--slow-close S`: a flow whose projected end passes S x its planned time is cut as at a deadline
+  (`Simulator(slow_close=...)`); each round's log counts them (`slow`) beside its send time
+  (`send_s`: the longest sender's, from its compute end to its last flow's) and the plan's T
+  (`planned_s`), and the result gives `slow_closed` (all rounds) and `send_over_plan` (the mean
+  of send_s / planned_s);
 - what arrived is a chunk mask (the delivered fraction of the message's chunks, the missing ones
   drawn at random as loss leaves them), merged by the C merge (`sync.merge`), then the outer
   update (`sync.outer`, `--outer-lr`, `--outer-momentum`);
@@ -172,6 +177,13 @@ def _next_boundary(g: dict[str, np.ndarray], t: float) -> float:
     return float(out.min(initial=math.inf))
 
 
+def _send_over_plan(rounds: list[dict]) -> float:
+    """The mean, over rounds that planned a send, of the longest sender's send time / the plan's T
+    (nan: none; partitioned rounds log no send time)."""
+    ratios = [r["send_s"] / r["planned_s"] for r in rounds if "send_s" in r and r["planned_s"] > 0]
+    return float(np.mean(ratios)) if ratios else math.nan
+
+
 def peer_batches(samples: int, batch_size: int, n: int, epoch: int, seed: int,
                  shards: torch.Tensor | None = None) -> torch.Tensor:
     """Sample indices [steps, n, batch] of epoch `epoch`: row [k, i] is the k-th batch
@@ -301,7 +313,8 @@ class VirtualTraining:
         np.copyto(messages[rnd], self.replicas.numpy())
         sizes = np.full(self.n, self.message_bytes) if self.messages is None else \
             self.messages.encode(rnd, self.replicas.numpy())
-        flows, sends_done = self._transfer(rnd, clock, sizes)
+        flows, sends_done, planned_s = self._transfer(rnd, clock, sizes)
+        send_s = float((sends_done - clock).max())  # the longest sender's, from its compute end
         done_at[rnd] = sends_done
         pending = {k: np.concatenate([pending[k], flows[k]]) for k in pending}
         if staleness == 0:
@@ -324,7 +337,8 @@ class VirtualTraining:
             self.messages.merged(self.replicas.numpy())
         rounds.append({"round": rnd, "end_s": float(clock.max()), "average_p": len(flows["src"]) / self.n,
                        "delivered": float(flows["delivered"].mean()) if len(flows["delivered"]) else 1.0,
-                       "merged": float(counts.mean())})
+                       "merged": float(counts.mean()), "slow": int(flows["slow"].sum()),
+                       "send_s": send_s, "planned_s": planned_s})
         messages.pop(rnd - staleness, None)
         done_at.pop(rnd - staleness, None)
         return clock, pending
@@ -406,9 +420,11 @@ class VirtualTraining:
         rounds.append(record)
         return end
 
-    def _transfer(self, rnd: int, send_at: np.ndarray, sizes: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    def _transfer(self, rnd: int, send_at: np.ndarray,
+                  sizes: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray, float]:
         """Round `rnd`'s flows, each peer sending its message of sizes[i] bytes from send_at[i]: per
-        flow (round, src, dst, arrival time, delivered fraction), and when each peer's sends were done."""
+        flow (round, src, dst, arrival time, delivered fraction, slow-closed or not), when each peer's
+        sends were done, and the plan's T."""
         if rnd >= VIEW_LAG:
             self.estimator.close_round(rnd - VIEW_LAG)
         # The whole plan every peer cuts its own part from (RoundPlanner.plan); taken whole here,
@@ -424,7 +440,8 @@ class VirtualTraining:
         view = NetworkView(up, down, sizes, np.ones(self.n, dtype=bool))
         bounds, shares, deadline = self.round_bounds(rnd, sizes, planned_s)
         sim = PlannedSimulator(view, plan, (src, dst, cap), loss=loss, bound=bounds, layer_shares=shares,
-                                deadline=deadline, compute_s=send_at - t0, links=self.links.from_time(t0))
+                                deadline=deadline, slow_close=self.options.slow_close, compute_s=send_at - t0,
+                                links=self.links.from_time(t0))
         f = sim.run(1).flows
         fsrc, fdst = f["src"].astype(int), f["dst"].astype(int)
         self._report(rnd, fsrc, fdst, f["cap"], f["rate"] * (1 - loss[fdst]), [probes[(i, j)] for i, j in zip(fsrc, fdst)])
@@ -437,7 +454,8 @@ class VirtualTraining:
             self.tolerance.observe(rnd, fsrc, f["delivered"], loss[fdst], f["end_s"] - f["start_s"], done - send_at,
                                    sizes)
         return {"round": np.full(len(fsrc), float(rnd)), "src": fsrc.astype(float), "dst": fdst.astype(float),
-                "arrival": t0 + f["end_s"], "delivered": f["delivered"], "layer_delivered": layer_delivered}, done
+                "arrival": t0 + f["end_s"], "delivered": f["delivered"], "layer_delivered": layer_delivered,
+                "slow": f["slow"]}, done, planned_s
 
     def _merge(self, pending: dict[str, np.ndarray], taken: np.ndarray, messages: dict[int, np.ndarray],
                anchors: np.ndarray | None) -> None:
@@ -485,5 +503,6 @@ class VirtualTraining:
                 "delivered": float(np.mean([r["delivered"] for r in rounds])) if rounds else 1.0,
                 "own_accuracy": self.replicas.accuracy(self.replicas.flat[0], *test),
                 "averaged_accuracy": self.replicas.accuracy(self.replicas.flat.mean(0), *test), "history": history, "round_log": rounds,
+                "slow_closed": sum(r["slow"] for r in rounds), "send_over_plan": _send_over_plan(rounds),
                 "model": "virtual time: flow-level network (one round's flows share the links), link rates "
                          "changing as bursts begin and end, loss as at a round's start, calibrated compute"}
