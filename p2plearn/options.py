@@ -158,8 +158,9 @@ class Options:
                                        valid=_within(0.0, 86_400_000.0, low_open=True))
     slow_close: float = _opt(0.0, "end a receiver's send once its delivery rate, measured from its ACKs, puts the "
                                   "message's end past this many times the time planned for it (its bytes at its "
-                                  "pacing rate): it keeps what arrived, merged only within its loss bound, as at a "
-                                  "deadline, and a burst on its downlink costs the round a bounded time; 0: off",
+                                  "pacing rate): what arrived merges (a missing chunk keeps the receiver's own "
+                                  "value), as after a deadline, and a burst on its downlink costs the round a "
+                                  "bounded time; try 1.5 where downlinks burst; 0: off",
                               valid=(lambda v: v == 0 or 1 <= v <= 100, "must be 0 (off) or in [1, 100]"))
     topology: str | None = _opt(None, "topology file (node-link JSON) seeding the coordinator's bandwidth view")
     emulate: bool = _opt(False, "pace each engine to its topology rates and inject its loss (no root needed)")

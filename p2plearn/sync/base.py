@@ -122,8 +122,8 @@ class Synchronizer(ABC):
         slow_close: S for every round's sends (`Channel.send`'s slow_close; `Options.slow_close`):
             a receiver whose arrivals put its end past S times its planned time is closed with
             what it got (result "slow"), so a burst on one downlink costs the round at most S x
-            its plan; 0 = off. Its receiver merges what arrived within its loss bound, as after
-            a deadline.
+            its plan; 0 = off. Its receiver merges what arrived (a missing chunk keeps its own
+            value), as after a deadline.
         value_filter: when given, only what it lets through is sent: the elements (or layers)
             whose accumulated change crossed its threshold, carrying their current values;
             receivers average just those and keep their own values elsewhere.
