@@ -5,9 +5,7 @@ by about S x its planned time (and the cut port's queue drained ahead of its CLO
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import math
-import os
 import time
 
 import numpy as np
@@ -15,10 +13,10 @@ import pytest
 
 from p2plearn.transport import Channel, Reason
 from testbed_helpers import built_testbed, peer
+from tests.netns import inside
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
-CLONE_NEWNET = 0x40000000
 MBIT = 100.0
 PACE = 4e6          # bytes/s per receiver: two of them fit p0's 100 Mbit/s uplink
 DATAGRAM = 1472
@@ -29,24 +27,6 @@ CUT_AFTER_S = 0.3   # into the send: about a third of the planned time
 # The cut port's queue: the CLOSE waits behind it, so the send ends up to its drain time (0.26 s at
 # 1 Mbit/s) after the close; the default 256 KiB would add 2 s.
 CUT_BUFFER_KB = 32
-
-
-def _setns(fd: int) -> None:
-    if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
-        raise OSError(ctypes.get_errno(), "setns")
-
-
-@contextlib.contextmanager
-def inside(namespace: str):
-    """Runs the block in a network namespace (this thread only; an engine made there keeps its socket)."""
-    own, there = os.open("/proc/thread-self/ns/net", os.O_RDONLY), os.open(f"/run/netns/{namespace}", os.O_RDONLY)
-    try:
-        _setns(there)
-        yield
-    finally:
-        _setns(own)
-        os.close(own)
-        os.close(there)
 
 
 def test_a_downlink_cut_mid_send_ends_slow_near_s_times_planned_not_at_the_deadline():

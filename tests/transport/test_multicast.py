@@ -4,7 +4,6 @@ fallback to unicast, memberships left at close, and the filter on messages not a
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import itertools
 import os
 import subprocess
@@ -14,17 +13,12 @@ import numpy as np
 import pytest
 
 from p2plearn.transport import Channel, Reason
+from tests.netns import inside
 
 pytestmark = pytest.mark.root
 
 MCAST_PORT = 47311
-CLONE_NEWNET = 0x40000000
 _serial = itertools.count()
-
-
-def _setns(fd: int) -> None:
-    if ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNET) != 0:
-        raise OSError(ctypes.get_errno(), "setns")
 
 
 class Netns:
@@ -38,16 +32,8 @@ class Netns:
                     ["route", "add", "224.0.0.0/4", "dev", "lo"]):
             subprocess.run(["ip", "-n", self.name, *cmd], check=True)
 
-    @contextlib.contextmanager
-    def inside(self):
-        own, there = os.open("/proc/thread-self/ns/net", os.O_RDONLY), os.open(f"/run/netns/{self.name}", os.O_RDONLY)
-        try:
-            _setns(there)
-            yield
-        finally:
-            _setns(own)
-            os.close(own)
-            os.close(there)
+    def inside(self) -> contextlib.AbstractContextManager[None]:
+        return inside(self.name)
 
     def groups(self) -> list[str]:
         """The multicast groups joined in the namespace other than the all-hosts one."""
