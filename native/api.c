@@ -526,14 +526,12 @@ int p2p_send_receiver_stats(p2p_send *s, uint32_t i, p2p_receiver_stats *out, do
      * between them, in wire bytes (as pacing and link rates count them). */
     uint32_t spread = r->ack_last_total - r->ack_first_total;
     double dgram = (double)(WIRE_HDR + s->chunk + WIRE_OVERHEAD);
-    if (r->result == P2P_SEND_SLOW) { /* the rate it was closed on: its arrivals up to the close */
-        if (spread >= ACK_RATE_MIN_DGRAMS && r->close_ns > r->ack_first_ns)
-            out->ack_rate = (double)spread * dgram / ((double)(r->close_ns - r->ack_first_ns) / 1e9);
-        else if (out->elapsed_s > 0)
-            out->ack_rate = (double)r->peer_total * dgram / out->elapsed_s;
-    } else if (spread >= ACK_RATE_MIN_DGRAMS && r->ack_last_ns > r->ack_first_ns) {
-        out->ack_rate = (double)spread * dgram / ((double)(r->ack_last_ns - r->ack_first_ns) / 1e9);
-    }
+    int slow = r->result == P2P_SEND_SLOW;
+    uint64_t until = slow ? r->close_ns : r->ack_last_ns; /* slow: the rate it was closed on, up to the close */
+    if (spread >= ACK_RATE_MIN_DGRAMS && until > r->ack_first_ns)
+        out->ack_rate = (double)spread * dgram / ((double)(until - r->ack_first_ns) / 1e9);
+    else if (slow && out->elapsed_s > 0) /* too few ACKs to time: what it received over the send */
+        out->ack_rate = (double)r->peer_total * dgram / out->elapsed_s;
     out->loss_rate = r->sent ? 1.0 - (double)r->peer_total / (double)r->sent : 0;
     if (out->loss_rate < 0) out->loss_rate = 0;
     out->rtt_s = (double)r->srtt_ns / 1e9;

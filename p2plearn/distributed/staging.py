@@ -40,9 +40,6 @@ class CollectiveStaging:
         self._back: list[tuple[torch.Tensor, torch.Tensor]] = []  # (caller's tensor, its host copy)
         self._copied: torch.cuda.Event | None = None  # the inputs' copies, recorded on `side`
 
-    def _staged(self, tensor: torch.Tensor) -> bool:
-        return tensor.device.type != "cpu" or self.force
-
     def read(self, tensor: torch.Tensor) -> torch.Tensor:
         return self._stage(tensor, copy_in=True, copy_back=False)
 
@@ -53,7 +50,7 @@ class CollectiveStaging:
         return self._stage(tensor, copy_in=True, copy_back=True)
 
     def _stage(self, tensor: torch.Tensor, copy_in: bool, copy_back: bool) -> torch.Tensor:
-        if not self._staged(tensor):
+        if tensor.device.type == "cpu" and not self.force:
             return tensor
         host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.is_cuda)
         if tensor.is_cuda:

@@ -21,7 +21,7 @@ MBIT = 100.0
 PACE = 4e6          # bytes/s per receiver: two of them fit p0's 100 Mbit/s uplink
 DATAGRAM = 1472
 CHUNK = (DATAGRAM - 56) & ~7
-FACTOR = 2.0
+FACTOR = 3.0        # the untouched flow keeps 2 planned times of slack on a busy host
 DEADLINE_S = 20.0
 CUT_AFTER_S = 0.3   # into the send: about a third of the planned time
 # The cut port's queue: the CLOSE waits behind it, so the send ends up to its drain time (0.26 s at
@@ -50,7 +50,7 @@ def test_a_downlink_cut_mid_send_ends_slow_near_s_times_planned_not_at_the_deadl
             assert whole.result == "exact", whole
             assert cut.result == "slow", cut
             # The projection or the limit closed it; the cut port's queue, and a busy host, on top.
-            assert cut.elapsed_s < FACTOR * planned + 1.0 < DEADLINE_S, (cut.elapsed_s, planned)
+            assert cut.elapsed_s < FACTOR * planned + 2.0 < DEADLINE_S, (cut.elapsed_s, planned)
             assert 0 < cut.ack_rate < PACE  # what it was closed on: far below its pace
             d = channels["p1"].recv(timeout=10)
             np.testing.assert_array_equal(d.arrays[0], x)

@@ -38,9 +38,10 @@ def test_a_receiver_far_slower_than_its_pace_ends_slow_on_the_projection_the_oth
     limit = factor * planned_s(size)
     assert st_fast.result == "exact"
     assert st_slow.result == "slow" and st_slow.delivered < 1
-    # Its ACKs measured a fifth of the pace from 1/16 of the message on: the projection closed it
-    # long before the limit (which holds anyway, a close's round trip after it).
-    assert st_slow.elapsed_s < limit, (st_slow.elapsed_s, limit)
+    # Its ACKs measured a fifth of the pace from its first 64 datagrams on: the projection closed it
+    # with about a tenth of the message there, where the limit would have let half of it through
+    # (counted in datagrams, not seconds: a busy host delays the close's handshake, not the count).
+    assert st_slow.delivered < 0.3 and st_slow.elapsed_s < limit + 2.0, (st_slow, limit)
     assert 0 < st_slow.ack_rate < 0.5 * PACE  # the rate it was closed on goes to the round's report
     assert a.stats()["slow_closed"] == 1
     np.testing.assert_array_equal(recv_from(fast).arrays[0], data)
