@@ -1,7 +1,7 @@
 """Claim: SELMCAST picks receivers so that rounds are shorter than random-p at a similar or higher
 average p, and reaches a target accuracy sooner, under BSP and SSP on a heterogeneous network.
 
-    sudo python experiments/selmcast_vs_random.py [--part 8|16] [--slow-close S [--ssp]] [--quick] [--seeds N] [--out DIR]
+    sudo python experiments/selmcast_vs_random.py [--part 8|16] [--slow-close S [--ssp]] [--max-fanout K] [--quick] [--seeds N] [--out DIR]
 
 Two parts, each with its own files in the results directory (the 16-peer one runs first; `--part`
 runs one):
@@ -33,6 +33,9 @@ random p=2 / all and SSP s=2 x selmcast, 2 epochs; 1 seed (~5 min).
 The ratio is to the best random-p of either setting. With `--ssp`: the same in SSP s=2, except random
 p = 2 and 3 only without the close (in BSP it changed their time to target by 1-2%; 21 runs):
 selmcast_vs_random_16_slow_ssp.*.
+
+--max-fanout K: the 8-peer part alone, BSP and SSP s=2, SELMCAST p=1 with at most K receivers per
+sender (its extras capped) against random p=1, 3 seeds (12 runs, about 10 min): selmcast_vs_random_capped.*.
 """
 from __future__ import annotations
 
@@ -53,11 +56,16 @@ DIRICHLET = 0.1
 WIDTH_16 = 64
 NAME_16_SLOW = "selmcast_vs_random_16_slow"
 NAME_16_SLOW_SSP = "selmcast_vs_random_16_slow_ssp"
+NAME_CAPPED = "selmcast_vs_random_capped"
 KEYS = ["sync", "staleness", "selection", "fanout", "slow_close"]
 
 
-def configs(quick: bool) -> list[dict]:
-    """The 8-peer part."""
+def configs(quick: bool, max_fanout: int = 0) -> list[dict]:
+    """The 8-peer part (with ``max_fanout``: SELMCAST p=1 capped at it against random p=1)."""
+    if max_fanout:
+        return [{"sync": s, "staleness": st, "selection": sel, "fanout": 1, "slow_close": 0.0,
+                 **({"max_fanout": max_fanout} if sel == "selmcast" else {})}
+                for s, st in [("bsp", 0), ("ssp", 2)] for sel in ("selmcast", "random")]
     if quick:  # BSP against both baselines, SSP only to show it runs
         pairs = [("bsp", 0, "selmcast", 2), ("bsp", 0, "random", 2), ("bsp", 0, "all", 1), ("ssp", 2, "selmcast", 2)]
     else:
@@ -109,10 +117,12 @@ def part_8(args) -> None:
     script = {"epochs": 2, "samples": 4000, "width": 64} if args.quick else {"epochs": 6, "samples": 12000, "width": 64}
     target = 0.3 if args.quick else 0.6
     rows = []
-    for cfg in configs(args.quick):
+    for cfg in configs(args.quick, args.max_fanout):
         rows += c.repeat(cfg, args.seeds, lambda seed, cfg=cfg: c.train(n, cfg, {**script, "seed": seed},
                                                                         topology=topo))
+    keys = KEYS + (["max_fanout"] if args.max_fanout else [])
     for r in rows:
+        r.setdefault("max_fanout", "-")  # random-p has no cap; SELMCAST's default is 64
         if r["ok"]:
             r["round_s"] = r["wall_s"] / max(1, r["rounds"])
             r["comm_p99_s"] = c.percentile(r["round_times"], 0.99)
@@ -127,11 +137,13 @@ def part_8(args) -> None:
         best = best_random(rows, sync, st)
         baseline = (sync, st, "random", best["fanout"], best["slow_close"]) if best else None
         mode = [r for r in rows if (r["sync"], r["staleness"]) == (sync, st)]
-        tables.append(f"### {title}\n\n" + c.table(mode, KEYS, metrics, baseline=baseline, ratio_of=tta))
-        for (p,), sel in c.groups([r for r in mode if r["selection"] == "selmcast"], ["fanout"]).items():
+        tables.append(f"### {title}\n\n" + c.table(mode, keys, metrics, baseline=baseline and baseline + (
+            ("-",) if args.max_fanout else ()), ratio_of=tta))
+        for (p, cap), sel in c.groups([r for r in mode if r["selection"] == "selmcast"], ["fanout", "max_fanout"]).items():
             if best:
                 median = c.summary(c.metric("tta_s")(r) for r in sel)[0]
-                verdicts.append(f"- {title}: SELMCAST p={p} / best random-p (p={best['fanout']}) time to {target:.0%} "
+                capped = f" --max-fanout {cap}" if args.max_fanout else ""
+                verdicts.append(f"- {title}: SELMCAST p={p}{capped} / best random-p (p={best['fanout']}) time to {target:.0%} "
                                 f"= {median:.3g} / {best['tta']:.3g} s = **{median / best['tta']:.2f}** (goal <= 1).")
     setup = (f"Emulated (`--emulate`: each engine paced to its node's uplink in `{topo}`; no namespaces), "
              f"{n} peers, i.i.d. shards, MNIST-1D CNN width {script['width']}, {script['epochs']} epochs, "
@@ -140,8 +152,10 @@ def part_8(args) -> None:
              f"communication). Time to accuracy: first epoch-end evaluation of rank 0's own model at >= "
              f"{target:.0%}; the ratio column is it / the best random-p's (lowest median) in the same sync mode. "
              f"{c.load_note(rows)}")
-    c.write_results(args.out, NAME, rows, "SELMCAST vs random-p", setup, "\n\n".join(tables),
-                    lambda ax: c.bar_chart(ax, rows, KEYS, c.metric("round_s"),
+    name, title = ((NAME_CAPPED, f"SELMCAST p=1 with --max-fanout {args.max_fanout} vs random p=1") if args.max_fanout
+                   else (NAME, "SELMCAST vs random-p"))
+    c.write_results(args.out, name, rows, title, setup, "\n\n".join(tables),
+                    lambda ax: c.bar_chart(ax, rows, keys, c.metric("round_s"),
                                            "step time (s per round)", f"{topo}: median step time, min-max over seeds"),
                     notes="\n".join(verdicts))
 
@@ -233,10 +247,14 @@ def main(argv: list[str] | None = None) -> None:
         ap.add_argument("--slow-close", type=float, default=0.0,
                         help="S: the 16-peer part alone, BSP, without and with --slow-close S")
         ap.add_argument("--ssp", action="store_true", help="with --slow-close: SSP s=2 instead of BSP")
+        ap.add_argument("--max-fanout", type=int, default=0,
+                        help="K: the 8-peer part alone, SELMCAST p=1 with --max-fanout K against random p=1")
 
     args = c.parse_args(__doc__, argv, extra=extra)
     if args.ssp and not args.slow_close:
         raise SystemExit("--ssp goes with --slow-close S")
+    if args.max_fanout:
+        args.part = "8"
     if args.part != "8":
         part_16(args)  # the claim issue 16 asks about first
     if args.part != "16" and not args.slow_close:
