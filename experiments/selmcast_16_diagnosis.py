@@ -40,6 +40,7 @@ def read(path: Path) -> list[c.Row]:
                 continue
             rows.append({**r, "ok": True, "seed": int(r["seed"]), "staleness": int(r["staleness"]),
                          "fanout": int(r["fanout"]), "history": json.loads(r["history"]),
+                         "slow_close": float(r.get("slow_close") or 0.0),  # runs before the slow close have none
                          **{k: float(r[k]) for k in ("wall_s", "rounds", "comm_s", "compute_s", "average_p")}})
     return rows
 
@@ -49,9 +50,9 @@ def measured(rows: list[c.Row]) -> str:
     target = exp.target_of(rows)
     rounds_per_eval = exp.EVAL_EVERY_16 // exp.PERIOD_16
     lines = [f"Target {target:.0%} (the experiment's rule).", "",
-             "| sync | selection | p | rounds to target | wall s per round | rank 0 comm s per round | "
-             "rank 0 compute s per round | average p |", "|---|---|---|---|---|---|---|---|"]
-    for key, rs in c.groups(rows, ["sync", "staleness", "selection", "fanout"]).items():
+             "| sync | selection | p | slow close | rounds to target | wall s per round | rank 0 comm s per round | "
+             "rank 0 compute s per round | average p |", "|---|---|---|---|---|---|---|---|---|"]
+    for key, rs in c.groups(rows, ["sync", "staleness", "selection", "fanout", "slow_close"]).items():
         reached = [rounds_per_eval * (i + 1) for r in rs
                    for i in [next((i for i, (_, acc) in enumerate(r["history"]) if acc >= target), None)]
                    if i is not None]
@@ -59,7 +60,7 @@ def measured(rows: list[c.Row]) -> str:
                  *(c.cell(r[k] / r["rounds"] for r in rs) for k in ("wall_s", "comm_s", "compute_s")),
                  c.cell(r["average_p"] for r in rs)]
         sync = f"{key[0]}{f' s={key[1]}' if key[0] == 'ssp' else ''}"
-        lines.append(f"| {sync} | {key[2]} | {key[3]} | " + " | ".join(cells) + " |")
+        lines.append(f"| {sync} | {key[2]} | {key[3]} | {key[4]:g} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -108,7 +109,7 @@ def planned() -> str:
 
 
 def closed_loop(round_s: float, rounds: int = 70, lag: int = 2) -> str:
-    """The bursts in rounds of `round_s` seconds, SELMCAST planning from the estimator's view of
+    """The bursts in rounds of `round_s` seconds (SELMCAST's measured round), SELMCAST planning from the estimator's view of
     `lag` rounds before (`p2plearn.sim.tracking.track`, flows at their max-min fair rates): T of
     each round's plan on the true rates, against random p's and the exponential graph's plans."""
     topo = load(c.ROOT / exp.TOPOLOGY_16)
@@ -121,7 +122,7 @@ def closed_loop(round_s: float, rounds: int = 70, lag: int = 2) -> str:
     trace = track(FlowNetwork(up, down, bursts), up, down, bursts, rounds, message_bytes=message / FRAMING, p=1,
                   lag=lag)
     burst_rounds = {r for b in bursts for r in range(b.start, b.end)}
-    lines = [f"Closed loop (simulated, {rounds} rounds of {round_s:.2f} s, the measured BSP SELMCAST round; the view "
+    lines = [f"Closed loop (simulated, {rounds} rounds of {round_s:.2f} s, the measured SELMCAST round; the view "
              f"of {lag} rounds before; {len(burst_rounds)} rounds touch a burst):", "",
              "| selection | p | T ms, median | T ms, mean | T ms, mean in burst rounds "
              "| rounds with T > 2x the base T |",
@@ -148,8 +149,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--csv", type=Path, default=c.RESULTS / f"{exp.NAME_16}.csv")
     args = ap.parse_args(argv)
     rows = read(args.csv)
-    round_s = statistics.median(r["wall_s"] / r["rounds"] for r in rows
-                                if (r["sync"], r["selection"]) == ("bsp", "selmcast"))
+    # the closed loop's round: SELMCAST's without the slow close, in BSP where the CSV has it
+    selmcast = [r for r in rows if r["selection"] == "selmcast" and not r["slow_close"]]
+    bsp = [r for r in selmcast if r["sync"] == "bsp"]
+    round_s = statistics.median(r["wall_s"] / r["rounds"] for r in bsp or selmcast)
     print("Measured (median [min-max] over seeds):\n\n" + measured(rows) +
           "\n\nPlanned (20 rounds, medians):\n\n" + planned() + "\n\n" + closed_loop(round_s))
 

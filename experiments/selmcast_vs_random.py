@@ -34,8 +34,10 @@ The ratio is to the best random-p of either setting. With `--ssp`: the same in S
 p = 2 and 3 only without the close (in BSP it changed their time to target by 1-2%; 21 runs):
 selmcast_vs_random_16_slow_ssp.*.
 
---max-fanout K: the 8-peer part alone, BSP and SSP s=2, SELMCAST p=1 with at most K receivers per
-sender (its extras capped) against random p=1, 3 seeds (12 runs, about 10 min): selmcast_vs_random_capped.*.
+--max-fanout K: SELMCAST p=1 with at most K receivers per sender (its extras capped). The 8-peer
+part: BSP and SSP s=2, against random p=1, 3 seeds (12 runs, about 10 min): selmcast_vs_random_capped.*.
+The 16-peer part: BSP, SELMCAST p=1 without and with the cap, random p = 1 and 3 (the best baselines
+of the runs before), 3 seeds (12 runs, about 25 min): selmcast_vs_random_16_capped.*.
 """
 from __future__ import annotations
 
@@ -57,6 +59,7 @@ WIDTH_16 = 64
 NAME_16_SLOW = "selmcast_vs_random_16_slow"
 NAME_16_SLOW_SSP = "selmcast_vs_random_16_slow_ssp"
 NAME_CAPPED = "selmcast_vs_random_capped"
+NAME_16_CAPPED = "selmcast_vs_random_16_capped"
 KEYS = ["sync", "staleness", "selection", "fanout", "slow_close"]
 
 
@@ -74,9 +77,13 @@ def configs(quick: bool, max_fanout: int = 0) -> list[dict]:
     return [{"sync": s, "staleness": st, "selection": sel, "fanout": p, "slow_close": 0.0} for s, st, sel, p in pairs]
 
 
-def configs_16(quick: bool, slow_close: float = 0.0, ssp: bool = False) -> list[dict]:
+def configs_16(quick: bool, slow_close: float = 0.0, ssp: bool = False, max_fanout: int = 0) -> list[dict]:
     """The 16-peer non-i.i.d. part (with ``slow_close``: BSP, or SSP s=2 with ``ssp``, each selection
-    without and with it)."""
+    without and with it; with ``max_fanout``: BSP, SELMCAST p=1 without and with the cap, random p=1, 3)."""
+    if max_fanout:
+        return [{"sync": "bsp", "staleness": 0, "selection": sel, "fanout": p, "slow_close": 0.0, "period": PERIOD_16,
+                 **({"max_fanout": cap} if cap else {})}
+                for sel, p, cap in [("selmcast", 1, 0), ("selmcast", 1, max_fanout), ("random", 1, 0), ("random", 3, 0)]]
     if quick:
         runs = [("bsp", 0, "selmcast", 1, 0.0), ("bsp", 0, "random", 1, 0.0)]
     elif slow_close and ssp:
@@ -167,7 +174,7 @@ def script_16(quick: bool) -> dict:
 
 def part_16(args) -> None:
     rows, script = [], script_16(args.quick)
-    for cfg in configs_16(args.quick, args.slow_close, args.ssp):
+    for cfg in configs_16(args.quick, args.slow_close, args.ssp, args.max_fanout):
         rows += c.repeat(cfg, args.seeds, lambda seed, cfg=cfg: c.train(16, cfg, {**script, "seed": seed},
                                                                         topology=TOPOLOGY_16, testbed=c.is_root()))
     report_16(args, rows, c.is_root())
@@ -177,7 +184,10 @@ def report_16(args, rows: list[c.Row], testbed: bool) -> None:
     """Time to target, ratios, verdicts and the figure of the 16-peer part, from its rows."""
     script = script_16(args.quick)
     target = target_of(rows)
+    keys = KEYS + (["max_fanout"] if args.max_fanout else [])
     for r in rows:
+        if args.max_fanout:  # 0 in a config means "not passed": SELMCAST's default, 64; random-p has none
+            r["max_fanout"] = r.get("max_fanout") or (64 if r["selection"] == "selmcast" else "-")
         if r["ok"]:
             r["round_s"] = r["wall_s"] / max(1, r["rounds"])
             r["tta_s"] = c.time_to_accuracy(r["history"], target)
@@ -190,16 +200,20 @@ def report_16(args, rows: list[c.Row], testbed: bool) -> None:
         best = best_random(rows, sync, st)
         title = f"{sync.upper()}{f' s={st}' if sync == 'ssp' else ''}"
         baseline = (sync, st, "random", best["fanout"], best["slow_close"]) if best else None
-        tables.append(f"### {title}\n\n" + c.table(mode, KEYS, metrics, baseline=baseline,
+        if baseline and args.max_fanout:
+            baseline += ("-",)
+        tables.append(f"### {title}\n\n" + c.table(mode, keys, metrics, baseline=baseline,
                                                    ratio_of=f"time to {target:.0%} s"))
-        for slow_close, sel in c.groups([r for r in mode if r["selection"] == "selmcast"], ["slow_close"]).items():
+        for (slow, cap), sel in c.groups([r for r in mode if r["selection"] == "selmcast"],
+                                         ["slow_close", "max_fanout"]).items():
             if not best:
                 continue
             tta = c.summary(c.metric("tta_s")(r) for r in sel)[0]
             acc = c.summary(c.metric("averaged_accuracy")(r) for r in sel)[0]
             acc_best = c.summary(c.metric("averaged_accuracy")(r) for r in mode
-                                 if (r["selection"], r["fanout"], r["slow_close"]) == baseline[2:])[0]
-            verdicts.append(f"- {title}, slow close {slow_close[0]:g}: SELMCAST / best random-p (p={best['fanout']}, "
+                                 if (r["selection"], r["fanout"], r["slow_close"]) == baseline[2:5])[0]
+            capped = f", --max-fanout {cap}" if args.max_fanout else ""
+            verdicts.append(f"- {title}, slow close {slow:g}{capped}: SELMCAST / best random-p (p={best['fanout']}, "
                             f"slow close {best['slow_close']:g}) time to {target:.0%} = {tta:.3g} / {best['tta']:.3g} s "
                             f"= **{tta / best['tta']:.2f}** (goal <= 0.7); final accuracy {acc:.3f} vs {acc_best:.3f}.")
     where = (f"Testbed (root; 16 network namespaces shaped by tbf from `{TOPOLOGY_16}`, its bursts applied)"
@@ -217,11 +231,12 @@ def report_16(args, rows: list[c.Row], testbed: bool) -> None:
 
     def draw(ax) -> None:  # seed 0's curves: a colour per selection, solid BSP, dashed SSP, dotted slow close
         colours = {}
-        for (sync, _, sel, p, slow), rs in c.groups(rows, KEYS).items():
+        for (sync, _, sel, p, slow, *cap), rs in c.groups(rows, keys).items():
             hist = next((r["history"] for r in rs if r["ok"] and r["history"]), None)
             if hist:
-                colour = colours.setdefault((sel, p), f"C{len(colours)}")
-                label = f"{sync} {sel}" + (f" p={p}" if sel == "random" else "") + (f" slow {slow:g}" if slow else "")
+                colour = colours.setdefault((sel, p, *cap), f"C{len(colours)}")
+                label = (f"{sync} {sel}" + (f" p={p}" if sel == "random" else "") + (f" slow {slow:g}" if slow else "")
+                         + (f" max-fanout {cap[0]}" if cap and sel == "selmcast" else ""))
                 ax.plot([h[0] for h in hist], [h[1] for h in hist], color=colour, marker=".",
                         linestyle="--" if sync == "ssp" else ":" if slow else "-", label=label)
         ax.axhline(target, color="gray", linewidth=1)
@@ -230,7 +245,9 @@ def report_16(args, rows: list[c.Row], testbed: bool) -> None:
         ax.set_title(f"heterogeneous-16 (testbed), Dirichlet {DIRICHLET}, seed 0; grey: the target", fontsize=10)
         ax.legend(fontsize=7, ncol=2)
 
-    name, title = ((NAME_16_SLOW_SSP if args.ssp else NAME_16_SLOW,
+    name, title = ((NAME_16_CAPPED, f"SELMCAST with and without --max-fanout {args.max_fanout} vs random-p: 16 peers, "
+                                    f"non-i.i.d., bursts") if args.max_fanout else
+                   (NAME_16_SLOW_SSP if args.ssp else NAME_16_SLOW,
                     "SELMCAST vs random-p with and without the slow close: 16 peers, non-i.i.d., bursts")
                    if args.slow_close else
                    (NAME_16, "SELMCAST vs random-p, all, exponential: 16 peers, non-i.i.d., bursts"))
@@ -248,13 +265,13 @@ def main(argv: list[str] | None = None) -> None:
                         help="S: the 16-peer part alone, BSP, without and with --slow-close S")
         ap.add_argument("--ssp", action="store_true", help="with --slow-close: SSP s=2 instead of BSP")
         ap.add_argument("--max-fanout", type=int, default=0,
-                        help="K: the 8-peer part alone, SELMCAST p=1 with --max-fanout K against random p=1")
+                        help="K: SELMCAST p=1 with --max-fanout K against random-p (with --part: that part alone)")
 
     args = c.parse_args(__doc__, argv, extra=extra)
     if args.ssp and not args.slow_close:
         raise SystemExit("--ssp goes with --slow-close S")
-    if args.max_fanout:
-        args.part = "8"
+    if args.max_fanout and args.slow_close:
+        raise SystemExit("--max-fanout goes without --slow-close")
     if args.part != "8":
         part_16(args)  # the claim issue 16 asks about first
     if args.part != "16" and not args.slow_close:
