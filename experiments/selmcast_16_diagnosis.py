@@ -41,6 +41,7 @@ def read(path: Path) -> list[c.Row]:
             rows.append({**r, "ok": True, "seed": int(r["seed"]), "staleness": int(r["staleness"]),
                          "fanout": int(r["fanout"]), "history": json.loads(r["history"]),
                          "slow_close": float(r.get("slow_close") or 0.0),  # runs before the slow close have none
+                         "max_fanout": r.get("max_fanout") or ("64" if r["selection"] == "selmcast" else "-"),
                          **{k: float(r[k]) for k in ("wall_s", "rounds", "comm_s", "compute_s", "average_p")}})
     return rows
 
@@ -50,9 +51,9 @@ def measured(rows: list[c.Row]) -> str:
     target = exp.target_of(rows)
     rounds_per_eval = exp.EVAL_EVERY_16 // exp.PERIOD_16
     lines = [f"Target {target:.0%} (the experiment's rule).", "",
-             "| sync | selection | p | slow close | rounds to target | wall s per round | rank 0 comm s per round | "
-             "rank 0 compute s per round | average p |", "|---|---|---|---|---|---|---|---|---|"]
-    for key, rs in c.groups(rows, ["sync", "staleness", "selection", "fanout", "slow_close"]).items():
+             "| sync | selection | p | slow close | max fanout | rounds to target | wall s per round | "
+             "rank 0 comm s per round | rank 0 compute s per round | average p |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for key, rs in c.groups(rows, ["sync", "staleness", "selection", "fanout", "slow_close", "max_fanout"]).items():
         reached = [rounds_per_eval * (i + 1) for r in rs
                    for i in [next((i for i, (_, acc) in enumerate(r["history"]) if acc >= target), None)]
                    if i is not None]
@@ -60,7 +61,7 @@ def measured(rows: list[c.Row]) -> str:
                  *(c.cell(r[k] / r["rounds"] for r in rs) for k in ("wall_s", "comm_s", "compute_s")),
                  c.cell(r["average_p"] for r in rs)]
         sync = f"{key[0]}{f' s={key[1]}' if key[0] == 'ssp' else ''}"
-        lines.append(f"| {sync} | {key[2]} | {key[3]} | {key[4]:g} | " + " | ".join(cells) + " |")
+        lines.append(f"| {sync} | {key[2]} | {key[3]} | {key[4]:g} | {key[5]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     rows = read(args.csv)
     # the closed loop's round: SELMCAST's without the slow close, in BSP where the CSV has it
-    selmcast = [r for r in rows if r["selection"] == "selmcast" and not r["slow_close"]]
+    selmcast = [r for r in rows if r["selection"] == "selmcast" and not r["slow_close"] and r["max_fanout"] == "64"]
     bsp = [r for r in selmcast if r["sync"] == "bsp"]
     round_s = statistics.median(r["wall_s"] / r["rounds"] for r in bsp or selmcast)
     print("Measured (median [min-max] over seeds):\n\n" + measured(rows) +
