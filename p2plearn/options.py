@@ -72,7 +72,7 @@ class Options:
                           "bandwidth (a job of n ranks sends to n - 1 at most)", valid=_within(1, MAX_RANKS - 1))
     max_fanout: int = _opt(64, "--selection selmcast: receivers per sender at most (never below --fanout; 0 = no cap); "
                                "SELMCAST adds receivers while the round gets no longer on the links, and this bounds the work "
-                               "(set it to --fanout where peers share a host's cores: the extras cost that CPU)",
+                               "(set it to --fanout where peers share a host's cores and data is i.i.d.: the extras cost that CPU)",
                          valid=_within(0, MAX_RANKS - 1))
     max_fanin: int = _opt(64, "--selection selmcast: senders per receiver at most (never below --fanout; 0 = no cap); "
                               "bounds the messages a peer buffers and merges in a round", valid=_within(0, MAX_RANKS - 1))
