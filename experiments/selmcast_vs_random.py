@@ -119,6 +119,12 @@ def best_random(rows: list[c.Row], sync: str, staleness: int) -> dict | None:
     return {"fanout": fanout, "slow_close": slow_close, "tta": finite[(fanout, slow_close)]}
 
 
+def cap_of(row: c.Row) -> int | str:
+    """The run's --max-fanout for the tables: SELMCAST's default (64) where the config passed none;
+    "-" for selections that have no cap."""
+    return row.get("max_fanout") or (64 if row["selection"] == "selmcast" else "-")
+
+
 def part_8(args) -> None:
     n, topo = (4, "topology/heterogeneous-4.json") if args.quick else (8, "topology/heterogeneous-8.json")
     script = {"epochs": 2, "samples": 4000, "width": 64} if args.quick else {"epochs": 6, "samples": 12000, "width": 64}
@@ -129,7 +135,7 @@ def part_8(args) -> None:
                                                                         topology=topo))
     keys = KEYS + (["max_fanout"] if args.max_fanout else [])
     for r in rows:
-        r.setdefault("max_fanout", "-")  # random-p has no cap; SELMCAST's default is 64
+        r["max_fanout"] = cap_of(r)
         if r["ok"]:
             r["round_s"] = r["wall_s"] / max(1, r["rounds"])
             r["comm_p99_s"] = c.percentile(r["round_times"], 0.99)
@@ -186,8 +192,7 @@ def report_16(args, rows: list[c.Row], testbed: bool) -> None:
     target = target_of(rows)
     keys = KEYS + (["max_fanout"] if args.max_fanout else [])
     for r in rows:
-        if args.max_fanout:  # 0 in a config means "not passed": SELMCAST's default, 64; random-p has none
-            r["max_fanout"] = r.get("max_fanout") or (64 if r["selection"] == "selmcast" else "-")
+        r["max_fanout"] = cap_of(r)
         if r["ok"]:
             r["round_s"] = r["wall_s"] / max(1, r["rounds"])
             r["tta_s"] = c.time_to_accuracy(r["history"], target)
