@@ -41,7 +41,7 @@ def read(path: Path) -> list[c.Row]:
             rows.append({**r, "ok": True, "seed": int(r["seed"]), "staleness": int(r["staleness"]),
                          "fanout": int(r["fanout"]), "history": json.loads(r["history"]),
                          "slow_close": float(r.get("slow_close") or 0.0),  # runs before the slow close have none
-                         "max_fanout": r.get("max_fanout") or ("64" if r["selection"] == "selmcast" else "-"),
+                         "max_fanout": str(exp.cap_of(r)),
                          **{k: float(r[k]) for k in ("wall_s", "rounds", "comm_s", "compute_s", "average_p")}})
     return rows
 
@@ -110,8 +110,8 @@ def planned() -> str:
 
 
 def closed_loop(round_s: float, rounds: int = 70, lag: int = 2) -> str:
-    """The bursts in rounds of `round_s` seconds (SELMCAST's measured round), SELMCAST planning from the estimator's view of
-    `lag` rounds before (`p2plearn.sim.tracking.track`, flows at their max-min fair rates): T of
+    """The bursts in rounds of `round_s` seconds (SELMCAST's measured round), SELMCAST planning from
+    the estimator's view of `lag` rounds before (`p2plearn.sim.tracking.track`, flows at their max-min fair rates): T of
     each round's plan on the true rates, against random p's and the exponential graph's plans."""
     topo = load(c.ROOT / exp.TOPOLOGY_16)
     up = np.array([topo.uplink_mbit(p) for p in topo.peers]) * 1e6 / 8

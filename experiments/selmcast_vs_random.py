@@ -107,16 +107,18 @@ def target_of(rows: list[c.Row]) -> float:
     return math.floor(min(best) * 20) / 20 if best else math.nan
 
 
-def best_random(rows: list[c.Row], sync: str, staleness: int) -> dict | None:
+def best_random(rows: list[c.Row], sync: str, staleness: int, keys: list[str]) -> dict | None:
     """The random-p configuration (p, and the slow close where rows differ in it) with the lowest
-    median time to target in this sync mode."""
+    median time to target in this sync mode: its p, slow close, median and its rows' values of
+    `keys` (the table's baseline)."""
     mode = [r for r in rows if r["ok"] and (r["sync"], r["staleness"], r["selection"]) == (sync, staleness, "random")]
-    medians = {key: c.summary(r["tta_s"] for r in rs)[0] for key, rs in c.groups(mode, ["fanout", "slow_close"]).items()}
+    medians = {key: c.summary(r["tta_s"] for r in rs)[0] for key, rs in c.groups(mode, keys).items()}
     finite = {key: m for key, m in medians.items() if math.isfinite(m)}
     if not finite:
         return None
-    fanout, slow_close = min(finite, key=finite.get)
-    return {"fanout": fanout, "slow_close": slow_close, "tta": finite[(fanout, slow_close)]}
+    key = min(finite, key=finite.get)
+    fanout, slow_close = (key[keys.index(k)] for k in ("fanout", "slow_close"))
+    return {"fanout": fanout, "slow_close": slow_close, "tta": finite[key], "key": key}
 
 
 def cap_of(row: c.Row) -> int | str:
@@ -147,11 +149,9 @@ def part_8(args) -> None:
     tables, verdicts = [], []
     for sync, st in dict.fromkeys((r["sync"], r["staleness"]) for r in rows):
         title = f"{sync.upper()}{f' s={st}' if sync == 'ssp' else ''}"
-        best = best_random(rows, sync, st)
-        baseline = (sync, st, "random", best["fanout"], best["slow_close"]) if best else None
+        best = best_random(rows, sync, st, keys)
         mode = [r for r in rows if (r["sync"], r["staleness"]) == (sync, st)]
-        tables.append(f"### {title}\n\n" + c.table(mode, keys, metrics, baseline=baseline and baseline + (
-            ("-",) if args.max_fanout else ()), ratio_of=tta))
+        tables.append(f"### {title}\n\n" + c.table(mode, keys, metrics, baseline=best and best["key"], ratio_of=tta))
         for (p, cap), sel in c.groups([r for r in mode if r["selection"] == "selmcast"], ["fanout", "max_fanout"]).items():
             if best:
                 median = c.summary(c.metric("tta_s")(r) for r in sel)[0]
@@ -202,12 +202,9 @@ def report_16(args, rows: list[c.Row], testbed: bool) -> None:
     tables, verdicts = [], []
     for sync, st in dict.fromkeys((r["sync"], r["staleness"]) for r in rows):
         mode = [r for r in rows if (r["sync"], r["staleness"]) == (sync, st)]
-        best = best_random(rows, sync, st)
+        best = best_random(rows, sync, st, keys)
         title = f"{sync.upper()}{f' s={st}' if sync == 'ssp' else ''}"
-        baseline = (sync, st, "random", best["fanout"], best["slow_close"]) if best else None
-        if baseline and args.max_fanout:
-            baseline += ("-",)
-        tables.append(f"### {title}\n\n" + c.table(mode, keys, metrics, baseline=baseline,
+        tables.append(f"### {title}\n\n" + c.table(mode, keys, metrics, baseline=best and best["key"],
                                                    ratio_of=f"time to {target:.0%} s"))
         for (slow, cap), sel in c.groups([r for r in mode if r["selection"] == "selmcast"],
                                          ["slow_close", "max_fanout"]).items():
@@ -216,7 +213,7 @@ def report_16(args, rows: list[c.Row], testbed: bool) -> None:
             tta = c.summary(c.metric("tta_s")(r) for r in sel)[0]
             acc = c.summary(c.metric("averaged_accuracy")(r) for r in sel)[0]
             acc_best = c.summary(c.metric("averaged_accuracy")(r) for r in mode
-                                 if (r["selection"], r["fanout"], r["slow_close"]) == baseline[2:5])[0]
+                                 if tuple(r[k] for k in keys) == best["key"])[0]
             capped = f", --max-fanout {cap}" if args.max_fanout else ""
             verdicts.append(f"- {title}, slow close {slow:g}{capped}: SELMCAST / best random-p (p={best['fanout']}, "
                             f"slow close {best['slow_close']:g}) time to {target:.0%} = {tta:.3g} / {best['tta']:.3g} s "
