@@ -32,14 +32,14 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
-from p2plearn.distributed.collectives import SEQS, Collectives, Links
+from p2plearn.distributed.collectives import SEQS, CollectiveError, Collectives, CollectiveTimeout, Links
 from p2plearn.distributed.staging import CollectiveStaging
 from p2plearn.keys import data_key
+from p2plearn.control import ControlError
 from p2plearn.runtime import Runtime, detect_rank, init
 from p2plearn.tolerance import RoundRecord
-from p2plearn.transport import Channel
+from p2plearn.transport import CHUNK_CLAIM, Channel
 
 BACKEND = "p2plearn"
 DEFAULT_RATE = 1.25e8  # bytes/s of a link the view has no figure for (the bandwidth estimator's default)
@@ -56,19 +56,46 @@ class ProcessGroupP2P(dist.ProcessGroup):
     """
 
     def __init__(self, runtime: Runtime, channel: Channel, engines: dict[int, tuple[str, int]], links: Links,
-                 timeout: timedelta) -> None:
+                 timeout: timedelta, max_message_bytes: int | None = None, kept_bytes: int = 1 << 30) -> None:
         super().__init__(runtime.rank, runtime.world_size)
         self.runtime = runtime
         self.channel = channel
+        self.departed: dict[int, str] = {}  # rank -> why it is no longer in the job (from the membership's events)
+        runtime.client.on_event(self._on_event)
         self.collectives = Collectives(channel, runtime.rank, runtime.world_size, engines, links,
-                                       timeout.total_seconds())
+                                       timeout.total_seconds(), self.departed, max_message_bytes, kept_bytes)
         self._seq = 0
+        self._failure: BaseException | None = None  # the first collective that failed: the group is unusable since
         self._lock = threading.Lock()  # collectives come from the main thread and from autograd's
         self._stage_cpu = runtime.options.staging == "host"
         self._side: torch.cuda.Stream | None = None  # CUDA copies' stream, made at the first CUDA tensor
         self._queue: queue.Queue = queue.Queue()
         self._worker = threading.Thread(target=self._run, name="p2plearn-collectives", daemon=True)
         self._worker.start()
+
+    def _on_event(self, event: Any) -> None:
+        """A rank that leaves or is declared dead fails the collectives waiting for it (and every
+        later one: a DDP group has no rejoin), as a closed connection does gloo's."""
+        me = self.runtime.rank
+        if event.kind == "dead" and event.rank is not None:
+            self.departed.setdefault(event.rank, "was declared dead by the job (its process exited, or stopped "
+                                                 "answering the coordinator)")
+        elif event.kind == "leave" and event.rank is not None:
+            self.departed.setdefault(event.rank, "left the job (one of its collectives failed, or it destroyed its "
+                                                 "process group)")
+        elif event.kind in ("expelled", "readmitted"):
+            self.departed.setdefault(me, "(this rank) was declared dead by the job while it paused or stalled")
+        elif event.kind in ("job_ended", "coordinator_dead"):
+            why = "ended" if event.kind == "job_ended" else "lost its coordinator"
+            for r in range(self.size()):
+                self.departed.setdefault(r, f"is gone: the job {why}")
+
+    def stats(self) -> dict[str, Any]:
+        """What the group refused and dropped: messages refused by reason (a member's forgery or a
+        rank's bug: other shapes, outside the window of collectives ahead, over its quotas),
+        messages of collectives already over, and the engine's counters."""
+        return {"refused": dict(self.collectives.mailbox.refused), "late": self.collectives.mailbox.late,
+                "engine": self.channel.stats()}
 
     # -- the queue -----------------------------------------------------------------------------
     def _staging(self, *tensors: torch.Tensor) -> CollectiveStaging:
@@ -81,23 +108,37 @@ class ProcessGroupP2P(dist.ProcessGroup):
 
     def _submit(self, run: Callable[[int], Any], result: Any, staging: CollectiveStaging) -> dist.Work:
         """Queue ``run(seq)`` on ``staging``'s host tensors; the work's future gets ``result`` (or
-        run's return value when ``result`` is None) once the outputs are back."""
+        run's return value when ``result`` is None) once the outputs are back, or run's error."""
         future: torch.futures.Future = torch.futures.Future()
         with self._lock:
             seq, self._seq = self._seq, (self._seq + 1) % SEQS
             self._queue.put((seq, run, result, future, staging))
-        return _create_work_from_future(future)
+        return _Work(future)
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
             seq, run, result, future, staging = item
             try:
+                if self._failure is not None:
+                    raise CollectiveError(f"p2plearn: collective #{seq} not run: the group failed before "
+                                          f"({self._failure}); destroy it and start again") from self._failure
                 staging.wait_inputs()
                 value = run(seq)
                 staging.write_back()
                 future.set_result(value if result is None else result)
             except BaseException as exc:  # the caller's wait() raises it
+                if self._failure is None:
+                    # The ranks may now disagree on what ran: no later collective runs, and leaving the
+                    # job fails the others' collectives naming this rank, as a closed connection does gloo's.
+                    self._failure = exc
+                    self._leave()
                 future.set_exception(exc)
+
+    def _leave(self) -> None:
+        try:
+            self.runtime.client.leave()
+        except ControlError:
+            pass  # no coordinator answered: the others learn it from this rank's exit
 
     def shutdown(self) -> None:
         """Finish the queued collectives, stop the engine, leave the job (``destroy_process_group``)."""
@@ -203,6 +244,42 @@ class ProcessGroupP2P(dist.ProcessGroup):
     _reduce_scatter_base = reduce_scatter_single
 
 
+class _Work(dist.Work):
+    """A queued collective, as gloo's work: ``wait()`` (and the synchronous call) and the future
+    raise the collective's error; ``wait(timeout)`` raises once ``timeout`` passes first."""
+
+    def __init__(self, future: torch.futures.Future) -> None:
+        super().__init__()
+        self._future = future
+        self._done = threading.Event()
+        future.add_done_callback(lambda _: self._done.set())
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        seconds = timeout.total_seconds() if timeout else 0.0
+        if seconds > 0 and not self._done.wait(seconds):
+            raise CollectiveTimeout(f"p2plearn: a collective did not complete within wait()'s {seconds:g} s")
+        self._future.wait()  # raises the collective's error
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self.exception() is None
+
+    def exception(self) -> BaseException | None:
+        if not self._future.done():
+            return None
+        try:
+            self._future.value()
+        except BaseException as exc:  # noqa: BLE001 - the collective's error, returned as c10d's Work does
+            return exc
+        return None
+
+
 def _unsupported(name: str) -> Callable[..., dist.Work]:
     def unsupported(self: ProcessGroupP2P, *args: Any, **kwargs: Any) -> dist.Work:
         raise NotImplementedError(f"the p2plearn backend does not implement {name}")
@@ -266,11 +343,18 @@ def create(options: Any, backend_options: Any) -> ProcessGroupP2P:
     runtime = init(environ=env, timeout=min(timeout.total_seconds(), 300.0))
     try:
         secret, job = runtime.secret, runtime.job_id
+        # What a key holder can make this rank hold, sized by the job's largest message: what arrives
+        # at once (every other rank's message of a collective, and of the next one) and what is
+        # kept of a faster rank's collectives ahead (Mailbox).
+        largest = int(runtime.options.max_message_mb * 2**20)
+        arriving = 2 * max(size - 1, 1) * (largest + CHUNK_CLAIM)
         channel = Channel(host=runtime.engine_host(), sender_id=runtime.rank, job_id=job,
-                          key=data_key(secret.value, job) if secret else None)
+                          key=data_key(secret.value, job) if secret else None, max_message_bytes=largest,
+                          max_partial_bytes=arriving, max_queued_bytes=arriving)
         runtime.register(channel.address)
         engines = _engines(options.store, runtime.rank, size, channel.address)
-        return ProcessGroupP2P(runtime, channel, engines, _links(options.store, runtime, size), timeout)
+        return ProcessGroupP2P(runtime, channel, engines, _links(options.store, runtime, size), timeout,
+                               max_message_bytes=largest, kept_bytes=2 * largest)
     except BaseException:
         runtime.close(leave=False)
         raise

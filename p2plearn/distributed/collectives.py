@@ -14,56 +14,188 @@ rounding, the same on every rank. With loss bounds (the DDP comm hook's gradient
 part's element is averaged over the ranks whose chunk arrived, and an averaged chunk that did not
 come back keeps the rank's own value: each element stays an average of some ranks' values, never a
 zero, so its expectation over independent gradients is the mean gradient (unbiased).
+
+Failures raise `CollectiveError` (a ``torch.distributed.DistBackendError``, as gloo's do) naming
+the op, the rank(s) and the reason: a rank that left the job or was declared dead by it (within
+the control plane's detection time, ~1-2 s), a send a rank stopped acknowledging, a rank whose
+message does not match this rank's tensors, a message larger than the group's limit, the group's
+timeout. A message is taken only by the collective of its id, from its sender, with this rank's
+shapes and dtypes; any other is refused and counted (`Mailbox.refused`), so a key holder's forged
+messages cannot make a collective take the wrong data or desynchronise the group.
 """
 from __future__ import annotations
 
+import logging
+import socket
 import time
-from collections.abc import Callable, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
+import torch.distributed as dist
 
+from p2plearn.sync.inbox import UNUSABLE
 from p2plearn.sync.merge import Contribution, merge_parameter
 from p2plearn.selection import PACING_HEADROOM
 from p2plearn.sync.partitioned import PartLayout
 from p2plearn.tolerance import RoundRecord
-from p2plearn.transport import Channel, Delivery, Reason, SendHandle
+from p2plearn.transport import Channel, Delivery, Reason, SendHandle, message_bytes
 from p2plearn.transport.channel import PROBE_MSG_IDS
 
 PHASES = 2                   # message ids per collective (all-reduce: scatter, gather)
 SEQS = PROBE_MSG_IDS[0] // PHASES  # collective numbers (mod SEQS: ids stay below the channel's probe ids)
+IDS = SEQS * PHASES          # message ids of collectives; they wrap around after IDS
 POLL_S = 0.2                 # longest recv wait, so a stalled collective notices its own timeout
 GRACE_S = 0.5                # a lossy phase waits this much past its deadline for the sender's close
+AHEAD = 16                   # collectives of a faster rank whose messages are kept until this rank runs them
+CANDIDATES = 4               # messages kept per (message id, sender) until their collective checks their shapes
+MISMATCH_S = 10.0            # how long a collective still waits for a rank's fitting message after refusing
+                             # one of other shapes in its name (a forgery, unless the rank's own tensors differ)
 REDUCE = {"sum": np.add, "avg": np.add, "product": np.multiply, "min": np.minimum, "max": np.maximum}
 
+log = logging.getLogger("p2plearn.distributed")
 
-class CollectiveTimeout(TimeoutError):
+
+class CollectiveError(dist.DistBackendError):
+    """A collective could not complete: the message names the op, the rank(s) and why."""
+
+
+class CollectiveTimeout(CollectiveError):
     """A lossless collective missed a rank's message within the group's timeout."""
 
 
+Fits = Callable[[int, Delivery], bool]  # whether a delivery from a sender is what the collective expects
+
+
 class Mailbox:
-    """Deliveries pulled off the channel, filed by (message id, sender) until a collective takes them."""
+    """Deliveries pulled off the channel, filed by (message id, sender) until a collective takes them.
 
-    def __init__(self, channel: Channel) -> None:
+    A delivery is taken only by the collective of its message id, from a sender the collective
+    waits for, with the shapes and dtypes it expects. What a peer can make this one hold is bounded:
+    messages of at most AHEAD collectives ahead of the current one, at most CANDIDATES per id and
+    sender, at most ``kept_bytes`` per sender. Everything else is refused and counted in
+    ``refused`` by reason (and logged once per reason and sender); ``late`` counts messages of
+    collectives already over (the ends of lossy phases).
+    """
+
+    def __init__(self, channel: Channel, rank: int, world_size: int, kept_bytes: int) -> None:
         self._channel = channel
-        self._kept: dict[tuple[int, int], Delivery] = {}
+        self._rank = rank
+        self._world_size = world_size
+        self._kept_bytes = kept_bytes
+        self._kept: dict[tuple[int, int], list[Delivery]] = {}  # (message id, sender) -> candidates
+        self._bytes: Counter[int] = Counter()  # per sender: the bytes of its kept messages
+        self._current = 0  # the message id being collected: the window starts there
+        self.refused: Counter[str] = Counter()
+        self.late = 0
+        self._logged: set[tuple[str, int]] = set()
 
-    def collect(self, msg_id: int, senders: set[int], until: float) -> dict[int, Delivery]:
-        """Message ``msg_id`` from each of ``senders`` that arrives by ``until`` (monotonic s).
-        Messages of earlier collectives still kept (late ones of a lossy phase) are dropped."""
-        self._kept = {key: d for key, d in self._kept.items() if key[0] >= msg_id}
-        got = {s: self._kept.pop((msg_id, s)) for s in senders if (msg_id, s) in self._kept}
+    def collect(self, msg_id: int, senders: set[int], fits: Fits, until: float, what: str,
+                departed: Mapping[int, str]) -> dict[int, Delivery]:
+        """Message ``msg_id`` from each of ``senders`` that fits and arrives by ``until``
+        (monotonic s). Raises CollectiveError when one of them departed (``departed``: rank ->
+        why) or, MISMATCH_S after refusing a message of other shapes in its name, sent none that fits."""
+        self._advance(msg_id)
+        got: dict[int, Delivery] = {}
+        mismatched: dict[int, tuple[float, Delivery]] = {}  # sender -> (when, its first refused message)
+        for s in senders:
+            for d in self._kept.pop((msg_id, s), []):
+                self._bytes[s] -= _nbytes(d)
+                self._offer(d, fits, got, mismatched)
         while len(got) < len(senders):
-            left = until - time.monotonic()
+            now = time.monotonic()
+            if any(s in departed for s in senders - set(got)):
+                # a rank that sent its message and then left (the end of a job) is not missing it:
+                # take what the engine already delivered before judging
+                while len(got) < len(senders) and (d := self._pull(0.0)) is not None:
+                    self._file(d, msg_id, senders, fits, got, mismatched)
+                _check_departed(what, senders - set(got), departed)
+            for s, (since, d) in mismatched.items():
+                if s not in got and now >= since + MISMATCH_S:
+                    raise CollectiveError(f"p2plearn: {what}: rank {s}'s message has shapes {_shapes(d)} "
+                                          f"({d.reason.name.lower()}), not this rank's: do all ranks call it with the "
+                                          f"same shapes and dtypes?")
+            left = until - now
             if left <= 0:
                 break
-            d = self._channel.recv(timeout=min(left, POLL_S))
-            if d is None:
-                continue
-            if d.msg_id == msg_id and d.sender in senders:
-                got[d.sender] = d
-            elif d.msg_id > msg_id:  # a faster rank's next collective
-                self._kept[(d.msg_id, d.sender)] = d
+            d = self._pull(min(left, POLL_S))
+            if d is not None:
+                self._file(d, msg_id, senders, fits, got, mismatched)
         return got
+
+    def _pull(self, timeout: float) -> Delivery | None:
+        try:
+            return self._channel.recv(timeout=timeout)
+        except UNUSABLE as exc:  # that delivery is lost, not the channel
+            self._refuse(f"undecodable ({type(exc).__name__})", -1)
+            return None
+
+    def _file(self, d: Delivery, msg_id: int, senders: set[int], fits: Fits, got: dict[int, Delivery],
+              mismatched: dict[int, tuple[float, Delivery]]) -> None:
+        """Offer a delivery to the collective of ``msg_id``, keep it for a later one, or refuse it."""
+        if not (0 <= d.sender < self._world_size) or d.sender == self._rank or d.msg_id >= IDS:
+            self._refuse("not a collective of this group", d.sender)
+        elif d.msg_id == msg_id:
+            if d.sender in senders:
+                self._offer(d, fits, got, mismatched)
+            else:
+                self._refuse("a sender this collective does not wait for", d.sender)
+        elif (msg_id - d.msg_id) % IDS < IDS // 2:
+            self.late += 1
+        else:
+            self._keep(d)
+
+    def _offer(self, d: Delivery, fits: Fits, got: dict[int, Delivery],
+               mismatched: dict[int, tuple[float, Delivery]]) -> None:
+        if d.sender in got:
+            self._refuse("a second message for one collective", d.sender)
+        elif fits(d.sender, d):
+            got[d.sender] = d
+        else:
+            self._refuse("shapes or dtypes of another collective", d.sender)
+            mismatched.setdefault(d.sender, (time.monotonic(), d))
+
+    def _keep(self, d: Delivery) -> None:
+        """A faster rank's message for a later collective, kept within the window and quotas."""
+        candidates = self._kept.setdefault((d.msg_id, d.sender), [])
+        if (d.msg_id - self._current) % IDS > AHEAD * PHASES:
+            self._refuse(f"more than {AHEAD} collectives ahead", d.sender)
+        elif len(candidates) >= CANDIDATES or self._bytes[d.sender] + _nbytes(d) > self._kept_bytes:
+            self._refuse("over the quota of messages kept ahead", d.sender)
+        else:
+            candidates.append(d)
+            self._bytes[d.sender] += _nbytes(d)
+        if not candidates:
+            del self._kept[(d.msg_id, d.sender)]
+
+    def _advance(self, msg_id: int) -> None:
+        """Start collecting ``msg_id``: messages kept for earlier ids are late."""
+        self._current = msg_id
+        for key in [k for k in self._kept if (k[0] - msg_id) % IDS > AHEAD * PHASES]:
+            for d in self._kept.pop(key):
+                self._bytes[key[1]] -= _nbytes(d)
+                self.late += 1
+
+    def _refuse(self, reason: str, sender: int) -> None:
+        self.refused[reason] += 1
+        if (reason, sender) not in self._logged:
+            self._logged.add((reason, sender))
+            log.warning("p2plearn: rank %d refused a message in the name of rank %d: %s (counted in the group's "
+                        "stats())", self._rank, sender, reason)
+
+
+def _nbytes(d: Delivery) -> int:
+    return sum(a.nbytes for a in d.arrays) if d.arrays is not None else 0
+
+
+def _shapes(d: Delivery) -> str:
+    return "none" if d.arrays is None else ", ".join(f"{a.dtype}{list(a.shape)}" for a in d.arrays)
+
+
+def _check_departed(what: str, ranks: set[int] | Sequence[int], departed: Mapping[int, str]) -> None:
+    gone = sorted(r for r in ranks if r in departed)
+    if gone:
+        raise CollectiveError(f"p2plearn: {what}: " + "; ".join(f"rank {r} {departed[r]}" for r in gone))
 
 
 class Links:
@@ -82,104 +214,140 @@ class Collectives:
     the all-reduce parts and pace every flow (at PACING_HEADROOM of its share of the sender's uplink
     and the receiver's downlink: the engine has no congestion control of its own, so an unpaced
     burst overflows a shallow switch queue); ``timeout``: seconds a lossless collective waits for a
-    rank before it raises `CollectiveTimeout` naming it.
+    rank before it raises `CollectiveTimeout` naming it; ``departed``: rank -> why it is no longer
+    in the job (the group's membership fills it; this rank's own entry fails every collective);
+    ``max_message_bytes``: the largest message a collective may send (the engines' limit: a larger
+    one raises at once on every rank instead of being refused by the receiver's engine);
+    ``kept_bytes``: the `Mailbox`'s quota per sender.
     """
 
     def __init__(self, channel: Channel, rank: int, world_size: int, engines: dict[int, tuple[str, int]],
-                 links: Links, timeout: float) -> None:
+                 links: Links, timeout: float, departed: Mapping[int, str] | None = None,
+                 max_message_bytes: int | None = None, kept_bytes: int = 1 << 30) -> None:
         self.channel = channel
         self.rank = rank
         self.world_size = world_size
         self._engines = engines
+        self._ranks = {(socket.gethostbyname(host), port): r for r, (host, port) in engines.items()}  # a send's receivers
         self.links = links
         self.timeout = timeout
-        self.mailbox = Mailbox(channel)
+        self.departed: Mapping[int, str] = {} if departed is None else departed
+        self.max_message_bytes = max_message_bytes
+        self.mailbox = Mailbox(channel, rank, world_size, kept_bytes)
         self.others = [r for r in range(world_size) if r != rank]
         self._layouts: dict[tuple[int, ...], PartLayout] = {}  # by the layers' sizes: DDP's buckets repeat
 
     # -- point to point ------------------------------------------------------------------------
-    def _send(self, msg_id: int, arrays: list[np.ndarray], to: Sequence[int], bounds: float | Sequence[float] = 0.0,
-              deadline: float | None = None, rates: dict[int, float] | None = None) -> SendHandle:
+    def _check_size(self, arrays: list[np.ndarray], what: str) -> None:
+        """Raise before sending or waiting for a message over the group's limit (every rank of the
+        collective computes the same sizes, so all of them raise)."""
+        size = message_bytes(arrays)
+        if self.max_message_bytes is not None and size > self.max_message_bytes:
+            raise CollectiveError(f"p2plearn: {what}: a message of {size / 2**20:.1f} MiB is over the group's limit of "
+                                  f"{self.max_message_bytes / 2**20:.1f} MiB: raise P2PLEARN_MAX_MESSAGE_MB on every rank")
+
+    def _send(self, msg_id: int, arrays: list[np.ndarray], to: Sequence[int], what: str,
+              bounds: float | Sequence[float] = 0.0, deadline: float | None = None,
+              rates: dict[int, float] | None = None) -> SendHandle:
         """Send to ranks ``to``, each paced at ``rates[r]``, by default at an equal share of this
         uplink among them and of its downlink among the n - 1 ranks that may send to it at once."""
+        self._check_size(arrays, what)
+        _check_departed(what, to, self.departed)
         if rates is None:
             up, down = self.links.uplink[self.rank] / max(len(to), 1), self.links.downlink / max(self.world_size - 1, 1)
             rates = {r: PACING_HEADROOM * min(up, down[r]) for r in to}
         return self.channel.send(msg_id, arrays, [(*self._engines[r], rates[r]) for r in to], loss_bounds=bounds,
                                  deadline=deadline)
 
-    def _wait_sends(self, handles: list[SendHandle], deadline: float | None) -> list:
-        limit = self.timeout if deadline is None else deadline + GRACE_S + self.timeout
+    def _wait_sends(self, handles: list[SendHandle], deadline: float | None, what: str) -> list:
+        """Every send's per-receiver stats, once done. Raises when a receiver departed, stopped
+        acknowledging before it had the whole message, or the sends outlast their limit."""
+        end = time.monotonic() + (self.timeout if deadline is None else deadline + GRACE_S + self.timeout)
         stats = []
         for h in handles:
-            try:
-                stats += h.wait(limit)
-            except TimeoutError:
-                raise CollectiveTimeout(f"p2plearn: a send to {h.receivers} was not acknowledged in {limit:.0f} s "
-                                        f"(a rank died or hangs)") from None
+            receivers = [self._ranks[(host, port)] for host, port, _ in h.receivers]
+            # a receiver that departed is not judged here: it may have had the whole message (the end
+            # of a job); its engine's silence ends the send within 3 s, and the result says
+            while not h.done():
+                _check_departed(what, [self.rank], self.departed)
+                left = end - time.monotonic()
+                if left <= 0:
+                    raise CollectiveTimeout(f"p2plearn: {what}: a send to rank(s) {receivers} was not acknowledged in "
+                                            f"{self.timeout:.0f} s (a rank died or hangs)")
+                try:
+                    h.wait(min(left, POLL_S))
+                except TimeoutError:
+                    pass
+            for r, st in zip(receivers, h.wait()):
+                if st.result in ("unreachable", "cancelled") and st.delivered < 1.0:
+                    _check_departed(what, [r], self.departed)  # the likelier cause, named as such
+                    raise CollectiveError(f"p2plearn: {what}: rank {r} stopped acknowledging this rank's message "
+                                          f"({st.result}{': ' + st.error if st.error else ''}; "
+                                          f"{st.delivered:.0%} of it arrived)")
+                stats.append(st)
         return stats
+
+    def _collect(self, msg_id: int, senders: set[int], fits: Fits, until: float, what: str) -> dict[int, Delivery]:
+        _check_departed(what, [self.rank], self.departed)
+        return self.mailbox.collect(msg_id, senders, fits, until, what, self.departed)
 
     def _receive(self, msg_id: int, senders: set[int], what: str, shapes: Callable[[int], list[np.ndarray]]
                  ) -> dict[int, list[np.ndarray]]:
         """Lossless: every sender's message, whole, with arrays shaped like ``shapes(sender)``."""
-        got = self.mailbox.collect(msg_id, senders, time.monotonic() + self.timeout)
+        for s in senders:
+            self._check_size(shapes(s), what)
+        got = self._collect(msg_id, senders, lambda s, d: d.reason == Reason.COMPLETE and _fits(d, shapes(s)),
+                            time.monotonic() + self.timeout, what)
         late = sorted(senders - set(got))
         if late:
             raise CollectiveTimeout(f"p2plearn: {what}: no message from rank(s) {late} in {self.timeout:.0f} s")
-        out = {}
-        for s, d in got.items():
-            expected = shapes(s)
-            if d.reason != Reason.COMPLETE or not _fits(d, expected):
-                raise RuntimeError(f"p2plearn: {what}: rank {s}'s message arrived {d.reason.name.lower()} or does not "
-                                   f"match this rank's tensors (do all ranks call it with the same shapes and dtypes?)")
-            out[s] = d.arrays
-        return out
+        return {s: d.arrays for s, d in got.items()}
 
     # -- collectives ---------------------------------------------------------------------------
     def broadcast(self, seq: int, array: np.ndarray, root: int) -> None:
-        msg = seq * PHASES
+        msg, what = seq * PHASES, f"broadcast #{seq} from rank {root}"
         if self.rank == root:
             if self.others:
-                self._wait_sends([self._send(msg, [array], self.others)], None)
+                self._wait_sends([self._send(msg, [array], self.others, what)], None, what)
             return
-        np.copyto(array, self._receive(msg, {root}, "broadcast", lambda _: [array])[root][0])
+        np.copyto(array, self._receive(msg, {root}, what, lambda _: [array])[root][0])
 
     def allgather(self, seq: int, array: np.ndarray, outputs: list[np.ndarray]) -> None:
-        msg = seq * PHASES
-        handle = self._send(msg, [array], self.others) if self.others else None
+        msg, what = seq * PHASES, f"all_gather #{seq}"
+        handle = self._send(msg, [array], self.others, what) if self.others else None
         np.copyto(outputs[self.rank], array)
-        for s, arrays in self._receive(msg, set(self.others), "all_gather", lambda s: [outputs[s]]).items():
+        for s, arrays in self._receive(msg, set(self.others), what, lambda s: [outputs[s]]).items():
             np.copyto(outputs[s], arrays[0])
         if handle is not None:
-            self._wait_sends([handle], None)
+            self._wait_sends([handle], None, what)
 
     def gather(self, seq: int, array: np.ndarray, outputs: list[np.ndarray] | None, root: int) -> None:
-        msg = seq * PHASES
+        msg, what = seq * PHASES, f"gather #{seq} to rank {root}"
         if self.rank != root:
-            self._wait_sends([self._send(msg, [array], [root])], None)
+            self._wait_sends([self._send(msg, [array], [root], what)], None, what)
             return
         assert outputs is not None
         np.copyto(outputs[root], array)
-        for s, arrays in self._receive(msg, set(self.others), "gather", lambda s: [outputs[s]]).items():
+        for s, arrays in self._receive(msg, set(self.others), what, lambda s: [outputs[s]]).items():
             np.copyto(outputs[s], arrays[0])
 
     def scatter(self, seq: int, inputs: list[np.ndarray] | None, output: np.ndarray, root: int) -> None:
-        msg = seq * PHASES
+        msg, what = seq * PHASES, f"scatter #{seq} from rank {root}"
         if self.rank == root:
             assert inputs is not None
-            handles = [self._send(msg, [inputs[r]], [r]) for r in self.others]
+            handles = [self._send(msg, [inputs[r]], [r], what) for r in self.others]
             np.copyto(output, inputs[root])
-            self._wait_sends(handles, None)
+            self._wait_sends(handles, None, what)
             return
-        np.copyto(output, self._receive(msg, {root}, "scatter", lambda _: [output])[root][0])
+        np.copyto(output, self._receive(msg, {root}, what, lambda _: [output])[root][0])
 
     def reduce_scatter(self, seq: int, inputs: list[np.ndarray], output: np.ndarray, op: str) -> None:
-        msg = seq * PHASES
-        handles = [self._send(msg, [inputs[r]], [r]) for r in self.others]
-        got = self._receive(msg, set(self.others), "reduce_scatter", lambda _: [output])
+        msg, what = seq * PHASES, f"reduce_scatter #{seq}"
+        handles = [self._send(msg, [inputs[r]], [r], what) for r in self.others]
+        got = self._receive(msg, set(self.others), what, lambda _: [output])
         values = [inputs[self.rank] if r == self.rank else got[r][0] for r in range(self.world_size)]
         _reduce(output, values, op, self.world_size)
-        self._wait_sends(handles, None)
+        self._wait_sends(handles, None, what)
 
     def barrier(self, seq: int) -> None:
         token = np.zeros(1, dtype=np.uint8)
@@ -194,6 +362,7 @@ class Collectives:
         and dtypes are exact, through the same two phases. Returns what the round measured.
         """
         t0 = time.monotonic()
+        what = f"all_reduce #{seq}"
         lossy = bounds is not None and (deadline is not None or any(b > 0 for b in bounds))
         if lossy and not (layers[0].dtype.kind == "f" and op in ("sum", "avg")):
             raise ValueError("p2plearn: loss bounds apply to SUM/AVG all-reduces of floats only")
@@ -214,49 +383,45 @@ class Collectives:
         # 1. scatter: part k to rank k
         scatter_id, gather_id = seq * PHASES, seq * PHASES + 1
         aggregators = [r for r in self.others if slices[r]]
-        scatter = [self._send(scatter_id, pieces(r), [r], piece_bounds(r), deadline, layout.scatter_rate[self.rank])
-                   for r in aggregators]
+        scatter = [self._send(scatter_id, pieces(r), [r], what, piece_bounds(r), deadline,
+                              layout.scatter_rate[self.rank]) for r in aggregators]
         mine = pieces(self.rank)
         delivered = []
         if mine and self.others:
             senders = set(self.others)
             if lossy:
                 until = t0 + (deadline if deadline is not None else self.timeout) + GRACE_S
-                got = self.mailbox.collect(scatter_id, senders, until)
-                usable = {s: d for s, d in got.items() if _fits(d, mine)}
+                got = self._collect(scatter_id, senders, lambda s, d: _fits(d, mine), until, what)
                 for i, own in enumerate(mine):
-                    merge_parameter(own, [Contribution(d.arrays[i], chunks=d.chunks(i)) for d in usable.values()])
-                delivered.append(sum(d.delivered for d in usable.values()) / len(senders))
+                    merge_parameter(own, [Contribution(d.arrays[i], chunks=d.chunks(i)) for d in got.values()])
+                delivered.append(sum(d.delivered for d in got.values()) / len(senders))
             else:
-                got = self._receive(scatter_id, senders, "all_reduce", lambda _: mine)
+                got_arrays = self._receive(scatter_id, senders, what, lambda _: mine)
                 for i, own in enumerate(mine):
                     if mean_merge:
-                        merge_parameter(own, [Contribution(arrays[i]) for arrays in got.values()])
+                        merge_parameter(own, [Contribution(arrays[i]) for arrays in got_arrays.values()])
                     else:
-                        values = [own.copy() if r == self.rank else got[r][i] for r in range(self.world_size)]
+                        values = [own.copy() if r == self.rank else got_arrays[r][i] for r in range(self.world_size)]
                         _reduce(own, values, op, self.world_size)
         # 2. gather: this rank's reduced part to every other rank; theirs into place where it arrived
-        gather = self._send(gather_id, mine, self.others, piece_bounds(self.rank), deadline,
+        gather = self._send(gather_id, mine, self.others, what, piece_bounds(self.rank), deadline,
                             layout.gather_rate[self.rank]) if mine and self.others else None
-        stats = self._wait_sends(scatter, deadline)  # they read the parts about to be overwritten
+        stats = self._wait_sends(scatter, deadline, what)  # they read the parts about to be overwritten
         senders = set(aggregators)
         if lossy:
             until = time.monotonic() + (deadline if deadline is not None else self.timeout) + GRACE_S
-            got = self.mailbox.collect(gather_id, senders, until)
+            got = self._collect(gather_id, senders, lambda s, d: _fits(d, pieces(s)), until, what)
             for s, d in got.items():
-                theirs = pieces(s)
-                if not _fits(d, theirs):
-                    continue
-                for i, own in enumerate(theirs):
+                for i, own in enumerate(pieces(s)):
                     np.copyto(own, d.arrays[i], where=d.element_mask(i))
                 delivered.append(d.delivered)
             delivered += [0.0] * len(senders - set(got))
         elif senders:
-            for s, arrays in self._receive(gather_id, senders, "all_reduce", pieces).items():
+            for s, arrays in self._receive(gather_id, senders, what, pieces).items():
                 for own, value in zip(pieces(s), arrays):
                     np.copyto(own, value)
         if gather is not None:
-            stats += self._wait_sends([gather], deadline)
+            stats += self._wait_sends([gather], deadline, what)
         if mean_merge and op == "sum":  # every element holds a mean: the sum over all ranks is n times it
             for a in layers:
                 a *= self.world_size

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -126,7 +130,7 @@ def train(ddp: torch.nn.Module, rank: int, steps: int = 6, optimizer: torch.opti
         opt.step()
 
 
-def ddp(rank: int, n: int, gloo: dist.ProcessGroup, hook: bool, hadamard: bool = False) -> dict:
+def ddp(rank: int, n: int, gloo: dist.ProcessGroup, hook: bool, hadamard: bool = False, steps: int = 6) -> dict:
     """DDP over p2plearn (with the hook in exact mode, with or without the Hadamard transform, or
     without the hook) and over gloo, from the same rank-dependent start (DDP's construction
     broadcasts rank 0's): the same parameters after training."""
@@ -136,8 +140,8 @@ def ddp(rank: int, n: int, gloo: dist.ProcessGroup, hook: bool, hadamard: bool =
         ours.register_comm_hook(state, p2plearn.ddp.loss_tolerant_hook)
     theirs = DDP(model(seed=rank), bucket_cap_mb=0.01, process_group=gloo)
     start_equal = all(equal(a, b) for a, b in zip(ours.parameters(), theirs.parameters()))
-    train(ours, rank)
-    train(theirs, rank)
+    train(ours, rank, steps)
+    train(theirs, rank, steps)
     out = {"start_equal": start_equal,
            "trained_equal": all(same(a, b) for a, b in zip(ours.parameters(), theirs.parameters())),
            "moved": any(not equal(a, b) for a, b in zip(ours.parameters(), model(seed=0).parameters()))}
@@ -183,6 +187,86 @@ def checkpoint(rank: int, directory: str) -> dict:
     return {"restored": all(torch.equal(v, net.state_dict()[k]) for k, v in saved.items())}
 
 
+def failure(run) -> dict:
+    """What a collective raised: its type's names, its message, how long it took (s)."""
+    t0 = time.monotonic()
+    try:
+        run()
+    except Exception as exc:  # noqa: BLE001 - the test judges it
+        return {"raised": [c.__name__ for c in type(exc).__mro__], "message": str(exc), "seconds": time.monotonic() - t0}
+    return {"raised": [], "message": "", "seconds": time.monotonic() - t0}
+
+
+def mismatch(rank: int, group: dist.ProcessGroup | None) -> dict:
+    """Rank 0 all-reduces 8 elements, rank 1 three (a bug in the user's script): asynchronously,
+    then synchronously, then a well-formed all-reduce on the failed group."""
+    out = {"async": failure(lambda: dist.all_reduce(torch.ones(8 if rank == 0 else 3), async_op=True, group=group).wait())}
+    if group is None:  # (gloo aborts a rank at the first: the rest is p2plearn's)
+        out["sync"] = failure(lambda: dist.all_reduce(torch.ones(8 if rank == 0 else 3)))
+        work = dist.all_reduce(torch.ones(4), async_op=True)
+        out["after"] = failure(work.wait)
+        out["after_success"] = work.is_success()
+    return out
+
+
+def dead_rank(rank: int, gloo: dist.ProcessGroup) -> dict:
+    """Rank 1 is killed after 5 all-reduces; rank 0 goes on calling them, over gloo and then over
+    p2plearn (the group's default timeout: 30 minutes)."""
+    for _ in range(5):
+        dist.all_reduce(torch.ones(1000))
+        dist.all_reduce(torch.ones(1000), group=gloo)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {"gloo": failure(lambda: dist.all_reduce(torch.ones(1000), group=gloo)),
+            "p2plearn": failure(lambda: dist.all_reduce(torch.ones(1000)))}
+
+
+def forged(rank: int, n: int, gloo: dist.ProcessGroup) -> dict:
+    """DDP over p2plearn and over gloo while a member (a thread of rank 1's process, holding the
+    job's key) sends rank 0 messages in rank 1's name: of other shapes for the collectives about
+    to run, and 60 KB ones for collectives far ahead. Rank 0's memory and training are unharmed."""
+    from p2plearn.distributed.collectives import AHEAD, PHASES
+    from p2plearn.keys import data_key
+    from p2plearn.transport import Channel
+
+    group = dist.distributed_c10d._get_default_group()
+    rss_before = _rss_mb()
+    stop = threading.Event()
+    sent = []
+
+    def forge() -> None:
+        runtime = group.runtime
+        with Channel(sender_id=1, job_id=runtime.job_id, key=data_key(runtime.secret.value, runtime.job_id)) as ch:
+            victim = (*group.collectives._engines[0], 0.0)
+            junk, wide = [np.full(7, 1e30, np.float32)], [np.zeros(15000, np.float32)]
+            while not stop.is_set():
+                seq = group._seq
+                for msg_id in range(seq * PHASES, (seq + 3) * PHASES):
+                    ch.send(msg_id, junk, [victim])
+                for _ in range(100):  # each a new message: an engine drops a repeated id as stale
+                    ch.send((seq + AHEAD + 1) * PHASES + len(sent), wide, [victim])
+                    sent.append(wide[0].nbytes)
+                time.sleep(0.02)
+
+    forger = threading.Thread(target=forge, daemon=True)
+    if rank == 1:
+        forger.start()
+    out = ddp(rank, n, gloo, hook=False, steps=40)
+    stop.set()
+    if rank == 1:
+        forger.join()
+    dist.barrier()
+    out["stats"] = group.stats()
+    out["rss_growth_mb"] = _rss_mb() - rss_before
+    out["forged_mb"] = sum(sent) / 2**20
+    return out
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
 def main() -> None:
     scenario, result = sys.argv[1], sys.argv[2]
     dist.init_process_group("p2plearn")
@@ -195,9 +279,21 @@ def main() -> None:
         out.update(ddp(rank, n, gloo, hook=scenario != "ddp", hadamard=scenario == "ddp_hadamard"))
     elif scenario == "post_local_sgd":
         out.update(post_local_sgd(rank, n, gloo))
+    elif scenario == "mismatch":
+        out["p2plearn"] = mismatch(rank, None)
+        _write(result, out)  # gloo aborts a rank at its mismatch
+        out["gloo"] = mismatch(rank, gloo)
+    elif scenario == "dead_rank":
+        out.update(dead_rank(rank, gloo))
+    elif scenario == "forged":
+        out.update(forged(rank, n, gloo))
     elif scenario == "checkpoint":
         out.update(checkpoint(rank, str(Path(result).parent / "checkpoint")))
     dist.destroy_process_group()
+    _write(result, out)
+
+
+def _write(result: str, out: dict) -> None:
     with open(result, "w") as f:
         json.dump(out, f)
 

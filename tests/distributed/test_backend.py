@@ -2,11 +2,13 @@
 on the CPU through the device path (``P2PLEARN_STAGING=host``: host copies of every tensor), and
 on a GPU where CUDA is (skipped elsewhere)."""
 import re
+import signal
 
 import pytest
 import torch
 
-from tests.distributed.job import run_job
+from p2plearn.distributed.collectives import AHEAD
+from tests.distributed.job import run_job, run_ranks
 
 pytestmark = pytest.mark.slow  # each job starts its ranks' torch (seconds on a busy machine)
 
@@ -46,3 +48,45 @@ def test_post_local_sgd_matches_gloo(tmp_path):
 
 def test_distributed_checkpoint_saves_and_loads(tmp_path):
     assert all(result["restored"] for result in run_job(tmp_path, "checkpoint", world_size=2))
+
+
+def test_a_failed_collective_raises_as_over_gloo(tmp_path):
+    """Rank 0 all-reduces 8 elements, rank 1 three: gloo raises (or aborts the process), and so does
+    p2plearn: wait(), the synchronous call and every later collective of the failed group."""
+    results, codes, logs = run_ranks(tmp_path, "mismatch", world_size=2, timeout=180)
+    assert all(r is not None for r in results), logs
+    for rank, result in enumerate(results):
+        ours = result["p2plearn"]
+        for call in ("async", "sync", "after"):
+            assert "DistBackendError" in ours[call]["raised"], (rank, call, ours)
+        assert ours["after_success"] is False
+        assert "failed before" in ours["after"]["message"]
+    # every rank names the cause: the rank with other shapes, or the one that left over them
+    messages = [r["p2plearn"]["async"]["message"] for r in results]
+    assert any("shapes" in m for m in messages) and all("rank" in m for m in messages), messages
+    assert all(r["p2plearn"]["async"]["seconds"] < 60 for r in results)  # not the group's 30 minutes
+    # gloo: a rank raises, the other aborts at the mismatch
+    gloo_raised = [r for r, result in enumerate(results) if result.get("gloo", {}).get("async", {}).get("raised")]
+    assert gloo_raised or any(code not in (0, None) for code in codes), logs
+
+
+def test_a_dead_rank_fails_the_survivors_collectives_as_over_gloo(tmp_path):
+    results, codes, logs = run_ranks(tmp_path, "dead_rank", world_size=2, timeout=180)
+    assert codes[1] == -signal.SIGKILL and codes[0] == 0, logs
+    survivor = results[0]
+    assert "RuntimeError" in survivor["gloo"]["raised"], survivor
+    assert "DistBackendError" in survivor["p2plearn"]["raised"], survivor
+    assert "rank 1" in survivor["p2plearn"]["message"], survivor
+    assert survivor["p2plearn"]["seconds"] < 30, survivor  # the membership's verdict, not the 30-minute timeout
+
+
+def test_a_member_forging_another_ranks_messages_neither_stops_nor_bloats_a_peer(tmp_path):
+    results = run_job(tmp_path, "forged", world_size=2, timeout=300)
+    victim, forger = results
+    assert forger["forged_mb"] > 100, forger["forged_mb"]
+    assert victim["trained_equal"] and victim["moved"], victim
+    refused = victim["stats"]["refused"]
+    assert refused.get("shapes or dtypes of another collective", 0) > 0, refused
+    assert refused.get(f"more than {AHEAD} collectives ahead", 0) > 0, refused
+    # kept, the messages far ahead would grow the victim by their total (as they did: linearly)
+    assert victim["rss_growth_mb"] < 0.5 * forger["forged_mb"], (victim["rss_growth_mb"], forger["forged_mb"])
