@@ -264,6 +264,11 @@ class _Work(dist.Work):
     def get_future(self) -> torch.futures.Future:
         return self._future
 
+    def result(self) -> Any:
+        """The collective's outputs, once done (its error raised)."""
+        self.wait()
+        return self._future.value()
+
     def is_completed(self) -> bool:
         return self._future.done()
 
