@@ -489,14 +489,13 @@ class Client:
                         if recv_monitor_message(monitor)["event"] == zmq.EVENT_DISCONNECTED:
                             self._detector.lost()  # the coordinator's process closed its end
                         continue
-                    while sock.poll(0):
-                        self._receive(sock, beat, sock.recv_multipart())
+                    self._receive_pending(sock, beat)
                 now = time.monotonic()
                 # A peer that left, or whose job ended, follows no successor; one that left keeps
                 # listening (it may wait until it is alone), for a suspicion may be a busy host.
                 if self._in_job() and (self._moved_to or self._detector.suspected(now)):
                     following = self._endpoint, self._pub_endpoint, self._term
-                    if not self._failover():
+                    if not self._failover(sub, beat):
                         return
                     if (self._endpoint, self._pub_endpoint, self._term) != following:
                         _close(streams)
@@ -540,6 +539,10 @@ class Client:
                               "id": self._next_beat_id - 1})
         except zmq.Again:
             pass  # queue full: the coordinator is not reading; its silence will tell
+
+    def _receive_pending(self, sock: zmq.Socket, beat: zmq.Socket) -> None:
+        while sock.poll(0):
+            self._receive(sock, beat, sock.recv_multipart())
 
     def _receive(self, sock: zmq.Socket, beat: zmq.Socket, frames: list[bytes]) -> None:
         try:
@@ -663,9 +666,10 @@ class Client:
 
     # -- failover ------------------------------------------------------------------------------------
 
-    def _failover(self) -> bool:
+    def _failover(self, sub: zmq.Socket, beat: zmq.Socket) -> bool:
         """Find the coordinator again (the same one if it was only slow, else the successor) and
-        re-register there; False once ``give_up`` seconds passed without one, or on close."""
+        re-register there; False once ``give_up`` seconds passed without one, on close, or once the
+        old coordinator's ``sub`` stream says that the job ended."""
         self._failing_over = True
         self.failovers += 1
         old, moved = self._endpoint, self._moved_to
@@ -682,6 +686,9 @@ class Client:
                         return True
                     if time.monotonic() - started > self.give_up:
                         break
+                    # A peer stopped (SIGSTOP) past the end of its job takes the silence for a death
+                    # before its ENDED is read; it must not start a successor and train alone.
+                    self._receive_pending(sub, beat)
                     if not self._in_job():
                         return False
                 moved = None

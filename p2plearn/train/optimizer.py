@@ -21,6 +21,8 @@ import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,8 +50,15 @@ from p2plearn.transport import CHUNK_CLAIM, Channel, message_bytes
 
 log = logging.getLogger("p2plearn.train")
 ASK_AGAIN_S = 10.0  # a joiner without its state after this long asks for another donation
+STATE_POLL_S = 0.2  # how often a joiner waiting for its state looks whether its donor or the job is gone
 FINAL_ID = STATE_FLAG | (STATE_FLAG - 1)  # the message id of a final model: no round or join uses it
 NORM_TYPES = (torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, torch.nn.GroupNorm)
+
+
+class JobEnded(SystemExit):
+    """The job ended before this peer finished: it was stopped or stalled while the others trained to
+    the end and left, so no peer is left to send it the model, and its own is stale. Uncaught, Python
+    prints its one line and exits with code 1, as for any rank that could not finish its part."""
 
 
 @dataclass
@@ -296,7 +305,8 @@ class DecentralizedOptimizer(Optimizer):
         self._last_step_end = time.monotonic()
         self.joined = self.runtime.client.donor is not None  # took a running job's state, not its own start
         if self.joined:
-            self._receive_state()
+            with self._unless_job_ended():
+                self._receive_state()
 
     # param_groups, state and defaults are the wrapped optimizer's (its load_state_dict replaces them)
     param_groups = property(lambda self: self.optimizer.param_groups,
@@ -337,7 +347,11 @@ class DecentralizedOptimizer(Optimizer):
         """A local step of the wrapped optimizer and, every `round_steps` steps, a communication round;
         returns what the closure returned (None without one), as torch optimizers do. `loss` (or
         else the closure's) feeds the phase-aware tolerance. The last round's figures are in
-        `last_round`."""
+        `last_round`. Raises `JobEnded` once the job ended without this peer."""
+        with self._unless_job_ended():
+            return self._step(closure, loss)
+
+    def _step(self, closure: Any, loss: torch.Tensor | float | None) -> Any:
         if self._expelled:
             raise RuntimeError(f"rank {self.runtime.rank} was declared dead by the job and could not register "
                                f"again (its rank was taken, or no coordinator answered): stopping rather than "
@@ -524,26 +538,39 @@ class DecentralizedOptimizer(Optimizer):
     def _rejoin(self) -> None:
         self._needs_state = False
         self._stats.rejoins += 1
-        if self.runtime.client.donor is not None:
+        client = self.runtime.client
+        if client.donor is not None:
             self._receive_state()
+        elif self.runtime.world_size > 1 and set(client.members) <= {self.runtime.rank}:
+            # Readmitted while the job ends: every other peer left, nobody is left to train with.
+            raise self._job_ended()
 
     def _receive_state(self, timeout: float = 60.0) -> None:
-        """Take the model state from the donor; ask for another donation every ASK_AGAIN_S (a
-        donor may die, or send before it learned this peer's engine), until ``timeout``."""
+        """Take the model state from the donor. Ask for another donation every ASK_AGAIN_S (a donor
+        may die, or send before it learned this peer's engine), and at once when the donor is no
+        longer a member, until ``timeout``; `JobEnded` as soon as the job ended or no donor is left."""
         client = self.runtime.client
         deadline = time.monotonic() + timeout
-        donor = client.donor
+        donor, asked = client.donor, time.monotonic()
         while True:
-            d = self.sync.inbox.take_state(donor.rank, min(deadline, time.monotonic() + ASK_AGAIN_S))
+            d = self.sync.inbox.take_state(donor.rank, min(deadline, time.monotonic() + STATE_POLL_S))
             if d is not None and d.msg_id != FINAL_ID and d.complete and self._fits(d.arrays):
                 break
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if client.ended:
+                raise self._job_ended()
+            if now >= deadline:
                 raise RuntimeError(f"rank {self.runtime.rank}: no model state from donor rank {donor.rank} within "
                                    f"{timeout:g} s; it cannot take part with a stale model")
+            if donor.rank in client.members and now < asked + ASK_AGAIN_S:
+                continue
+            asked = now
             try:
-                donor = client.ask_for_state() or donor
+                donor = client.ask_for_state()
             except ControlError:
-                pass  # no coordinator answered just now: keep waiting, ask again later
+                continue  # no coordinator answered just now (or the job ended: seen next): ask again later
+            if donor is None:  # every other peer left: the job is ending without this one
+                raise self._job_ended()
         for own, a in zip(self.staging.bucket_arrays, d.arrays):
             np.copyto(own, a.reshape(own.shape))  # the bits as sent: bfloat16 stays bfloat16
         self.staging.to_device()
@@ -551,6 +578,21 @@ class DecentralizedOptimizer(Optimizer):
         # The donor sent this just before its round `clock`, at its step (clock + 1) * round_steps:
         # the next local step here is that round's, as it is the others'.
         self.steps = (self.sync.clock + 1) * self.round_steps - 1
+
+    @contextmanager
+    def _unless_job_ended(self) -> Iterator[None]:
+        """`JobEnded` for the control plane's error once the coordinator said that the job ended."""
+        try:
+            yield
+        except ControlError:
+            if self.runtime.client.ended:
+                raise self._job_ended() from None
+            raise
+
+    def _job_ended(self) -> JobEnded:
+        return JobEnded(f"p2plearn rank {self.runtime.rank}: the job ended before this peer finished (it was "
+                        f"stopped or stalled while the others trained to the end and left): stopping at step "
+                        f"{self.steps}")
 
     def average_model(self, root: int = 0, timeout: float = 60.0) -> dict[str, torch.Tensor] | None:
         """Average the peers' models at one of them, after training; call it on every peer once it

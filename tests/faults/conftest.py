@@ -4,22 +4,35 @@ import os
 
 import pytest
 
-from faults_helpers import Job
+from faults_helpers import Job, LaunchedJob
 
 
 @pytest.fixture
 def job(tmp_path):
     """job(n, seconds=..., step_time=..., env=...) -> a started Job; killed after the test, also on failure."""
+    yield from _started(Job, str(tmp_path))
+
+
+@pytest.fixture
+def launched(tmp_path):
+    """launched(n, steps=..., sync=...) -> a started p2plearn-run job (LaunchedJob); killed after the
+    test, also on failure."""
+    yield from _started(LaunchedJob, str(tmp_path))
+
+
+def _started(kind, out):
     jobs = []
 
     def start(n, **kwargs):
-        j = Job(n, str(tmp_path), **kwargs)
+        j = kind(n, out, **kwargs)
         jobs.append(j)
         return j
 
-    yield start
-    for j in jobs:
-        j.close()
+    try:
+        yield start
+    finally:
+        for j in jobs:
+            j.close()
 
 
 @pytest.fixture

@@ -28,7 +28,24 @@ def free_port_pair() -> int:
                 return port
 
 
-class Job:
+class PeerLines:
+    """What a job's peers printed: ``lines[rank]``, and ``output()`` for an assertion's message."""
+
+    lines: dict[int, list[str]]
+
+    def output(self) -> str:
+        raise NotImplementedError
+
+    def wait_line(self, rank: int, text: str, timeout: float) -> None:
+        """Wait until rank's output has a line containing ``text``."""
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in self.lines[rank]):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"rank {rank} never printed {text!r}: {self.output()}")
+            time.sleep(0.1)
+
+
+class Job(PeerLines):
     """``n`` trainer peers; ``lines[rank]`` collects each peer's output as it comes."""
 
     def __init__(self, n: int, out: str, *, seconds: float | None = None, steps: int | None = None,
@@ -70,14 +87,6 @@ class Job:
                                 stderr=subprocess.STDOUT, start_new_session=True)
         self.procs.append(proc)
         threading.Thread(target=self._pump, args=(rank, proc), daemon=True).start()
-
-    def wait_line(self, rank: int, text: str, timeout: float) -> None:
-        """Wait until rank's output has a line containing ``text``."""
-        deadline = time.monotonic() + timeout
-        while not any(text in line for line in self.lines[rank]):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"rank {rank} never printed {text!r}: {self.output()}")
-            time.sleep(0.1)
 
     def _pump(self, rank: int, proc: subprocess.Popen) -> None:
         for raw in iter(proc.stdout.readline, b""):
@@ -147,3 +156,74 @@ def coordinators_of(job_id: str) -> list[int]:
     """Pids of the coordinator processes of a job (found by the job id on their command line)."""
     found = subprocess.run(["pgrep", "-f", f"p2plearn.control --job-id {job_id}"], capture_output=True, text=True)
     return [int(pid) for pid in found.stdout.split()]
+
+
+class LaunchedJob(PeerLines):
+    """``n`` trainer peers under p2plearn-run (its coordinator, its supervision, its exit code);
+    ``lines[rank]`` collects each peer's output as it comes, ``launcher_lines`` the launcher's own."""
+
+    def __init__(self, n: int, out: str, *, steps: int, sync: str, step_time: float = 0.05):
+        env = {**os.environ, "PYTHONPATH": ROOT, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+               "P2PLEARN_PERIOD": "1", "P2PLEARN_FANOUT": "2"}
+        argv = [sys.executable, "-m", "p2plearn.launch", "-np", str(n), "--sync", sync, "--", sys.executable, TRAINER,
+                "--steps", str(steps), "--step-time", str(step_time), "--average", "--out", out]
+        self.n = n
+        self.lines: dict[int, list[str]] = {r: [] for r in range(n)}
+        self.launcher_lines: list[str] = []
+        self.pids: dict[int, int] = {}  # rank -> its peer's pid, once it is ready
+        self.job_id: str | None = None  # the launcher's, read from its coordinator's command line
+        self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self._pump = threading.Thread(target=self._read, daemon=True)
+        self._pump.start()
+
+    def _read(self) -> None:
+        for raw in iter(self.proc.stdout.readline, b""):
+            line = raw.decode(errors="replace").rstrip()
+            rank, _, text = line.partition("] ")
+            if not (rank.startswith("[") and rank[1:].isdigit()):
+                self.launcher_lines.append(line)
+                continue
+            self.lines[int(rank[1:])].append(text)
+            if text.startswith("ready "):
+                self.pids[int(rank[1:])] = int(text.split()[2])
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.pids) < self.n:
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                raise AssertionError(f"the job did not start: {self.output()}")
+            time.sleep(0.05)
+        with open(f"/proc/{self._coordinators()[0]}/cmdline") as f:
+            argv = f.read().split("\0")
+        self.job_id = argv[argv.index("--job-id") + 1]
+
+    def _coordinators(self) -> list[int]:
+        """The launcher's coordinator (its child, while the launcher lives), and any successor a peer started."""
+        found = subprocess.run(["pgrep", "-P", str(self.proc.pid), "-f", "p2plearn.control"],
+                               capture_output=True, text=True)
+        return [int(pid) for pid in found.stdout.split()] + (coordinators_of(self.job_id) if self.job_id else [])
+
+    def wait(self, timeout: float) -> int:
+        """The launcher's exit code, once its output is read to the end."""
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the launcher did not finish in {timeout:g} s: {self.output()}") from None
+        self._pump.join(timeout=5.0)
+        return code
+
+    def output(self) -> str:
+        peers = [f"[{r}] {line}" for r, lines in self.lines.items() for line in lines[-15:]]
+        return "\n".join(peers + self.launcher_lines[-10:])
+
+    def close(self) -> None:
+        """Kill whatever is left: the peers (their groups: a stopped one too), the launcher and
+        every coordinator of the job (the launcher's, and any successor a peer started)."""
+        for pid in self.pids.values():
+            _kill(pid, group=True)
+        coordinators = self._coordinators()
+        _kill(self.proc.pid, group=True)
+        self.proc.wait()
+        for pid in coordinators:
+            _kill(pid, group=False)
