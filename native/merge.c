@@ -5,8 +5,14 @@
  * single elements under an element mask), and the block is written back once. Sums are in double:
  * exact for every dtype that travels, float64 included, and the merge is bound by reading the
  * contributions, not by the adds.
+ *
+ * A contribution marked finite_only refuses, in the same pass, what would make a merge non-finite
+ * (a member's NaN or inf): a value that is not finite, and every value of an int8 or int4 block
+ * whose scale is not finite or would read a code as more than float32 holds. What it refuses counts
+ * as not arrived, as a lost chunk does: the receiver keeps its own value there.
  */
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -103,9 +109,37 @@ static void store(void *v, int dtype, uint64_t e, double x) {
     }
 }
 
-/* sum[i] += value of element from + i, for i < len; the common dtypes in their own loops, so that
- * the compiler vectorises them. */
-static void add_run(double *sum, double *count, const p2p_contribution *c, uint64_t from, uint64_t len) {
+/* Whether c's values are checked one by one: finite_only, and a dtype whose values can be NaN or
+ * inf themselves (an int8 or int4 value is finite once its block's scale is checked). */
+static int checks_values(const p2p_contribution *c) {
+    return c->finite_only && c->dtype <= P2P_BF16;
+}
+
+/* Whether c's values come in blocks whose scales are checked. */
+static int checks_scales(const p2p_contribution *c) {
+    return c->finite_only && (c->dtype == P2P_I8 || c->dtype == P2P_I4);
+}
+
+/* Whether scale b of c reads every code as a finite float32: |scale| times the largest code a byte
+ * can carry (-128 for int8, -8 for int4) at most FLT_MAX; false for NaN and inf. */
+static int scale_fits(const p2p_contribution *c, uint64_t b) {
+    return fabs((double)c->scales[b]) * (c->dtype == P2P_I8 ? 128.0 : 8.0) <= FLT_MAX;
+}
+
+/* sum[i] += value of element from + i, for i < len; returns how many it added (all but the values
+ * checks_values refuses). The common dtypes in their own loops, so that the compiler vectorises them. */
+static uint64_t add_run(double *sum, double *count, const p2p_contribution *c, uint64_t from, uint64_t len) {
+    if (checks_values(c)) {
+        uint64_t added = 0;
+        for (uint64_t i = 0; i < len; i++) {
+            double x = load(c->values, c->dtype, NULL, 0, from + i);
+            if (!isfinite(x)) continue;
+            sum[i] += x;
+            count[i] += 1.0;
+            added++;
+        }
+        return added;
+    }
     if (c->dtype == P2P_F32) {
         const float *v = (const float *)c->values + from;
         for (uint64_t i = 0; i < len; i++) sum[i] += v[i];
@@ -113,10 +147,13 @@ static void add_run(double *sum, double *count, const p2p_contribution *c, uint6
         for (uint64_t i = 0; i < len; i++) sum[i] += load(c->values, c->dtype, c->scales, c->block, from + i);
     }
     for (uint64_t i = 0; i < len; i++) count[i] += 1.0;
+    return len;
 }
 
-/* Adds c's elements [start, end) that arrived; returns how many did. */
-static uint64_t add_block(double *sum, double *count, const p2p_contribution *c, uint64_t start, uint64_t end) {
+/* Adds c's elements [start, end) that arrived and are not refused; returns how many did, and adds
+ * to *refused how many arrived and were refused (finite_only). */
+static uint64_t add_block(double *sum, double *count, const p2p_contribution *c, uint64_t start, uint64_t end,
+                          uint64_t *refused) {
     uint64_t added = 0;
     for (uint64_t e = start; e < end;) {
         uint64_t run_end = end;
@@ -127,16 +164,32 @@ static uint64_t add_block(double *sum, double *count, const p2p_contribution *c,
             if (chunk_end < run_end) run_end = chunk_end;
             arrived = c->chunk_arrived[k] != 0;
         }
+        int usable = 1;
+        if (checks_scales(c)) {  /* a run within one block: its scale is the run's */
+            uint64_t block_end = (e / c->block + 1) * c->block;
+            if (block_end < run_end) run_end = block_end;
+            usable = scale_fits(c, e / c->block);
+        }
         if (arrived && c->element_arrived) {
             for (uint64_t i = e; i < run_end; i++) {
                 if (!c->element_arrived[i]) continue;
-                sum[i - start] += load(c->values, c->dtype, c->scales, c->block, i);
+                if (!usable) {
+                    (*refused)++;
+                    continue;
+                }
+                double x = load(c->values, c->dtype, c->scales, c->block, i);
+                if (checks_values(c) && !isfinite(x)) {
+                    (*refused)++;
+                    continue;
+                }
+                sum[i - start] += x;
                 count[i - start] += 1.0;
                 added++;
             }
         } else if (arrived) {
-            add_run(sum + (e - start), count + (e - start), c, e, run_end - e);
-            added += run_end - e;
+            uint64_t got = usable ? add_run(sum + (e - start), count + (e - start), c, e, run_end - e) : 0;
+            added += got;
+            *refused += run_end - e - got;
         }
         e = run_end;
     }
@@ -168,18 +221,20 @@ static int check_contribution(const p2p_contribution *c, uint64_t n, uint32_t i)
 }
 
 int p2p_merge(void *own, int own_dtype, uint64_t n, const p2p_contribution *contribs, uint32_t k,
-              double *arrived_out) {
+              double *arrived_out, uint64_t *refused_out) {
     if (own_dtype < P2P_F32 || own_dtype > P2P_BF16)
         return set_error(EINVAL, "merge: a tensor of dtype %d cannot be merged into", own_dtype);
     if (n && !own) return set_error(EINVAL, "merge: no tensor");
+    if (k && !contribs) return set_error(EINVAL, "merge: no contributions");
     for (uint32_t i = 0; i < k; i++) {
         int rc = check_contribution(&contribs[i], n, i);
         if (rc) return rc;
     }
     if (arrived_out) *arrived_out = 1.0;
+    if (refused_out) memset(refused_out, 0, (size_t)k * sizeof *refused_out);
     if (!k || !n) return 0;
     double sum[BLOCK], count[BLOCK];
-    uint64_t arrived = 0;
+    uint64_t arrived = 0, refused_here = 0;
     for (uint64_t start = 0; start < n; start += BLOCK) {
         uint64_t end = n - start < BLOCK ? n : start + BLOCK;
         uint64_t len = end - start;
@@ -190,7 +245,8 @@ int p2p_merge(void *own, int own_dtype, uint64_t n, const p2p_contribution *cont
             for (uint64_t i = 0; i < len; i++) sum[i] = load(own, own_dtype, NULL, 0, start + i);
         }
         for (uint64_t i = 0; i < len; i++) count[i] = 1.0;
-        for (uint32_t i = 0; i < k; i++) arrived += add_block(sum, count, &contribs[i], start, end);
+        for (uint32_t i = 0; i < k; i++)
+            arrived += add_block(sum, count, &contribs[i], start, end, refused_out ? &refused_out[i] : &refused_here);
         if (own_dtype == P2P_F32) {
             float *v = (float *)own + start;
             for (uint64_t i = 0; i < len; i++) v[i] = (float)(sum[i] / count[i]);
@@ -199,5 +255,27 @@ int p2p_merge(void *own, int own_dtype, uint64_t n, const p2p_contribution *cont
         }
     }
     if (arrived_out) *arrived_out = (double)arrived / ((double)n * k);
+    return 0;
+}
+
+int p2p_decode(const p2p_contribution *c, uint64_t n, float *out, uint8_t *usable, uint64_t *refused_out) {
+    if (!c) return set_error(EINVAL, "decode: no contribution");
+    int rc = check_contribution(c, n, 0);
+    if (rc) return rc;
+    if (n && (!out || !usable)) return set_error(EINVAL, "decode: no output");
+    uint64_t refused = 0;
+    double sum[BLOCK], count[BLOCK];
+    for (uint64_t start = 0; start < n; start += BLOCK) {  /* the merge's walk, into zeros */
+        uint64_t end = n - start < BLOCK ? n : start + BLOCK;
+        uint64_t len = end - start;
+        memset(sum, 0, (size_t)len * sizeof *sum);
+        memset(count, 0, (size_t)len * sizeof *count);
+        add_block(sum, count, c, start, end, &refused);
+        for (uint64_t i = 0; i < len; i++) {
+            out[start + i] = (float)sum[i];
+            usable[start + i] = count[i] != 0.0;
+        }
+    }
+    if (refused_out) *refused_out = refused;
     return 0;
 }

@@ -276,7 +276,13 @@ void p2p_plan_free(p2p_plan *plan);
  * mask, when element_arrived[e] != 0; NULL for either means everything arrived. Sums in double.
  * *arrived_out: the fraction of (element, contribution) pairs that arrived. A contribution whose
  * arrays are shorter than n elements need (values_bytes, nscales), or that reaches past its chunks,
- * is refused (EINVAL) before anything changes. */
+ * is refused (EINVAL) before anything changes.
+ * A contribution with finite_only set refuses a value that is not finite (NaN, inf), and every value
+ * of a block whose scale is not finite or would read a code past float32's range (|scale| x 128 for
+ * int8, x 8 for int4, above FLT_MAX): they count as not arrived, and refused_out[i] (k entries, or
+ * NULL) says how many of contribution i's that arrived were refused so.
+ * p2p_decode reads one contribution's n elements as float32 into out, the merge's way: usable[e] = 1
+ * where element e arrived and was not refused (out[e] = 0 where not); *refused_out as above. */
 #define P2P_F32 0
 #define P2P_F64 1
 #define P2P_F16 2
@@ -298,7 +304,9 @@ typedef struct {
     uint64_t first_byte;
     uint32_t chunk_size;
     const uint8_t *element_arrived; /* n bytes, or NULL (the caller's) */
+    int finite_only;              /* nonzero: refuse non-finite values and scales that do not fit */
 } p2p_contribution;
 
 int p2p_merge(void *own, int own_dtype, uint64_t n, const p2p_contribution *contribs, uint32_t k,
-              double *arrived_out);
+              double *arrived_out, uint64_t *refused_out);
+int p2p_decode(const p2p_contribution *c, uint64_t n, float *out, uint8_t *usable, uint64_t *refused_out);

@@ -117,6 +117,11 @@ class Options:
                                   "through separate host buffers and copies, exactly as a CUDA model's are (a "
                                   "device model is always staged; this tests that path on the CPU)",
                         ("direct", "host"))
+    max_message_mb: float = _opt(256.0, "the torch.distributed backend's largest message, in MiB: a collective "
+                                        "that would send a larger one raises on every rank, and it bounds what a "
+                                        "key holder can make a rank hold (about 6 x (ranks - 1) x it); lower it to "
+                                        "the job's largest collective (DDP: its bucket cap, and its start-up "
+                                        "broadcast of min(model, 250 MiB))", valid=_within(0.0, 1e6, low_open=True))
     bucket_mb: float = _opt(25.0, "the exchanged tensors travel and merge in contiguous buckets of at most this many "
                                   "MiB per dtype (DDP's default): a round's Python work grows with the buckets, not "
                                   "the tensors", valid=_within(0.0, 1e6, low_open=True))
@@ -125,6 +130,11 @@ class Options:
                                  "feedback, merged in float32; fp16's error (5e-4 of a value) is far below an SGD "
                                  "step's, int8's (1/254 of the block's largest) and int4's (1/14) are not",
                          ("none", "fp16", "bf16", "int8", "int4"))
+    keep_nonfinite: bool = _opt(False, "--compress: merge a peer's NaN and inf values (and int8/int4 scales that read "
+                                       "as them) as they come, so that a diverging peer's NaN spreads to every model; "
+                                       "by default each receiver refuses them where they are (it keeps its own "
+                                       "value there, as for a lost chunk), counts them per sender and logs the "
+                                       "first from each")
     filter: str = _opt("none", "value: send only updates above a decaying threshold (with residuals)",
                        ("none", "value"))
     filter_granularity: str = _opt("per_element", "--filter value: per_element sends the elements above the threshold "

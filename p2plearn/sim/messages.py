@@ -78,7 +78,7 @@ class Messages:
             self.previous = rows.copy()  # each peer's model as last merged: the filter reads the change since
             self.compressors = None
         else:
-            self.compressors = [Compressor(options.compress, [rows.shape[1]]) for _ in range(n)]
+            self.compressors = [Compressor(options.compress, [rows.shape[1]], options.keep_nonfinite) for _ in range(n)]
         self._sent: dict[int, list[tuple[list[np.ndarray], list[bool]]]] = {}  # round -> per peer (arrays, exact)
         self._bytes_total = 0.0
         self._messages = 0

@@ -13,6 +13,7 @@ The engine reads the parameters in place, so merging waits until this peer's own
 """
 from __future__ import annotations
 
+import logging
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
@@ -34,6 +35,8 @@ from p2plearn.sync.outer import OuterOptimizer
 from p2plearn.sync.planner import RoundPlanner
 from p2plearn.tolerance import Layer, NetworkState, RoundRecord, TolerancePolicy, TrainingState
 from p2plearn.transport import Delivery
+
+log = logging.getLogger("p2plearn.sync")
 
 HISTORY = 50          # rounds of network history kept for the tolerance policies
 GRACE_S = 0.25        # after a sender's deadline, time for its CLOSE to reach us
@@ -131,8 +134,11 @@ class Synchronizer(ABC):
             With fragments, a round's outer step and new anchor are its fragment's arrays' only.
         fragments: F; round r exchanges only fragment r mod F of the arrays (see
             `p2plearn.sync.fragments`; at least F arrays; no value filter); 1: every array every round.
-        compress: "none", or the format values travel in ("fp16", "bf16", "int8"; see
+        compress: "none", or the format values travel in ("fp16", "bf16", "int8", "int4"; see
             `p2plearn.sync.compress`), with error feedback.
+        keep_nonfinite: compressed rounds merge a sender's NaN and inf values (and the int8/int4
+            scales that make them) as they come; by default they count as not arrived (this peer
+            keeps its own value there) and are counted per sender in ``nonfinite``.
         policy_options: the selection policy's own options (SELMCAST: max_fanout, mixing_slack).
         transport_mode: the channel's (``unicast``, ``multicast`` or ``auto``): which receivers a
             plan counts one copy for on their sender's uplink (see ``RoundPlanner``); each send then
@@ -152,7 +158,7 @@ class Synchronizer(ABC):
                  compress: str = "none", round_cap_s: float = 30.0, start_clock: int = 0,
                  policy_options: dict | None = None, transport_mode: str = "unicast",
                  layer_ranges: list[tuple[int, int, int]] | None = None, fragments: int = 1,
-                 slow_close: float = 0.0):
+                 slow_close: float = 0.0, keep_nonfinite: bool = False):
         if not all(p.flags.c_contiguous for p in params):
             raise ValueError("the synchronizer merges in place: its arrays must be C-contiguous")
         self.params = [p.reshape(-1) for p in params]  # 1-D views: layers are element ranges of them
@@ -181,7 +187,7 @@ class Synchronizer(ABC):
         self.slow_close = slow_close
         self.filter = value_filter
         self.outer = outer
-        self.compressor = Compressor(compress, [p.size for p in params]) if compress != "none" else None
+        self.compressor = Compressor(compress, [p.size for p in params], keep_nonfinite) if compress != "none" else None
         if self.compressor is not None and value_filter is not None:
             raise ValueError("compression does not apply with a value filter yet (the filter picks what travels)")
         self.round_cap_s = round_cap_s
@@ -201,6 +207,7 @@ class Synchronizer(ABC):
         self._backlog = 0
         self._probes: dict[int, str] = {}  # this round's flows that probe an end (see selection.view)
         self._fragment_bytes: dict[int, int] = {}  # per fragment, its last message's bytes
+        self.nonfinite: Counter[int] = Counter()  # per sender, its values refused as not finite
 
     def step(self, loss: float | None = None) -> RoundStats:
         """Run one round; returns its stats. Call it after each local optimizer step."""
@@ -462,19 +469,32 @@ class Synchronizer(ABC):
 
     def _merge(self, inputs: list[Delivery]) -> tuple[int, float]:
         t0 = time.monotonic()
-        usable = [(d.msg_id, c) for d, c in ((d, self._contributions(d)) for d in inputs) if c is not None]
+        usable = [(d, c) for d, c in ((d, self._contributions(d)) for d in inputs) if c is not None]
         if not usable:
             return 0, 1.0
         targets = self._merge_targets()
         # the arrays the messages' rounds carried (every target with one fragment): each delivery
         # merges into its own round's fragment only (SSP merges several rounds at once)
         carried = range(len(targets)) if self.fragments.count == 1 else \
-            sorted({t for rnd, _ in usable for t in self.fragments.arrays(rnd)})
+            sorted({t for d, _ in usable for t in self.fragments.arrays(d.msg_id)})
         fractions = []
         for i in carried:
             fractions.append(merge_parameter(targets[i], [c[i] for _, c in usable if c[i] is not None]))
+        for d, c in usable:
+            self._count_nonfinite(d.sender, c)
         self._merge_s = (time.monotonic() - t0) / len(usable)
         return len(usable), float(np.mean(fractions))
+
+    def _count_nonfinite(self, sender: int, contributions: list[Contribution | None]) -> None:
+        """Count what merging (or decoding) a sender's message refused as not finite (a diverged
+        peer, or a hostile key holder); one line the first time per sender."""
+        refused = sum(c.nonfinite for c in contributions if c is not None)
+        if not refused:
+            return
+        if sender not in self.nonfinite:
+            log.warning("refused %d non-finite values from rank %d (this peer keeps its own there, as for a "
+                        "lost chunk); further ones are counted in the synchronizer's nonfinite", refused, sender)
+        self.nonfinite[sender] += refused
 
     def _track_updates(self, loss: float | None) -> list[np.ndarray] | None:
         """The model's change since the last round, when the filter reads it (else None), and its

@@ -17,6 +17,10 @@ Error feedback: each peer keeps, per element, what compression took off the last
 sent in the next instead of being lost, and the errors do not add up over rounds. The receiver
 reads the values in the format they came in (`native/merge.c`) and averages in float32 or wider,
 so the only loss of precision is the sender's rounding.
+Non-finite values: what a receiver reads of a message is refused where it would be NaN or inf (a
+value that is not finite; an int8 or int4 block whose scale is not finite or would read a code past
+float32's range) and counts as not arrived, there only, as a lost chunk does; `keep_nonfinite`
+merges them as they come (a diverging peer's NaN then spreads, as it would uncompressed).
 """
 from __future__ import annotations
 
@@ -24,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from p2plearn.sync.bfloat16 import BF16Array, bf16_values, store, values
-from p2plearn.sync.merge import Contribution
+from p2plearn.sync.bfloat16 import BF16Array, store, values
+from p2plearn.sync.merge import Contribution, decode
 from p2plearn.transport.delivery import Delivery
 
 MODES = ("none", "fp16", "bf16", "int8", "int4")
@@ -84,12 +88,15 @@ class Compressor:
 
     sizes: elements of each tensor (one residual per element, float32, kept across rounds); None:
     no error feedback (each message rounded on its own; `encode` then ignores `at`).
+    keep_nonfinite: read NaN and inf values (and scales that make them) as they come; by default
+    they count as not arrived (`Contribution.finite_only`).
     """
 
-    def __init__(self, mode: str, sizes: list[int] | None):
+    def __init__(self, mode: str, sizes: list[int] | None, keep_nonfinite: bool = False):
         if mode not in MODES[1:]:
             raise ValueError(f"compression must be one of {', '.join(MODES[1:])}, got {mode!r}")
         self.mode = mode
+        self.keep_nonfinite = keep_nonfinite
         self.residuals = None if sizes is None else [np.zeros(n, dtype=np.float32) for n in sizes]
 
     def encode(self, pieces: list[np.ndarray], at: list[Piece],
@@ -168,30 +175,27 @@ class Compressor:
     def _contribution(self, d: Delivery, i: int, n: int, size: int) -> Contribution:
         """Piece i (of n, `size` elements) of d: its values, with the elements of lost chunks and
         of blocks whose scale was lost marked as lost."""
+        finite_only = not self.keep_nonfinite
         if not self.block:
-            return Contribution(d.arrays[i], chunks=d.chunks(i))
+            return Contribution(d.arrays[i], chunks=d.chunks(i), finite_only=finite_only)
         lost_scales = d.fractions[n + i] < 1.0
         scale_mask = np.repeat(d.element_mask(n + i), self.block)[:size] if lost_scales else None
         if self.mode == "int8":
-            return Contribution(d.arrays[i], scale_mask, d.chunks(i), scales=d.arrays[n + i], block=BLOCK)
+            return Contribution(d.arrays[i], scale_mask, d.chunks(i), scales=d.arrays[n + i], block=BLOCK,
+                                finite_only=finite_only)
         # int4: an element mask, not the chunk mask, as a byte (one mask entry) holds two elements;
         # who reads the mask (the merge, a partitioned gather) then needs no int4 layout
         mask = np.repeat(d.element_mask(i), 2)[:size] if d.fractions[i] < 1.0 else None
         if scale_mask is not None:
             mask = scale_mask if mask is None else mask & scale_mask
-        return Contribution(d.arrays[i], mask, scales=d.arrays[n + i], block=BLOCK4)
+        return Contribution(d.arrays[i], mask, scales=d.arrays[n + i], block=BLOCK4, finite_only=finite_only)
 
-    def decode(self, c: Contribution, like: np.ndarray) -> np.ndarray:
-        """c's values as numbers of `like`'s dtype (bfloat16 bits for a BF16Array)."""
-        if self.mode == "fp16":
-            x = c.values.astype(np.float32)
-        elif self.mode == "bf16":
-            x = bf16_values(c.values)
-        elif self.mode == "int8":
-            x = c.values * np.repeat(c.scales, BLOCK)[:c.values.size]
-        else:
-            x = unpack_int4(c.values, like.size) * np.repeat(c.scales, BLOCK4)[:like.size]
-        return stored(x, like)
+    def decode(self, c: Contribution, like: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """c's values as numbers of `like`'s dtype (bfloat16 bits for a BF16Array), read in C as the
+        merge reads them, and per element whether it arrived and was not refused (see
+        `p2plearn.sync.merge.decode`; it sets c.nonfinite)."""
+        x, usable = decode(c, like.size)
+        return stored(x, like), usable
 
     def state_dict(self) -> dict[str, Any]:
         return {"mode": self.mode, "residuals": [r.copy() for r in self.residuals or []]}

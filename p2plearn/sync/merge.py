@@ -5,11 +5,14 @@ arrived for it; a sender whose chunk was lost does not count for that element, s
 chunk never drags a parameter towards zero (or anywhere else). What arrived is read straight
 from the message's chunk mask (no per-element mask is built), and the values are read in the
 dtype they travelled in (float32/64, float16, bfloat16 bits, or int8 or packed int4 times a scale
-per block).
+per block). A contribution marked finite_only (what `Compressor` reads off the network) refuses, in
+the same pass, a value that is not finite and a block whose scale would read as one: a member's NaN
+or inf counts as not arrived there, instead of spreading to every model.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -29,6 +32,10 @@ class Contribution:
     carried `values`; None for both = every element arrived. values of dtype uint16 are bfloat16
     bits; int8 values stand for values[e] * scales[e // block] (block 0: one scale for all); uint8
     values are int4 codes, two per byte (`p2plearn.sync.compress.pack_int4`), scaled the same way.
+    finite_only: refuse a value that is not finite, and every value of a block whose scale is not
+    finite or would read a code past float32's range (|scale| x 128 for int8, x 8 for int4): they
+    count as not arrived. nonfinite: how many of its values that arrived the last `merge_parameter`
+    or `decode` refused so (set by them).
     """
 
     values: np.ndarray
@@ -36,6 +43,8 @@ class Contribution:
     chunks: ChunkMask | None = None
     scales: np.ndarray | None = None
     block: int = 0
+    finite_only: bool = False
+    nonfinite: int = 0
 
 
 def _code(a: np.ndarray) -> int:
@@ -76,8 +85,9 @@ def unfit(own: np.ndarray, c: Contribution) -> str | None:
 
 def merge_parameter(own: np.ndarray, contributions: list[Contribution]) -> float:
     """Average `own` in place with the contributions; returns the fraction of (element, sender)
-    pairs that arrived. ValueError (TypeError for its dtype), before anything changes, for a
-    contribution that is `unfit`; the C merge checks the same again."""
+    pairs that arrived (and were not refused), and sets each contribution's `nonfinite`. ValueError
+    (TypeError for its dtype), before anything changes, for a contribution that is `unfit`; the C
+    merge checks the same again."""
     if not contributions:
         return 1.0
     if not own.flags.c_contiguous:
@@ -88,27 +98,50 @@ def merge_parameter(own: np.ndarray, contributions: list[Contribution]) -> float
     structs = ffi.new("p2p_contribution[]", len(contributions))
     keep = []  # the buffers the structs point into, alive until the call returns
     for s, c in zip(structs, contributions):
-        code = _code(c.values)  # TypeError for a dtype it cannot merge
-        problem = unfit(own, c)
-        if problem:
-            raise ValueError(problem)
-        values = np.ascontiguousarray(c.values)
-        keep.append(values)
-        s.values, s.values_bytes, s.dtype = ffi.from_buffer(values), values.nbytes, code
-        if s.dtype in (lib.P2P_I8, lib.P2P_I4):
-            block = c.block or max(own.size, 1)
-            scales = np.ascontiguousarray(c.scales, dtype=np.float32)
-            keep.append(scales)
-            s.scales, s.nscales, s.block = ffi.from_buffer("float[]", scales), scales.size, block
-        if c.mask is not None:
-            mask = np.ascontiguousarray(c.mask, dtype=bool)
-            keep.append(mask)
-            s.element_arrived = ffi.from_buffer(mask)
-        if c.chunks is not None:
-            arrived = np.ascontiguousarray(c.chunks.arrived, dtype=bool)
-            keep.append(arrived)
-            s.chunk_arrived, s.nchunks = ffi.from_buffer(arrived), arrived.size
-            s.first_byte, s.chunk_size = c.chunks.first_byte, c.chunks.chunk_size
+        _describe(s, own, c, keep)
     fraction = ffi.new("double *")
-    check(lib.p2p_merge(ffi.from_buffer(own), own_code, own.size, structs, len(contributions), fraction))
+    refused = ffi.new("uint64_t[]", len(contributions))
+    check(lib.p2p_merge(ffi.from_buffer(own), own_code, own.size, structs, len(contributions), fraction, refused))
+    for c, count in zip(contributions, refused):
+        c.nonfinite = int(count)
     return fraction[0]
+
+
+def decode(c: Contribution, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """c's n values as float32, read as the merge reads them, and per element whether it arrived and
+    was not refused (the values are 0 where not); sets c.nonfinite. ValueError (TypeError for its
+    dtype) for a contribution that is `unfit` for n elements."""
+    out, usable = np.empty(n, dtype=np.float32), np.empty(n, dtype=bool)
+    s = ffi.new("p2p_contribution *")
+    keep: list[np.ndarray] = []
+    _describe(s, out, c, keep)
+    refused = ffi.new("uint64_t *")
+    check(lib.p2p_decode(s, n, ffi.from_buffer("float[]", out), ffi.from_buffer("uint8_t[]", usable), refused))
+    c.nonfinite = int(refused[0])
+    return out, usable
+
+
+def _describe(s: Any, own: np.ndarray, c: Contribution, keep: list[np.ndarray]) -> None:
+    """Fill the C struct s with c as a contribution to `own` (ValueError or TypeError when it is
+    `unfit`); keep gets the arrays s points into, to hold alive until the call returns."""
+    code = _code(c.values)  # TypeError for a dtype it cannot merge
+    problem = unfit(own, c)
+    if problem:
+        raise ValueError(problem)
+    values = np.ascontiguousarray(c.values)
+    keep.append(values)
+    s.values, s.values_bytes, s.dtype, s.finite_only = ffi.from_buffer(values), values.nbytes, code, c.finite_only
+    if code in (lib.P2P_I8, lib.P2P_I4):
+        block = c.block or max(own.size, 1)
+        scales = np.ascontiguousarray(c.scales, dtype=np.float32)
+        keep.append(scales)
+        s.scales, s.nscales, s.block = ffi.from_buffer("float[]", scales), scales.size, block
+    if c.mask is not None:
+        mask = np.ascontiguousarray(c.mask, dtype=bool)
+        keep.append(mask)
+        s.element_arrived = ffi.from_buffer(mask)
+    if c.chunks is not None:
+        arrived = np.ascontiguousarray(c.chunks.arrived, dtype=bool)
+        keep.append(arrived)
+        s.chunk_arrived, s.nchunks = ffi.from_buffer(arrived), arrived.size
+        s.first_byte, s.chunk_size = c.chunks.first_byte, c.chunks.chunk_size

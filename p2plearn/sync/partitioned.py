@@ -126,8 +126,9 @@ class Partitioned(Synchronizer):
         # compressed rounds: the averaged change of this peer's parts, with error feedback of its own,
         # and the values a resync round gathers (int4's resyncs at 8 bits)
         mode = self.compressor.mode if self.compressor is not None else None
-        self._gather_format = Compressor(mode, [p.size for p in self.params]) if mode else None
-        self._resync_format = Compressor("int8" if mode == "int4" else mode, None) if mode else None
+        keep = self.compressor.keep_nonfinite if mode else False
+        self._gather_format = Compressor(mode, [p.size for p in self.params], keep) if mode else None
+        self._resync_format = Compressor("int8" if mode == "int4" else mode, None, keep) if mode else None
         # per fragment, the last view's layout, by the view's order
         self._layouts: dict[int, tuple[tuple, PartLayout]] = {}
 
@@ -218,6 +219,8 @@ class Partitioned(Synchronizer):
             if usable:  # per message received, as the load model counts it (here: parts of models)
                 self._merge_s = (time.monotonic() - merge_t0) / len(usable)
             merged_from.update(sender for sender, _ in usable)
+            for sender, c in usable:
+                self._count_nonfinite(sender, c)
             if compressed:  # this peer's parts become what every receiver reads of them
                 averaged = self._encode_gather(averaged, mine, gather_format, resync)
         # 2. gather: the averaged part to everyone else; theirs into place where it arrived
@@ -233,10 +236,12 @@ class Partitioned(Synchronizer):
             if arrived is None:
                 continue
             for i, ((t, a, b), c) in enumerate(zip(theirs, arrived)):
-                where = d.element_mask(i) if c.chunks is not None else True
-                if c.mask is not None:
-                    where = c.mask & where
-                np.copyto(self._flat[t][a:b], self._gathered(c, t, a, b, gather_format, resync), where=where)
+                if gather_format is None:  # plain values, where they arrived
+                    got, where = c.values, d.element_mask(i) if c.chunks is not None else True
+                else:  # where they arrived and were not refused as not finite
+                    got, where = self._gathered(c, t, a, b, gather_format, resync)
+                np.copyto(self._flat[t][a:b], got, where=where)
+            self._count_nonfinite(d.sender, arrived)
             merged_from.add(d.sender)
         gathered = gather.wait() if gather is not None else []
         comm_s = time.monotonic() - t0
@@ -282,16 +287,15 @@ class Partitioned(Synchronizer):
             own[...] = stored(read if resync else values(self._previous[t][a:b]) + read, own)
         return arrays
 
-    def _gathered(self, c: Contribution, t: int, a: int, b: int, fmt: Compressor | None, resync: bool) -> np.ndarray:
-        """Elements a:b of array t as an aggregator's gather sets them: its values, or (compressed)
-        this peer's anchor plus the averaged change (the values on a resync round)."""
+    def _gathered(self, c: Contribution, t: int, a: int, b: int, fmt: Compressor,
+                  resync: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Elements a:b of array t as an aggregator's compressed gather sets them: this peer's anchor
+        plus the averaged change (the values on a resync round), and where (`Compressor.decode`)."""
         own = self._flat[t][a:b]
-        if fmt is None:
-            return c.values
         if resync:
             return fmt.decode(c, own)
-        change = fmt.decode(c, np.empty(own.size, np.float32))
-        return stored(values(self._previous[t][a:b]) + change, own)
+        change, usable = fmt.decode(c, np.empty(own.size, np.float32))
+        return stored(values(self._previous[t][a:b]) + change, own), usable
 
     def _plan(self, view: Any, rnd: int) -> PartLayout | None:
         """Round `rnd`'s parts (of its fragment's arrays) and pacing, from the view (the same on

@@ -79,6 +79,7 @@ class TrainingStats:
     mixed_with: set[int] = field(default_factory=set)  # the peers whose messages were merged
     rejoins: int = 0                # times this peer was taken for dead, came back and got the state again
     coordinator_changes: int = 0    # failovers this peer followed
+    nonfinite: int = 0              # values of compressed messages refused as NaN or inf (--keep-nonfinite keeps them)
     round_times: list[float] = field(default_factory=list)
     send_times: list[float] = field(default_factory=list)  # per round, this peer's own transfer
 
@@ -90,7 +91,8 @@ class TrainingStats:
         mixed = ",".join(map(str, sorted(self.mixed_with))) or "none"
         return (f"{self.rounds} rounds, {self.merges} merges, mixed with {len(self.mixed_with)} peers ({mixed}), "
                 f"{self.bytes_sent / 1e6:.1f} MB sent, comm {self.comm_s:.1f} s / compute {self.compute_s:.1f} s, "
-                f"{self.rejoins} rejoins, {self.coordinator_changes} coordinator changes")
+                f"{self.rejoins} rejoins, {self.coordinator_changes} coordinator changes"
+                + (f", {self.nonfinite} non-finite values refused" if self.nonfinite else ""))
 
 
 def exchanged_tensors(model: torch.nn.Module, buffers: bool = True) -> dict[str, torch.Tensor]:
@@ -268,7 +270,7 @@ class DecentralizedOptimizer(Optimizer):
                                                                    period=self.options.filter_period)
                                       if self.options.filter == "value" else None,
                                       outer=OuterOptimizer(self.options.outer_lr, self.options.outer_momentum),
-                                      compress=self.options.compress,
+                                      compress=self.options.compress, keep_nonfinite=self.options.keep_nonfinite,
                                       start_clock=self.runtime.client.start_clock,
                                       policy_options={"max_fanout": self.options.max_fanout or None,
                                                       "max_fanin": self.options.max_fanin or None,
@@ -491,6 +493,7 @@ class DecentralizedOptimizer(Optimizer):
     def stats(self) -> TrainingStats:
         self._stats.bytes_received = self.channel.stats().get("bytes_received", 0)
         self._stats.coordinator_changes = self.runtime.client.coordinator_changes
+        self._stats.nonfinite = sum(self.sync.nonfinite.values())
         return self._stats
 
     # -- joining peers: the state travels through the engine, the control plane only introduces ---

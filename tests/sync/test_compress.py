@@ -1,6 +1,8 @@
 """--compress: values travel as fp16, bf16, int8 or int4 with error feedback and are merged in float32."""
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 
@@ -99,7 +101,8 @@ def test_a_lost_int4_chunk_loses_both_elements_of_each_byte_and_a_lost_scale_its
     want = np.where(element_arrived, (own.astype(np.float64) + sent) / 2, own)
     assert merge_parameter(own, contributions) == pytest.approx(element_arrived.mean())
     np.testing.assert_allclose(own, want, rtol=1e-6, atol=1e-7)
-    decoded = c.decode(contributions[0], own)  # what a partitioned gather copies where the mask says
+    decoded, usable = c.decode(contributions[0], own)  # what a partitioned gather copies, and where
+    np.testing.assert_array_equal(usable, element_arrived)
     np.testing.assert_allclose(decoded[element_arrived], sent[element_arrived], rtol=1e-6)
 
 
@@ -269,3 +272,111 @@ def test_a_peer_whose_anchor_is_off_rejoins_the_consensus_at_the_next_resync_rou
         for p in peers:
             np.testing.assert_array_equal(p.params[t], peers[0].params[t])
             np.testing.assert_allclose(p.params[t], mean[t], atol=2 * largest * ROUNDING["int8"], rtol=0)
+
+
+def _poison(wire: list[np.ndarray], mode: str, bad: float) -> None:
+    """What a hostile key holder sends: int8 and int4 scales of `bad` (every one), fp16 and bf16
+    values of `bad` at every seventh element."""
+    if mode in BLOCKS:
+        for scales in wire[len(wire) // 2:]:
+            scales[...] = bad
+        return
+    for values in wire:  # bfloat16: the high half of float32's bits
+        values[::7] = np.float16(bad) if mode == "fp16" else np.float32(bad).view(np.uint32) >> 16
+
+
+@pytest.mark.parametrize("mode, bad", [(mode, bad) for mode in ("fp16", "bf16", "int8", "int4")
+                                       for bad in (np.nan, np.inf, -np.inf)] + [("int8", 3e38), ("int4", 3e38)])
+def test_a_members_nonfinite_values_are_refused_where_they_are_unless_kept(mode, bad):
+    """What a receiver reads of a message (merge and decode) refuses a NaN or inf value, and the
+    block of a scale that is not finite or reads a code past float32's range (3e38 x 7), as a lost
+    chunk (its own value stays); the rest merges. keep_nonfinite reads them as they come."""
+    n = 2 * BLOCK + 3
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal(n).astype(np.float32)
+    c = Compressor(mode, [n])
+    wire = c.encode([x], [(0, 0, n)])
+    sent = x - c.residuals[0]
+    _poison(wire, mode, bad)
+    refused = np.ones(n, bool) if mode in BLOCKS else np.arange(n) % 7 == 0
+    d = Delivery(0, 0, wire, np.ones(1, dtype=bool), Reason.COMPLETE, ("127.0.0.1", 1), [1.0] * len(wire))
+    start = rng.standard_normal(n).astype(np.float32)
+    own = start.copy()
+    contributions = c.contributions(d, [n])
+    merge_parameter(own, contributions)
+    np.testing.assert_allclose(own[~refused], (start[~refused] + sent[~refused].astype(np.float64)) / 2, rtol=1e-6)
+    np.testing.assert_array_equal(own[refused], start[refused])
+    assert contributions[0].nonfinite == refused.sum()
+    decoded, usable = c.decode(contributions[0], np.empty(n, np.float32))  # a partitioned gather
+    np.testing.assert_array_equal(usable, ~refused)
+    assert np.isfinite(decoded).all() and contributions[0].nonfinite == refused.sum()
+    kept = Compressor(mode, [n], keep_nonfinite=True).contributions(d, [n])
+    own = start.copy()
+    merge_parameter(own, kept)
+    assert kept[0].nonfinite == 0 and not np.isfinite(own).all()
+
+
+def test_the_option_to_keep_nonfinite_values():
+    assert Options().keep_nonfinite is False  # refused by default
+    assert Options(keep_nonfinite=True).keep_nonfinite is True
+    assert Options.from_env({"P2PLEARN_KEEP_NONFINITE": "1"}).keep_nonfinite is True
+    with pytest.raises(OptionsError, match="--keep-nonfinite"):
+        Options.from_env({"P2PLEARN_KEEP_NONFINITE": "maybe"})
+
+
+def _hostile(peer, mode: str, bad: float) -> None:
+    """Every message the peer sends carries `bad` (see `_poison`), in each of its formats."""
+    for fmt in {peer.sync.compressor, getattr(peer.sync, "_gather_format", None),
+                getattr(peer.sync, "_resync_format", None)} - {None}:
+        def encode(*args, fmt=fmt, honest=fmt.encode, **kwargs):
+            wire = honest(*args, **kwargs)
+            _poison(wire, fmt.mode, bad)
+            return wire
+        fmt.encode = encode
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, 3e38])
+def test_a_member_sending_nonfinite_int4_scales_poisons_no_model(job, bad):  # noqa: F811
+    """Partitioned int4 rounds (round 0 resyncs in int8, round 1 sends int4 changes) with a member whose
+    every scale is `bad`: every part it sends is refused and counted, by the aggregators (its scatter)
+    and by every peer (its gather); every model stays finite."""
+    peers = job(4, Partitioned, compress="int4")
+    _random_models(peers, 7)
+    hostile = peers[3]
+    _hostile(hostile, "int4", bad)
+    refused = {p.client.rank: 0 for p in peers[:3]}
+    for _ in range(2):
+        run_threads(peers, 1)
+        for p in peers[:3]:  # its part of the hostile's scatter, and the hostile's part of the gather
+            slices = p.sync._layouts[0][1].slices  # the round's parts, by the view it planned with
+            refused[p.client.rank] += sum(b - a for k in (p.client.rank, 3) for _, a, b in slices[k])
+    for p in peers:
+        assert all(np.isfinite(a).all() for a in p.params)
+    for p in peers[:3]:
+        assert p.sync.nonfinite == {3: refused[p.client.rank]}
+    assert not hostile.sync.nonfinite
+
+
+@pytest.mark.parametrize("mode", ["fp16", "bf16"])
+def test_a_members_nan_values_in_bsp_rounds_poison_no_model_and_are_logged_once(job, mode, caplog):  # noqa: F811
+    peers = job(3, BSP, compress=mode)
+    _random_models(peers, 8)
+    _hostile(peers[2], mode, np.nan)
+    with caplog.at_level(logging.WARNING, logger="p2plearn.sync"):
+        run_threads(peers, 2)
+    poisoned = sum(-(-a.size // 7) for a in peers[0].params)  # every seventh element of each array
+    for p in peers[:2]:
+        assert all(np.isfinite(a).all() for a in p.params) and p.sync.nonfinite == {2: 2 * poisoned}
+    lines = [r.getMessage() for r in caplog.records if "non-finite" in r.getMessage()]
+    assert len(lines) == 2  # one per receiving peer, the first time only
+    assert all(f"{poisoned} non-finite values from rank 2" in line for line in lines)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast")  # the NaN models' next messages
+def test_keep_nonfinite_lets_a_members_nan_scales_through(job):  # noqa: F811
+    """--keep-nonfinite: merged as they come, as before (round 0 is a resync: int8 scales)."""
+    peers = job(4, Partitioned, compress="int4", keep_nonfinite=True)
+    _random_models(peers, 7)
+    _hostile(peers[3], "int4", np.nan)
+    run_threads(peers, 1)
+    assert all(not np.isfinite(a).all() for p in peers[:3] for a in p.params) and not peers[0].sync.nonfinite

@@ -4,6 +4,7 @@ import pytest
 
 from p2plearn.sync import Contribution, merge_parameter
 from p2plearn.sync.bfloat16 import BF16Array, store
+from p2plearn.sync.merge import decode
 from p2plearn.transport._native import InvalidArgument, check, ffi, lib
 from p2plearn.transport.delivery import ChunkMask
 
@@ -205,8 +206,114 @@ def test_the_c_merge_checks_the_lengths_itself(values_bytes, nscales, block):
     s[0].values, s[0].values_bytes, s[0].dtype = ffi.from_buffer(codes), values_bytes, lib.P2P_I4
     s[0].scales, s[0].nscales, s[0].block = ffi.from_buffer("float[]", scales), nscales, block
     with pytest.raises(InvalidArgument, match="merge"):
-        check(lib.p2p_merge(ffi.from_buffer(own), lib.P2P_F32, own.size, s, 1, ffi.NULL))
+        check(lib.p2p_merge(ffi.from_buffer(own), lib.P2P_F32, own.size, s, 1, ffi.NULL, ffi.NULL))
     np.testing.assert_array_equal(own, 0)
     s[0].values_bytes, s[0].nscales, s[0].block = 51, 2, 64  # the same call, fitting, merges
-    check(lib.p2p_merge(ffi.from_buffer(own), lib.P2P_F32, own.size, s, 1, ffi.NULL))
+    check(lib.p2p_merge(ffi.from_buffer(own), lib.P2P_F32, own.size, s, 1, ffi.NULL, ffi.NULL))
     np.testing.assert_array_equal(own, 0.5)  # code 9 = 1, times scale 1, averaged with 0
+
+
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _on_the_wire(x: np.ndarray, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """x as it travels in `dtype` ("bf16": bfloat16 bits), and the float64 values a receiver reads."""
+    if dtype == "bf16":
+        bits = np.zeros(x.size, dtype=np.uint16).view(BF16Array)
+        store(bits, x)
+        wire = np.asarray(bits)
+        return wire, (wire.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    wire = x.astype(dtype)
+    return wire, wire.astype(np.float64)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, "bf16", np.float32])
+def test_finite_only_refuses_nan_and_inf_values_where_they_are(dtype):
+    """A member's NaN and inf count as not arrived, there only (under an element mask and a chunk
+    mask alike): elsewhere the merge is the honest one; nonfinite counts what arrived and was
+    refused (a NaN in a lost chunk did not arrive). Without finite_only they reach the model."""
+    rng = np.random.default_rng(7)
+    n, chunk_size = 3001, 64
+    itemsize = 4 if dtype == np.float32 else 2
+    start = rng.standard_normal(n).astype(np.float32)
+    honest, honest_read = _on_the_wire(rng.standard_normal(n).astype(np.float32), dtype)
+    hostile, read, bad = [], [], []
+    for _ in range(2):
+        x = rng.standard_normal(n).astype(np.float32)
+        nonfinite = rng.random(n) < 0.1
+        x[nonfinite] = rng.choice([np.nan, np.inf, -np.inf], int(nonfinite.sum()))
+        wire, values = _on_the_wire(x, dtype)
+        hostile.append(wire)
+        read.append(values)
+        bad.append(nonfinite)
+    element = rng.random(n) < 0.9
+    chunks = rng.random(-(-n * itemsize // chunk_size)) < 0.8
+    in_chunk = chunks[itemsize * np.arange(n) // chunk_size]
+    contributions = [Contribution(honest), Contribution(hostile[0], element, finite_only=True),
+                     Contribution(hostile[1], chunks=ChunkMask(chunks, 0, chunk_size), finite_only=True)]
+    arrived = [np.ones(n, bool), element & ~bad[0], in_chunk & ~bad[1]]
+    expected = _expected_mean(start, [honest_read, np.nan_to_num(read[0]), np.nan_to_num(read[1])], arrived)
+    own = start.copy()
+    fraction = merge_parameter(own, contributions)
+    np.testing.assert_allclose(own, expected, rtol=1e-6)
+    assert fraction == pytest.approx(np.mean(arrived))
+    assert [c.nonfinite for c in contributions] == [0, (element & bad[0]).sum(), (in_chunk & bad[1]).sum()]
+    own = start.copy()
+    merge_parameter(own, [Contribution(hostile[0])])  # finite_only off: as they come
+    assert not np.isfinite(own[bad[0]]).any() and np.isfinite(own[~bad[0]]).all()
+
+
+def _scaled_on_the_wire(codes: np.ndarray, packed: bool) -> np.ndarray:
+    return _pack(codes) if packed else (codes - 128).astype(np.int8)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["int8", "int4"])
+def test_a_scale_that_is_not_finite_or_overflows_float32_loses_its_block(packed):
+    """A block whose scale is NaN, inf, or so large that a code would read past float32's largest
+    (|scale| x 128 for int8, x 8 for int4) counts as not arrived, in the merge and in `decode`
+    alike; the largest scale that fits is read as it is."""
+    top, block = 8 if packed else 128, 64
+    rng = np.random.default_rng(8)
+    n = 7 * block + 5  # 8 blocks, the last one partial (and an odd count of int4 codes)
+    codes = rng.integers(0, 16 if packed else 256, n)
+    reference = codes - (8 if packed else 128)
+    scales = rng.random(8).astype(np.float32)
+    scales[1:6] = [np.nan, np.inf, -np.inf, 3e38, np.nextafter(np.float32(FLOAT32_MAX / top), np.float32(np.inf))]
+    scales[6] = FLOAT32_MAX / top  # every code still finite: kept
+    refused = np.repeat(np.arange(8) >= 1, block)[:n] & np.repeat(np.arange(8) <= 5, block)[:n]
+    element = rng.random(n) < 0.9
+    start = rng.standard_normal(n).astype(np.float32)
+    honest = rng.standard_normal(n).astype(np.float32)
+    hostile = Contribution(_scaled_on_the_wire(codes, packed), element, scales=scales, block=block, finite_only=True)
+    with np.errstate(invalid="ignore"):  # code 0 times inf
+        values = np.nan_to_num(reference * np.repeat(scales.astype(np.float64), block)[:n], posinf=0, neginf=0)
+    expected = _expected_mean(start, [honest, values], [np.ones(n, bool), element & ~refused])
+    own = start.copy()
+    merge_parameter(own, [Contribution(honest), hostile])
+    np.testing.assert_allclose(own, expected, rtol=1e-6)
+    assert np.isfinite(own).all()
+    assert hostile.nonfinite == (element & refused).sum()
+    got, usable = decode(hostile, n)  # what a partitioned gather reads
+    np.testing.assert_array_equal(usable, element & ~refused)
+    np.testing.assert_array_equal(got[usable], values[usable].astype(np.float32))
+    assert (got[~usable] == 0).all() and hostile.nonfinite == (element & refused).sum()
+
+
+@pytest.mark.parametrize("values_bytes, nscales, block", [(50, 2, 64), (51, 1, 64), (51, 2, 0), (0, 2, 64)])
+def test_the_c_decode_checks_the_lengths_itself(values_bytes, nscales, block):
+    """p2p_decode refuses what p2p_merge refuses, before it writes anything."""
+    codes, scales = np.full(51, 0x99, np.uint8), np.ones(2, np.float32)
+    out, usable, refused = np.full(101, 7.0, np.float32), np.zeros(101, np.uint8), ffi.new("uint64_t *")
+    s = ffi.new("p2p_contribution *")
+    s.values, s.values_bytes, s.dtype = ffi.from_buffer(codes), values_bytes, lib.P2P_I4
+    s.scales, s.nscales, s.block, s.finite_only = ffi.from_buffer("float[]", scales), nscales, block, 1
+    with pytest.raises(InvalidArgument, match="merge"):
+        check(lib.p2p_decode(s, 101, ffi.from_buffer("float[]", out), ffi.from_buffer(usable), refused))
+    assert (out == 7.0).all() and not usable.any()
+    with pytest.raises(InvalidArgument, match="decode"):
+        check(lib.p2p_decode(ffi.NULL, 101, ffi.from_buffer("float[]", out), ffi.from_buffer(usable), refused))
+    s.values_bytes, s.nscales, s.block = 51, 2, 64  # the same call, fitting, decodes
+    with pytest.raises(InvalidArgument, match="decode"):
+        check(lib.p2p_decode(s, 101, ffi.NULL, ffi.from_buffer(usable), refused))
+    check(lib.p2p_decode(s, 101, ffi.from_buffer("float[]", out), ffi.from_buffer(usable), refused))
+    assert (out == 1.0).all() and usable.all() and refused[0] == 0
