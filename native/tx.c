@@ -132,13 +132,22 @@ static uint32_t slow_sample(const struct p2p_send *s) {
     return n > ACK_RATE_MIN_DGRAMS ? n : ACK_RATE_MIN_DGRAMS;
 }
 
+/* Whether the receiver holds the message, so that a CLOSE delivers what arrived: it acknowledged a
+ * chunk of it, or (a member) its JOIN opened it there. A CLOSE before that finds no message and
+ * delivers nothing (rx_on_probe_or_close): the receiver would wait for one that never comes. So a
+ * flow past its slow-close limit that has not been heard of yet (a message planned shorter than the
+ * pacer's first wake-up, a late I/O thread, a first pass lost) goes on until it is, then closes. */
+static int holds_message(const struct txr *r) {
+    return r->nacked > 0 || r->follows;
+}
+
 /* Slow close (p2p_send_options.slow_factor): past the limit (start + S x planned time), or, in the
  * first pass, once the arrivals measured so far (datagrams the receiver counted since its first
  * reply, over the time since) project the end past it: what its bounds still need, at that rate.
  * Measured up to now, not to the latest reply, so a receiver whose arrivals stall projects ever later. */
 static int slow_due(const struct p2p_send *s, const struct txr *r, uint64_t now) {
     if (!r->slow_ns) return 0;
-    if (now >= r->slow_ns) return 1;
+    if (now >= r->slow_ns) return holds_message(r);
     uint32_t counted = r->ack_last_total - r->ack_first_total;
     if (r->pass != 0 || counted < slow_sample(s) || now <= r->ack_first_ns) return 0;
     double left = (double)(s->meta_chunks - r->meta_acked) + (double)r->need_left / s->chunk;
@@ -701,7 +710,7 @@ static void timers_of(p2p_engine *eng, struct p2p_send *s, struct txr *r, uint64
         start_close(eng, s, r, P2P_SEND_DEADLINE, now);
         return;
     }
-    if (r->state != S_CLOSE && r->slow_ns && now >= r->slow_ns) {
+    if (r->state != S_CLOSE && r->slow_ns && now >= r->slow_ns && holds_message(r)) {
         start_close(eng, s, r, P2P_SEND_SLOW, now);
         return;
     }
@@ -738,7 +747,7 @@ static uint64_t next_wake_of(p2p_engine *eng, struct p2p_send *s, struct txr *r,
     uint64_t wake = UINT64_MAX;
     if (r->state == S_DONE) return wake;
     if (s->deadline_ns && r->state != S_CLOSE) wake = s->deadline_ns;
-    if (r->slow_ns && r->state != S_CLOSE && r->slow_ns < wake) wake = r->slow_ns;
+    if (r->slow_ns && r->state != S_CLOSE && holds_message(r) && r->slow_ns < wake) wake = r->slow_ns;
     if (r->follows && (r->state == S_SEND || r->state == S_PROBE)) return wake; /* the group's timer watches it */
     int sending = r->state == S_SEND && r->ppos < r->plen && window_open(eng, s, r);
     if (!sending) { /* waiting for the receiver: its answer, or the retransmission timer (see tx_timers) */

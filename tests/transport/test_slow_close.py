@@ -95,3 +95,17 @@ def test_slow_close_outside_zero_or_at_least_one_is_refused(channels, factor):
     a, b = channels(sender_id=1), channels(sender_id=2)
     with pytest.raises(TransportError, match="slow_factor"):
         a.send(1, [np.zeros(10, np.uint8)], [(*b.address, PACE)], slow_close=factor)
+
+
+def test_a_message_planned_shorter_than_the_pacers_first_wake_up_is_delivered_not_closed_unseen(channels):
+    # 4 KB at 20 MB/s is planned 0.2 ms, the pacer's first batch leaves at ~0.8 ms: a close at the
+    # limit would reach a receiver that never saw the message, which ignores it (a forged CLOSE must
+    # deliver nothing), and the message would be lost
+    a = channels(sender_id=1, max_datagram=1472)
+    b = channels(sender_id=2)
+    data = np.arange(1024, dtype=np.float32)
+    (st,) = a.send(1, [data], [(*b.address, 20e6)], slow_close=2.0).wait(10)
+    d = b.recv(timeout=5)
+    assert d is not None and d.reason == Reason.COMPLETE
+    np.testing.assert_array_equal(d.arrays[0], data)
+    assert st.result == "exact"
