@@ -382,6 +382,7 @@ class _Run:
         f = self.f
         if done is not None:
             left = np.maximum(f["remaining"][done] - f["rate"][done] * (ends - self.t), 0.0)
+            left[left <= RTOL * f["total"][done]] = 0.0  # float residue of a flow that ended whole
         f["remaining"] = np.maximum(f["remaining"] - f["rate"] * (t_new - self.t), 0.0)
         self.t = t_new
         if done is None:
