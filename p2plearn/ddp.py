@@ -34,7 +34,6 @@ from p2plearn.distributed.backend import ProcessGroupP2P
 from p2plearn.tolerance import Layer, NetworkState, TolerancePolicy, TrainingState, make_tolerance
 
 HADAMARD_BLOCK = 1 << 14
-HISTORY = 64  # rounds (and training reports) kept per bucket for the policies
 
 
 class LossTolerantState:
@@ -70,9 +69,7 @@ class LossTolerantState:
         """What training measured (a step's loss, an evaluation's accuracy): the phase policy reads it."""
         for b in self.buckets.values():
             if loss is not None:
-                b.training.losses.append(float(loss))
-                b.training.losses_reported += 1
-                del b.training.losses[:-HISTORY]
+                b.training.record_loss(loss)
             if accuracy is not None:
                 b.training.accuracies.append(float(accuracy))
 
@@ -107,9 +104,7 @@ def loss_tolerant_hook(state: LossTolerantState, bucket: dist.GradBucket) -> tor
     group = state.group()
     b = state._bucket(bucket)
     grads = bucket.gradients()
-    b.training.layer_update_norms.append([float(g.norm()) for g in grads])
-    b.training.update_norms.append(float(math.sqrt(sum(n * n for n in b.training.layer_update_norms[-1]))))
-    del b.training.layer_update_norms[:-HISTORY], b.training.update_norms[:-HISTORY]
+    b.training.record_update([float(g.norm()) for g in grads])
     buffer = bucket.buffer()
     b.network.expected_bytes = buffer.numel() * buffer.element_size() // max(group.size(), 1)
     bounds, deadline = b.policy.bounds(b.round, b.layers, b.network, b.training)
@@ -119,8 +114,7 @@ def loss_tolerant_hook(state: LossTolerantState, bucket: dist.GradBucket) -> tor
     b.round += 1
 
     def done(future: torch.futures.Future) -> torch.Tensor:
-        b.network.history.append(future.value())
-        del b.network.history[:-HISTORY]
+        b.network.record(future.value())
         if restore is not None:
             restore()
         return buffer

@@ -425,13 +425,8 @@ class Collectives:
         if mean_merge and op == "sum":  # every element holds a mean: the sum over all ranks is n times it
             for a in layers:
                 a *= self.world_size
-        elapsed = time.monotonic() - t0
-        return RoundRecord(round=seq, elapsed_s=elapsed,
-                           delivered=float(np.mean([st.delivered for st in stats])) if stats else 1.0,
-                           loss_rate=float(np.mean([st.loss_rate for st in stats])) if stats else 0.0,
-                           delivery_rates=[st.delivery_rate for st in stats],
-                           deadline_hit=any(st.result == "deadline" for st in stats),
-                           message_bytes=sum(a.nbytes for a in layers) // max(self.world_size, 1))
+        return RoundRecord.of_sends(seq, time.monotonic() - t0, stats,
+                                    sum(a.nbytes for a in layers) // max(self.world_size, 1))
 
 
 def _fits(d: Delivery, expected: list[np.ndarray]) -> bool:

@@ -79,11 +79,12 @@ class VirtualPartitioned:
                  "end_s": np.concatenate([t1 + f1["end_s"], t2 + f2["end_s"]]),
                  "delivered": np.concatenate([f1["delivered"], f2["delivered"]]),
                  "loss": np.concatenate([loss1[f1["dst"]], loss2[f2["dst"]]]),
-                 "rate": np.concatenate([f1["rate"], f2["rate"]]), "cap": np.concatenate([f1["cap"], f2["cap"]])}
+                 "rate": np.concatenate([f1["rate"], f2["rate"]]), "cap": np.concatenate([f1["cap"], f2["cap"]]),
+                 "slow": np.concatenate([f1["slow"], f2["slow"]])}
         record = {"round": rnd, "end_s": float(end.max()), "average_p": float(len(layout.ranks) - 1),
                   "delivered": float(flows["delivered"].mean()) if len(flows["src"]) else 1.0,
                   "merged": float(counts.mean()), "planned_s": layout.planned_time,
-                  "slow": int(f1["slow"].sum() + f2["slow"].sum())}
+                  "slow": int(flows["slow"].sum())}
         return end, record, flows
 
     def _phase(self, flows: list[tuple[int, int, float, float]], start: np.ndarray, sizes: np.ndarray,

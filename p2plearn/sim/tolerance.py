@@ -4,12 +4,12 @@
     tolerance.track(changes, losses)                     # once per round, before its sends
     bounds, deadlines = tolerance.bounds(rnd, sizes, planned_s)
     ... the round's flows ...
-    tolerance.observe(rnd, src, delivered, loss, durations, sends_s, sizes)  # what each sender measured
+    tolerance.observe(rnd, src, delivered, loss, durations, slow, sends_s, sizes)  # what each sender measured
 
 Each peer has its own policy, built by `train.optimizer.make_policy` from the options as a real
 peer builds it, its own `NetworkState` (one `RoundRecord` per round: its sends' time, the fraction
-that arrived, the receivers' datagram loss, per-receiver delivery rates, whether the deadline cut a
-send) and `TrainingState` (per round: the update norms per layer and in all, and the round step's
+that arrived, the receivers' datagram loss, per-receiver delivery rates, whether the deadline or
+the slow close cut a send) and `TrainingState` (per round: the update norms per layer and in all, and the round step's
 training loss, as `opt.step(loss=...)` passes it). Evaluation accuracies are not reported to the
 policies: the phase policy follows its loss path.
 
@@ -24,7 +24,6 @@ import math
 import numpy as np
 
 from p2plearn.options import Options
-from p2plearn.sync.base import HISTORY
 from p2plearn.tolerance import Layer, NetworkState, RoundRecord, TrainingState
 from p2plearn.train.optimizer import make_policy
 
@@ -52,12 +51,8 @@ class VirtualTolerance:
         round step's losses [n]."""
         norms = np.sqrt(np.add.reduceat(np.square(changes, dtype=np.float64), self.starts, axis=1))
         for training, layer_norms, loss in zip(self.trainings, norms.tolist(), losses.tolist()):
-            training.layer_update_norms.append(layer_norms)
-            training.update_norms.append(math.sqrt(sum(x * x for x in layer_norms)))
-            training.losses.append(loss)
-            training.losses_reported += 1
-            for series in (training.layer_update_norms, training.update_norms, training.losses):
-                del series[:-HISTORY]
+            training.record_update(layer_norms)
+            training.record_loss(loss)
 
     def bounds(self, rnd: int, sizes: np.ndarray, planned_s: float) -> tuple[np.ndarray, np.ndarray]:
         """Round `rnd`'s bounds, [n, L] (every peer's per layer), and deadlines [n] (inf: none);
@@ -84,9 +79,11 @@ class VirtualTolerance:
         return whole * scale[:, None]
 
     def observe(self, rnd: int, src: np.ndarray, delivered: np.ndarray, flow_loss: np.ndarray,
-                duration_s: np.ndarray, sends_s: np.ndarray, sizes: np.ndarray) -> None:
+                duration_s: np.ndarray, slow: np.ndarray, sends_s: np.ndarray, sizes: np.ndarray) -> None:
         """What each sender measured of round `rnd`: per flow (sender, delivered fraction, its
-        receiver's datagram loss, duration); per peer, how long its sends took and its message's bytes."""
+        receiver's datagram loss, duration, whether the slow close ended it); per peer, how long its
+        sends took and its message's bytes. A flow the deadline or the slow close cut is a deadline
+        hit, as in training (`RoundRecord.deadline_hit`)."""
         per_sender: dict[int, list[int]] = {}
         for k, i in enumerate(src.tolist()):
             per_sender.setdefault(i, []).append(k)
@@ -94,10 +91,10 @@ class VirtualTolerance:
             flows = per_sender.get(i, [])
             if not flows:
                 continue  # a peer that sent nothing measured nothing (as a real one reports no links)
-            cut = np.isfinite(self._deadlines[i]) & (duration_s[flows] >= self._deadlines[i] * (1 - 1e-9))
+            cut = (np.isfinite(self._deadlines[i]) & (duration_s[flows] >= self._deadlines[i] * (1 - 1e-9))) | \
+                (slow[flows] > 0)
             rates = sizes[i] * delivered[flows] / np.maximum(duration_s[flows], 1e-9)
-            network.history.append(RoundRecord(
+            network.record(RoundRecord(
                 round=rnd, elapsed_s=float(sends_s[i]), delivered=float(delivered[flows].mean()),
                 loss_rate=float(flow_loss[flows].mean()), delivery_rates=rates.tolist(), deadline_hit=bool(cut.any()),
                 message_bytes=int(sizes[i])))
-            del network.history[:-HISTORY]

@@ -410,8 +410,8 @@ class VirtualTraining:
         if self.tolerance is not None:
             done = clock.copy()
             np.maximum.at(done, f["src"], f["end_s"])
-            self.tolerance.observe(rnd, f["src"], f["delivered"], f["loss"], f["end_s"] - f["start_s"], done - clock,
-                                   sizes)
+            self.tolerance.observe(rnd, f["src"], f["delivered"], f["loss"], f["end_s"] - f["start_s"], f["slow"],
+                                   done - clock, sizes)
         own = self.replicas.numpy()
         if anchors is not None:
             for i in range(self.n):
@@ -451,8 +451,8 @@ class VirtualTraining:
             layer_delivered = f["delivered"][:, None]
         else:
             layer_delivered = self.tolerance.layer_delivered(fsrc, loss[fdst], f["delivered"], bounds)
-            self.tolerance.observe(rnd, fsrc, f["delivered"], loss[fdst], f["end_s"] - f["start_s"], done - send_at,
-                                   sizes)
+            self.tolerance.observe(rnd, fsrc, f["delivered"], loss[fdst], f["end_s"] - f["start_s"], f["slow"],
+                                   done - send_at, sizes)
         return {"round": np.full(len(fsrc), float(rnd)), "src": fsrc.astype(float), "dst": fdst.astype(float),
                 "arrival": t0 + f["end_s"], "delivered": f["delivered"], "layer_delivered": layer_delivered,
                 "slow": f["slow"]}, done, planned_s

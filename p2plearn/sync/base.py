@@ -14,6 +14,7 @@ The engine reads the parameters in place, so merging waits until this peer's own
 from __future__ import annotations
 
 import logging
+import math
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
@@ -38,7 +39,6 @@ from p2plearn.transport import Delivery
 
 log = logging.getLogger("p2plearn.sync")
 
-HISTORY = 50          # rounds of network history kept for the tolerance policies
 GRACE_S = 0.25        # after a sender's deadline, time for its CLOSE to reach us
 LATE_SENDER = 3.0     # deadlines (or typical rounds) a receiver waits for a sender that started late
 AHEAD_ROUNDS = 16     # beyond the staleness window, how far ahead a sender's round may be and still be kept
@@ -171,12 +171,6 @@ class Synchronizer(ABC):
                                      key=lambda i: self.layer_ranges[i][1]) for a in range(len(self.params))]
         # The filter works per layer, on views of the arrays (what it sends is picked per layer).
         self.layer_views = [self.params[a][lo:hi] for a, lo, hi in self.layer_ranges]
-        # Per array, where its (non-empty) layers start and which they are: their norms in one call.
-        self._norm_cuts = []
-        for layers in self._array_layers:
-            nonempty = [i for i in layers if self.layer_ranges[i][2] > self.layer_ranges[i][1]]
-            self._norm_cuts.append((np.array([self.layer_ranges[i][1] for i in nonempty], dtype=np.int64),
-                                    np.array(nonempty, dtype=np.int64)))
         if fragments > 1 and value_filter is not None:
             raise ValueError("--fragments: does not apply with --filter value (the filter picks what travels per "
                              "layer, from the whole model's change)")
@@ -199,6 +193,7 @@ class Synchronizer(ABC):
         self.network = NetworkState()
         self.training = TrainingState()
         self._previous = [p.copy() for p in self.params]
+        self._scratch = np.empty(0, np.float32)  # a change being measured (the largest array's), made at first use
         # This peer's load, reported every round (see GlobalView): its compute between rounds,
         # merge time per message, and messages kept for a later round's merge.
         self._round_end: float | None = None
@@ -498,28 +493,34 @@ class Synchronizer(ABC):
 
     def _track_updates(self, loss: float | None) -> list[np.ndarray] | None:
         """The model's change since the last round, when the filter reads it (else None), and its
-        norms (for the tolerance policies). Without a filter each array's change is dropped once
-        its norms are taken, so a round holds one array of it, not a copy of the model."""
-        changes = (values(p) - values(q) for p, q in zip(self.params, self._previous))
-        deltas = list(changes) if self.filter is not None else None
-        norms = self._layer_norms(changes if deltas is None else deltas)
-        self.training.layer_update_norms.append(norms)
-        self.training.update_norms.append(float(np.sqrt(sum(n * n for n in norms))))
+        norms (for the tolerance policies). Without a filter each array's change is computed into
+        one buffer that lives across rounds: no copy of the model, and no fresh pages, per round."""
+        if self.filter is not None:
+            deltas = [values(p) - values(q) for p, q in zip(self.params, self._previous)]
+            changes: Iterable[np.ndarray] = deltas
+        else:
+            deltas, changes = None, (self._change_of(p, q) for p, q in zip(self.params, self._previous))
+        self.training.record_update(self._layer_norms(changes))
         if loss is not None:
-            self.training.losses.append(float(loss))
-            self.training.losses_reported += 1
-        for series in (self.training.layer_update_norms, self.training.update_norms, self.training.losses):
-            del series[:-HISTORY]
+            self.training.record_loss(loss)
         return deltas
 
-    def _layer_norms(self, deltas: Iterable[np.ndarray]) -> list[float]:
-        """Each layer's update norm, a few numpy calls per array (not per layer): the squares
-        summed between layer boundaries."""
-        norms = np.zeros(len(self.layers))
-        for d, (starts, which) in zip(deltas, self._norm_cuts):
-            if which.size:
-                norms[which] = np.sqrt(np.add.reduceat(np.square(d), starts, dtype=np.float64))
-        return norms.tolist()
+    def _change_of(self, now: np.ndarray, before: np.ndarray) -> np.ndarray:
+        """``now - before`` as float32, in the round's scratch buffer (valid until the next call)."""
+        if self._scratch.size < now.size:
+            self._scratch = np.empty(max(p.size for p in self.params), np.float32)
+        return np.subtract(values(now), values(before), out=self._scratch[:now.size])
+
+    def _layer_norms(self, changes: Iterable[np.ndarray]) -> list[float]:
+        """Each layer's update norm, from each array's change: a dot product per layer (no
+        temporary the size of the array, as squaring it would make)."""
+        norms = [0.0] * len(self.layers)
+        for d, layers in zip(changes, self._array_layers):
+            for i in layers:
+                _, lo, hi = self.layer_ranges[i]
+                segment = d[lo:hi]
+                norms[i] = math.sqrt(float(np.dot(segment, segment)))
+        return norms
 
     def _report(self, rnd: int, receivers: list[tuple[int, float]], sent: list, comm_s: float,
                 loss: float | None, deadline: float | None) -> None:
@@ -535,12 +536,4 @@ class Synchronizer(ABC):
         self._fragment_bytes[self.fragments.of_round(rnd)] = self.network.expected_bytes
         self.client.report(rnd + 1, loss=loss, step_time=comm_s, links=links, load=load,
                            message_bytes=max(self._fragment_bytes.values()))
-        record = RoundRecord(round=rnd, elapsed_s=comm_s,
-                             delivered=float(np.mean([st.delivered for st in sent])) if sent else 1.0,
-                             loss_rate=float(np.mean([st.loss_rate for st in sent])) if sent else 0.0,
-                             delivery_rates=[st.delivery_rate for st in sent],
-                             # a slow close cuts a flow as a deadline does
-                             deadline_hit=any(st.result in ("deadline", "slow") for st in sent),
-                             message_bytes=self.network.expected_bytes)
-        self.network.history.append(record)
-        del self.network.history[:-HISTORY]
+        self.network.record(RoundRecord.of_sends(rnd, comm_s, sent, self.network.expected_bytes))

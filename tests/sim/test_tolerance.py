@@ -76,11 +76,13 @@ def test_policies_are_fed_what_a_real_peer_feeds_them():
     bounds, deadlines = tolerance.bounds(0, np.full(3, 1e6), planned_s=0.5)
     assert bounds.shape == (3, 2) and deadlines.shape == (3,)
     # peer 0 sent two flows, peer 1 one, peer 2 none
+    # peer 1's flow was ended by the slow close: a deadline hit, as a real peer records a "slow" send
     tolerance.observe(0, np.array([0, 0, 1]), np.array([1.0, 0.5, 0.9]), np.array([0.0, 0.1, 0.1]),
-                      np.array([1.0, 2.0, 0.9]), np.array([2.0, 0.9, 0.0]), np.full(3, 1e6))
+                      np.array([1.0, 2.0, 0.5]), np.array([0.0, 0.0, 1.0]), np.array([2.0, 0.9, 0.0]), np.full(3, 1e6))
     first = tolerance.networks[0].history[-1]
     assert (first.round, first.elapsed_s, first.delivered, first.loss_rate) == (0, 2.0, 0.75, pytest.approx(0.05))
     assert first.delivery_rates == pytest.approx([1e6, 0.25e6]) and first.message_bytes == 1e6
+    assert 0.5 < deadlines[1] and tolerance.networks[1].history[-1].deadline_hit  # not by its deadline
     assert tolerance.networks[2].history == []
 
 
