@@ -6,7 +6,7 @@
     ... the round's flows ...
     tolerance.observe(rnd, src, delivered, loss, durations, slow, sends_s, sizes)  # what each sender measured
 
-Each peer has its own policy, built by `train.optimizer.make_policy` from the options as a real
+Each peer has its own policy, built by `tolerance.policy_from_options` as a real
 peer builds it, its own `NetworkState` (one `RoundRecord` per round: its sends' time, the fraction
 that arrived, the receivers' datagram loss, per-receiver delivery rates, whether the deadline or
 the slow close cut a send) and `TrainingState` (per round: the update norms per layer and in all, and the round step's
@@ -24,8 +24,7 @@ import math
 import numpy as np
 
 from p2plearn.options import Options
-from p2plearn.tolerance import Layer, NetworkState, RoundRecord, TrainingState
-from p2plearn.train.optimizer import make_policy
+from p2plearn.tolerance import Layer, NetworkState, RoundRecord, TrainingState, policy_from_options
 
 
 class VirtualTolerance:
@@ -33,7 +32,7 @@ class VirtualTolerance:
 
     def __init__(self, options: Options, layers: list[Layer], n: int):
         self.layers = layers
-        self.policies = [make_policy(options) for _ in range(n)]
+        self.policies = [policy_from_options(options) for _ in range(n)]
         self.networks = [NetworkState() for _ in range(n)]
         self.trainings = [TrainingState() for _ in range(n)]
         sizes = np.array([layer.numel for layer in layers])

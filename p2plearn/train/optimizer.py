@@ -42,7 +42,7 @@ from p2plearn.sync.inbox import MAX_STATES, STATE_FLAG
 from p2plearn.sync.outer import OuterOptimizer
 from p2plearn.filter import make_filter
 from p2plearn.keys import data_key
-from p2plearn.tolerance import Layer, TolerancePolicy, make_tolerance
+from p2plearn.tolerance import Layer, policy_from_options
 from p2plearn.train.buckets import Buckets
 from p2plearn.train.reach import MulticastReach
 from p2plearn.train.staging import HostStaging
@@ -171,20 +171,6 @@ def _emulated_link(options: Options, rank: int) -> tuple[float, float]:
     return topo.uplink_bytes_per_s(nodes[rank]), topo.loss(nodes[rank])
 
 
-def make_policy(options: Options) -> TolerancePolicy:
-    """The tolerance policy the options name; --loss-bound is its (maximum / target / middle-phase)
-    bound, and the policy's own default when it is 0 (an adaptive policy capped at 0 is `fixed`)."""
-    deadline = options.deadline_ms / 1000 if options.deadline_ms else None
-    bound = options.loss_bound
-    if options.tolerance == "fixed":
-        return make_tolerance("fixed", loss_bound=bound, deadline_s=deadline)
-    if options.tolerance == "adaptive":
-        return make_tolerance("adaptive", **({"max_bound": bound} if bound else {}))
-    if options.tolerance == "layerwise":
-        return make_tolerance("layerwise", deadline_s=deadline, **({"target_loss": bound} if bound else {}))
-    return make_tolerance("phase", **({"middle_bound": bound} if bound else {}))
-
-
 class DecentralizedOptimizer(Optimizer):
     """Local steps with `optimizer`; every `period` steps a communication round averages with other peers.
 
@@ -264,7 +250,7 @@ class DecentralizedOptimizer(Optimizer):
         extra = {"staleness": self.options.staleness} if self.options.sync == "ssp" else {}
         self.sync: Synchronizer = cls(self._arrays, layers, self.channel,
                                       self.runtime.client, selection=self.options.selection,
-                                      fanout=self.options.fanout, seed=seed, tolerance=make_policy(self.options),
+                                      fanout=self.options.fanout, seed=seed, tolerance=policy_from_options(self.options),
                                       value_filter=make_filter("value", granularity=self.options.filter_granularity,
                                                                    init_scale=self.options.filter_init_scale,
                                                                    period=self.options.filter_period)
