@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import p2plearn
-from p2plearn.bench.uplink import UplinkMeter
+from p2plearn.transport.uplink import UplinkMeter
 from p2plearn.options import Options
 from p2plearn.train.data import Dataset, shard, stdlib_text
 

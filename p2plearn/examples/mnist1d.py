@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import p2plearn
-from p2plearn.bench.uplink import UplinkMeter
+from p2plearn.transport.uplink import UplinkMeter
 from p2plearn.options import Options
 from p2plearn.train.data import accuracy, mnist1d, shard
 

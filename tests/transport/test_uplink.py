@@ -6,8 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from p2plearn.bench.uplink import UplinkMeter
-from tests.transport.conftest import channels  # noqa: F401 - the fixture
+from p2plearn.transport.uplink import UplinkMeter
 
 
 def test_the_peak_lies_between_the_transfer_average_and_all_bytes_in_one_window(channels):  # noqa: F811
