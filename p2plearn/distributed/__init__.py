@@ -9,8 +9,8 @@ works under torchrun, mpirun, srun and p2plearn-run. See `backend` (the ProcessG
 `collectives` (the algorithms over the engine) and `p2plearn.ddp` (the loss-tolerant DDP hook).
 """
 from p2plearn.distributed.backend import BACKEND, ProcessGroupP2P, register
-from p2plearn.distributed.collectives import Collectives, CollectiveTimeout
+from p2plearn.distributed.collectives import CollectiveError, Collectives, CollectiveTimeout
 
 register()
 
-__all__ = ["BACKEND", "Collectives", "CollectiveTimeout", "ProcessGroupP2P", "register"]
+__all__ = ["BACKEND", "CollectiveError", "Collectives", "CollectiveTimeout", "ProcessGroupP2P", "register"]
