@@ -81,12 +81,15 @@ def test_a_dead_rank_fails_the_survivors_collectives_as_over_gloo(tmp_path):
 
 
 def test_a_member_forging_another_ranks_messages_neither_stops_nor_bloats_a_peer(tmp_path):
-    results = run_job(tmp_path, "forged", world_size=2, timeout=300)
+    # the job's largest message sized to the job (P2PLEARN_MAX_MESSAGE_MB): what the engine may hold
+    # for the victim is then a few MB, as is what its group keeps of collectives ahead
+    results = run_job(tmp_path, "forged", world_size=2, timeout=300, env={"P2PLEARN_MAX_MESSAGE_MB": "4"})
     victim, forger = results
     assert forger["forged_mb"] > 100, forger["forged_mb"]
     assert victim["trained_equal"] and victim["moved"], victim
     refused = victim["stats"]["refused"]
     assert refused.get("shapes or dtypes of another collective", 0) > 0, refused
     assert refused.get(f"more than {AHEAD} collectives ahead", 0) > 0, refused
-    # kept, the messages far ahead would grow the victim by their total (as they did: linearly)
-    assert victim["rss_growth_mb"] < 0.5 * forger["forged_mb"], (victim["rss_growth_mb"], forger["forged_mb"])
+    # kept, the messages far ahead grew the victim by their total; now by about what the same
+    # training grows the rank that sent them
+    assert victim["rss_growth_mb"] < forger["rss_growth_mb"] + 50, (victim, forger["rss_growth_mb"])
