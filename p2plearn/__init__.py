@@ -25,7 +25,7 @@ if "torch" in sys.modules:  # a training program: init_process_group("p2plearn")
     import p2plearn.distributed  # noqa: F401  (registers the backend)
 
 __version__ = "0.1.0"
-__all__ = ["init", "Runtime", "Options", "add_arguments", "DecentralizedOptimizer", "data", "checkpoint"]
+__all__ = ["init", "Runtime", "Options", "add_arguments", "DecentralizedOptimizer", "JobEnded", "data", "checkpoint"]
 
 
 def __getattr__(name: str):
@@ -38,7 +38,7 @@ def __getattr__(name: str):
         import importlib
 
         return importlib.import_module(f"p2plearn.{name}")
-    if name in ("DecentralizedOptimizer", "data"):
+    if name in ("DecentralizedOptimizer", "JobEnded", "data"):
         import p2plearn.train as train
 
         return getattr(train, name)
