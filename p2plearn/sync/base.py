@@ -18,9 +18,9 @@ import math
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
@@ -38,6 +38,8 @@ from p2plearn.tolerance import Layer, NetworkState, RoundRecord, TolerancePolicy
 from p2plearn.transport import Delivery
 
 log = logging.getLogger("p2plearn.sync")
+
+NORM_BLOCK = 1 << 18  # elements of the model's change measured at once: 1 MiB, a buffer that stays in cache
 
 GRACE_S = 0.25        # after a sender's deadline, time for its CLOSE to reach us
 LATE_SENDER = 3.0     # deadlines (or typical rounds) a receiver waits for a sender that started late
@@ -193,7 +195,7 @@ class Synchronizer(ABC):
         self.network = NetworkState()
         self.training = TrainingState()
         self._previous = [p.copy() for p in self.params]
-        self._scratch = np.empty(0, np.float32)  # a change being measured (the largest array's), made at first use
+        self._scratch = np.empty(NORM_BLOCK, np.float32)  # a block of the change being measured
         # This peer's load, reported every round (see GlobalView): its compute between rounds,
         # merge time per message, and messages kept for a later round's merge.
         self._round_end: float | None = None
@@ -493,33 +495,29 @@ class Synchronizer(ABC):
 
     def _track_updates(self, loss: float | None) -> list[np.ndarray] | None:
         """The model's change since the last round, when the filter reads it (else None), and its
-        norms (for the tolerance policies). Without a filter each array's change is computed into
-        one buffer that lives across rounds: no copy of the model, and no fresh pages, per round."""
+        norms (for the tolerance policies). Without a filter the change is measured block by block
+        in a buffer that stays in cache: no array of the model's size per round."""
         if self.filter is not None:
             deltas = [values(p) - values(q) for p, q in zip(self.params, self._previous)]
-            changes: Iterable[np.ndarray] = deltas
+            self.training.record_update(self._layer_norms(lambda a, lo, hi: deltas[a][lo:hi]))
         else:
-            deltas, changes = None, (self._change_of(p, q) for p, q in zip(self.params, self._previous))
-        self.training.record_update(self._layer_norms(changes))
+            deltas = None
+            self.training.record_update(self._layer_norms(lambda a, lo, hi: np.subtract(
+                values(self.params[a][lo:hi]), values(self._previous[a][lo:hi]), out=self._scratch[:hi - lo])))
         if loss is not None:
             self.training.record_loss(loss)
         return deltas
 
-    def _change_of(self, now: np.ndarray, before: np.ndarray) -> np.ndarray:
-        """``now - before`` as float32, in the round's scratch buffer (valid until the next call)."""
-        if self._scratch.size < now.size:
-            self._scratch = np.empty(max(p.size for p in self.params), np.float32)
-        return np.subtract(values(now), values(before), out=self._scratch[:now.size])
-
-    def _layer_norms(self, changes: Iterable[np.ndarray]) -> list[float]:
-        """Each layer's update norm, from each array's change: a dot product per layer (no
-        temporary the size of the array, as squaring it would make)."""
-        norms = [0.0] * len(self.layers)
-        for d, layers in zip(changes, self._array_layers):
-            for i in layers:
-                _, lo, hi = self.layer_ranges[i]
-                segment = d[lo:hi]
-                norms[i] = math.sqrt(float(np.dot(segment, segment)))
+    def _layer_norms(self, change: Callable[[int, int, int], np.ndarray]) -> list[float]:
+        """Each layer's update norm, from its change read NORM_BLOCK elements at a time
+        (``change(array, first, end)``, float32): a dot product per block."""
+        norms = []
+        for a, lo, hi in self.layer_ranges:
+            total = 0.0
+            for first in range(lo, hi, NORM_BLOCK):
+                d = change(a, first, min(first + NORM_BLOCK, hi))
+                total += float(np.dot(d, d))
+            norms.append(math.sqrt(total))
         return norms
 
     def _report(self, rnd: int, receivers: list[tuple[int, float]], sent: list, comm_s: float,
