@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from p2plearn.sync import BSP
+from p2plearn.sync.bfloat16 import store, values
 from p2plearn.tolerance import Layer, make_tolerance
 from p2plearn.train.buckets import Buckets
 from p2plearn.train.optimizer import describe_layers, exchanged_tensors
@@ -167,10 +168,31 @@ def test_layer_norms_from_buckets_are_each_tensors_norm():
     sync = BSP([a.copy() for a in arrays], layers, _NoChannel(), None, selection="all", fanout=1, seed=0,
                tolerance=make_tolerance("fixed"), layer_ranges=buckets.ranges())
     deltas = [np.random.default_rng(0).standard_normal(a.size).astype(np.float32) for a in arrays]
-    norms = sync._layer_norms(deltas)
+    norms = sync._layer_norms(lambda b, lo, hi: deltas[b][lo:hi])
     for norm, (b, lo, hi) in zip(norms, buckets.ranges()):
         assert norm == pytest.approx(float(np.linalg.norm(deltas[b][lo:hi])), rel=1e-6)
     assert len(norms) == len(layers) == len(tensors)
+
+
+def test_update_norms_read_in_blocks_are_each_tensors_change(monkeypatch):
+    import p2plearn.sync.base as base
+
+    monkeypatch.setattr(base, "NORM_BLOCK", 7)  # blocks that cut every layer, and end inside one
+    model = many(0, n=5, bf16=1)
+    buckets = Buckets(exchanged_tensors(model), cap_bytes=2**20)
+    arrays = [f.view(torch.int16).numpy().view(np.uint16) if f.dtype == torch.bfloat16 else f.numpy()
+              for f in buckets.flats]
+    sync = BSP([a.copy() for a in arrays], describe_layers(model), _NoChannel(), None, selection="all", fanout=1,
+               seed=0, tolerance=make_tolerance("fixed"), layer_ranges=buckets.ranges())
+    sync._scratch = np.empty(7, np.float32)
+    before = [values(p).copy() for p in sync.params]
+    rng = np.random.default_rng(1)
+    for p in sync.params:
+        store(p, values(p) + rng.standard_normal(p.size).astype(np.float32))
+    sync._track_updates(None)
+    for norm, (b, lo, hi) in zip(sync.training.layer_update_norms[-1], buckets.ranges()):
+        change = values(sync.params[b])[lo:hi] - before[b][lo:hi]
+        assert norm == pytest.approx(float(np.linalg.norm(change)), rel=1e-5)
 
 
 def test_layer_ranges_must_match_the_layers():
