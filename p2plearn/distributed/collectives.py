@@ -29,7 +29,7 @@ import logging
 import socket
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch.distributed as dist
@@ -157,16 +157,14 @@ class Mailbox:
 
     def _keep(self, d: Delivery) -> None:
         """A faster rank's message for a later collective, kept within the window and quotas."""
-        candidates = self._kept.setdefault((d.msg_id, d.sender), [])
+        key = (d.msg_id, d.sender)
         if (d.msg_id - self._current) % IDS > AHEAD * PHASES:
             self._refuse(f"more than {AHEAD} collectives ahead", d.sender)
-        elif len(candidates) >= CANDIDATES or self._bytes[d.sender] + _nbytes(d) > self._kept_bytes:
+        elif len(self._kept.get(key, ())) >= CANDIDATES or self._bytes[d.sender] + _nbytes(d) > self._kept_bytes:
             self._refuse("over the quota of messages kept ahead", d.sender)
         else:
-            candidates.append(d)
+            self._kept.setdefault(key, []).append(d)
             self._bytes[d.sender] += _nbytes(d)
-        if not candidates:
-            del self._kept[(d.msg_id, d.sender)]
 
     def _advance(self, msg_id: int) -> None:
         """Start collecting ``msg_id``: messages kept for earlier ids are late."""
@@ -192,7 +190,7 @@ def _shapes(d: Delivery) -> str:
     return "none" if d.arrays is None else ", ".join(f"{a.dtype}{list(a.shape)}" for a in d.arrays)
 
 
-def _check_departed(what: str, ranks: set[int] | Sequence[int], departed: Mapping[int, str]) -> None:
+def _check_departed(what: str, ranks: Iterable[int], departed: Mapping[int, str]) -> None:
     gone = sorted(r for r in ranks if r in departed)
     if gone:
         raise CollectiveError(f"p2plearn: {what}: " + "; ".join(f"rank {r} {departed[r]}" for r in gone))

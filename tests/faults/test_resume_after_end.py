@@ -85,7 +85,7 @@ def test_a_joiner_whose_donor_leaves_before_sending_the_state_stops_at_once():
             t0 = time.monotonic()
             with pytest.raises(JobEnded, match=ENDED) as ended:
                 optimizer(joiner, torch.nn.Linear(4, 2))
-            assert time.monotonic() - t0 < 5.0  # the donor left 1 s in; the next ask was due at 10 s
+            assert time.monotonic() - t0 < 9.0  # the donor left 1 s in; the next ask was due at 10 s
             assert ended.value.code.count("\n") == 0  # one line
         finally:
             leave.join()
