@@ -5,10 +5,11 @@ receiver, `Channel.recv` filed by message id and sender). Collective number ``se
 every rank: ranks call collectives in the same order) sends its phase ``p`` as message id
 ``seq * PHASES + p``. One thread runs the collectives of a group, one after the other.
 
-All-reduce of floats (SUM, AVG) is a reduce-scatter + all-gather, as partitioned rounds do
-(`p2plearn.sync.partitioned`, whose layout it uses): the buffer, read as one sequence of elements,
-is cut into one part per rank, sized by each rank's bandwidth, and every flow is paced; rank k averages part k (mask
--aware, in C: `merge_parameter`) and sends it to every other rank. With exact delivery (the
+All-reduce of floats (SUM, AVG) is a reduce-scatter + all-gather, the partitioned round of
+training (`p2plearn.sync.exchange.PartExchange` computes it, `p2plearn.sync.layout` cuts it): the
+buffer, read as one sequence of elements, is cut into one part per rank, sized by each rank's
+bandwidth, and every flow is paced; rank k averages part k (mask-aware, in C) and sends it to every
+other rank. With exact delivery (the
 default, and always for every other collective) the result equals an all-reduce to float
 rounding, the same on every rank. With loss bounds (the DDP comm hook's gradient buckets) a
 part's element is averaged over the ranks whose chunk arrived, and an averaged chunk that did not
@@ -34,10 +35,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import numpy as np
 import torch.distributed as dist
 
-from p2plearn.sync.inbox import UNUSABLE
-from p2plearn.sync.merge import Contribution, merge_parameter
 from p2plearn.selection import PACING_HEADROOM
-from p2plearn.sync.partitioned import PartLayout
+from p2plearn.sync.exchange import PartExchange, reduce_exact
+from p2plearn.sync.inbox import UNUSABLE
+from p2plearn.sync.layout import PartLayout
+from p2plearn.sync.merge import Contribution
 from p2plearn.tolerance import RoundRecord
 from p2plearn.transport import Channel, Delivery, Reason, SendHandle, message_bytes
 from p2plearn.transport.channel import PROBE_MSG_IDS
@@ -51,7 +53,6 @@ AHEAD = 16                   # collectives of a faster rank whose messages are k
 CANDIDATES = 4               # messages kept per (message id, sender) until their collective checks their shapes
 MISMATCH_S = 10.0            # how long a collective still waits for a rank's fitting message after refusing
                              # one of other shapes in its name (a forgery, unless the rank's own tensors differ)
-REDUCE = {"sum": np.add, "avg": np.add, "product": np.multiply, "min": np.minimum, "max": np.maximum}
 
 log = logging.getLogger("p2plearn.distributed")
 
@@ -344,7 +345,7 @@ class Collectives:
         handles = [self._send(msg, [inputs[r]], [r], what) for r in self.others]
         got = self._receive(msg, set(self.others), what, lambda _: [output])
         values = [inputs[self.rank] if r == self.rank else got[r][0] for r in range(self.world_size)]
-        _reduce(output, values, op, self.world_size)
+        reduce_exact(output, values, op)
         self._wait_sends(handles, None, what)
 
     def barrier(self, seq: int) -> None:
@@ -370,57 +371,42 @@ class Collectives:
             self._layouts[sizes] = PartLayout.from_view(self.links, list(sizes), sum(a.nbytes for a in layers))
         layout = self._layouts[sizes]
         slices = layout.slices
-        mean_merge = layers[0].dtype.kind == "f" and op in ("sum", "avg")
-
-        def pieces(r: int) -> list[np.ndarray]:
-            return [layers[t][a:b] for t, a, b in slices[r]]
+        exchange = PartExchange(layers)
+        # floats under SUM or AVG: the mask-aware mean (SUM: times n after); anything else exact
+        reduction = "mean" if layers[0].dtype.kind == "f" and op in ("sum", "avg") else op
 
         def piece_bounds(r: int) -> list[float]:
             return [bounds[t] for t, _, _ in slices[r]]
 
+        def collect(msg_id: int, senders: set[int], start: float) -> dict[int, list[Contribution]]:
+            """Each sender's contributions to its pieces (this rank's part in the scatter, the
+            sender's part in the gather): lossy, whatever arrived by the deadline; else whole."""
+            part = (lambda s: slices[self.rank]) if msg_id == scatter_id else (lambda s: slices[s])
+            if not lossy:
+                got = self._receive(msg_id, senders, what, lambda s: exchange.pieces(part(s)))
+                return {s: [Contribution(a) for a in arrays] for s, arrays in got.items()}
+            until = start + (deadline if deadline is not None else self.timeout) + GRACE_S
+            got = self._collect(msg_id, senders, lambda s, d: exchange.contributions(d, part(s), None) is not None,
+                                until, what)
+            return {s: exchange.contributions(d, part(s), None) for s, d in got.items()}
+
         # 1. scatter: part k to rank k
         scatter_id, gather_id = seq * PHASES, seq * PHASES + 1
         aggregators = [r for r in self.others if slices[r]]
-        scatter = [self._send(scatter_id, pieces(r), [r], what, piece_bounds(r), deadline,
+        scatter = [self._send(scatter_id, exchange.scatter(slices[r]), [r], what, piece_bounds(r), deadline,
                               layout.scatter_rate[self.rank]) for r in aggregators]
-        mine = pieces(self.rank)
-        delivered = []
+        mine = slices[self.rank]
         if mine and self.others:
-            senders = set(self.others)
-            if lossy:
-                until = t0 + (deadline if deadline is not None else self.timeout) + GRACE_S
-                got = self._collect(scatter_id, senders, lambda s, d: _fits(d, mine), until, what)
-                for i, own in enumerate(mine):
-                    merge_parameter(own, [Contribution(d.arrays[i], chunks=d.chunks(i)) for d in got.values()])
-                delivered.append(sum(d.delivered for d in got.values()) / len(senders))
-            else:
-                got_arrays = self._receive(scatter_id, senders, what, lambda _: mine)
-                for i, own in enumerate(mine):
-                    if mean_merge:
-                        merge_parameter(own, [Contribution(arrays[i]) for arrays in got_arrays.values()])
-                    else:
-                        values = [own.copy() if r == self.rank else got_arrays[r][i] for r in range(self.world_size)]
-                        _reduce(own, values, op, self.world_size)
+            exchange.reduce(mine, collect(scatter_id, set(self.others), t0), op=reduction, rank=self.rank)
         # 2. gather: this rank's reduced part to every other rank; theirs into place where it arrived
-        gather = self._send(gather_id, mine, self.others, what, piece_bounds(self.rank), deadline,
+        gather = self._send(gather_id, exchange.pieces(mine), self.others, what, piece_bounds(self.rank), deadline,
                             layout.gather_rate[self.rank]) if mine and self.others else None
         stats = self._wait_sends(scatter, deadline, what)  # they read the parts about to be overwritten
-        senders = set(aggregators)
-        if lossy:
-            until = time.monotonic() + (deadline if deadline is not None else self.timeout) + GRACE_S
-            got = self._collect(gather_id, senders, lambda s, d: _fits(d, pieces(s)), until, what)
-            for s, d in got.items():
-                for i, own in enumerate(pieces(s)):
-                    np.copyto(own, d.arrays[i], where=d.element_mask(i))
-                delivered.append(d.delivered)
-            delivered += [0.0] * len(senders - set(got))
-        elif senders:
-            for s, arrays in self._receive(gather_id, senders, what, pieces).items():
-                for own, value in zip(pieces(s), arrays):
-                    np.copyto(own, value)
+        for s, arrived in collect(gather_id, set(aggregators), time.monotonic()).items():
+            exchange.place(slices[s], arrived, None)
         if gather is not None:
             stats += self._wait_sends([gather], deadline, what)
-        if mean_merge and op == "sum":  # every element holds a mean: the sum over all ranks is n times it
+        if reduction == "mean" and op == "sum":  # every element holds a mean: the sum over all ranks is n times it
             for a in layers:
                 a *= self.world_size
         return RoundRecord.of_sends(seq, time.monotonic() - t0, stats,
@@ -431,14 +417,3 @@ def _fits(d: Delivery, expected: list[np.ndarray]) -> bool:
     """Whether the message's arrays have the shapes and dtypes of ``expected``."""
     return d.arrays is not None and len(d.arrays) == len(expected) and all(
         a.shape == e.shape and a.dtype == e.dtype for a, e in zip(d.arrays, expected))
-
-
-def _reduce(out: np.ndarray, values: list[np.ndarray], op: str, world_size: int) -> None:
-    """``out`` = op over ``values`` (in rank order, so every rank computes the same)."""
-    ufunc = REDUCE[op]
-    result = values[0].copy()
-    for v in values[1:]:
-        ufunc(result, v, out=result)
-    if op == "avg":
-        result = result / world_size if result.dtype.kind == "f" else result // world_size
-    np.copyto(out, result, casting="unsafe")

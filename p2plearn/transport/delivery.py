@@ -16,6 +16,18 @@ class ChunkMask:
     first_byte: int
     chunk_size: int
 
+    def elements(self, count: int, itemsize: int) -> np.ndarray:
+        """Bool per element of an array of `count` elements of `itemsize` bytes at `first_byte`:
+        True where its chunk arrived."""
+        nbytes = count * itemsize
+        if nbytes == 0:
+            return np.ones(count, dtype=bool)
+        first, last = self.first_byte // self.chunk_size, (self.first_byte + nbytes - 1) // self.chunk_size
+        # Chunk boundaries fall on 8-byte boundaries of the segment, so on element boundaries.
+        cuts = np.arange(first + 1, last + 1, dtype=np.int64) * self.chunk_size - self.first_byte
+        sizes = np.diff(np.concatenate(([0], cuts, [nbytes]))) // itemsize
+        return np.repeat(self.arrived[first:last + 1], sizes)
+
 
 class Reason(IntEnum):
     """Why a message was handed over."""
@@ -71,12 +83,6 @@ class Delivery:
         if self.arrays is None:
             raise ValueError("the message's layout never arrived")
         a, chunks = self.arrays[i], self.chunks(i)
-        nbytes = a.nbytes
-        if chunks is None or nbytes == 0:
+        if chunks is None:
             return np.ones(a.shape, dtype=bool)
-        start = chunks.first_byte
-        first, last = start // self.chunk_size, (start + nbytes - 1) // self.chunk_size
-        # Chunk boundaries fall on 8-byte boundaries of the segment, so on element boundaries.
-        cuts = np.arange(first + 1, last + 1, dtype=np.int64) * self.chunk_size - start
-        sizes = np.diff(np.concatenate(([0], cuts, [nbytes]))) // a.itemsize
-        return np.repeat(self.mask[first:last + 1], sizes).reshape(a.shape)
+        return chunks.elements(a.size, a.itemsize).reshape(a.shape)

@@ -326,8 +326,9 @@ def test_the_option_to_keep_nonfinite_values():
 
 def _hostile(peer, mode: str, bad: float) -> None:
     """Every message the peer sends carries `bad` (see `_poison`), in each of its formats."""
-    for fmt in {peer.sync.compressor, getattr(peer.sync, "_gather_format", None),
-                getattr(peer.sync, "_resync_format", None)} - {None}:
+    exchange = getattr(peer.sync, "exchange", None)  # partitioned rounds' gather and resync formats
+    formats = (exchange.gather_format, exchange.resync_format) if exchange is not None else ()
+    for fmt in {peer.sync.compressor, *formats} - {None}:
         def encode(*args, fmt=fmt, honest=fmt.encode, **kwargs):
             wire = honest(*args, **kwargs)
             _poison(wire, fmt.mode, bad)

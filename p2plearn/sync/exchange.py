@@ -1,0 +1,181 @@
+"""One peer's side of a partitioned all-reduce, apart from whatever moves the messages.
+
+A round (see `p2plearn.sync.partitioned` for the whole story) is, for each peer, four steps that
+this class computes and its driver orders around its transport:
+
+    1. `scatter(theirs)`: what to send the aggregator of each other part;
+    2. `contributions(d, mine)`: what one of those messages brings to this peer's part (None when
+       it does not fit: another view's parts, another format, a malformed message);
+    3. `reduce(mine, inputs)`: this peer's part averaged (or reduced) with what came, in place; the
+       arrays that carry it to everyone else;
+    4. `contributions(d, theirs)` + `place(theirs, ...)`: another aggregator's result put in place
+       where it arrived (a lost piece keeps this peer's value).
+
+Training's `Partitioned` drives it over the engine and the inbox, the DDP backend's
+`Collectives.allreduce` over the engine and its mailbox, and the simulator's `VirtualPartitioned`
+over virtual deliveries on its flow-level network: one arithmetic, one codec, one merge for all three.
+
+With a compressor, rounds exchange the change since ``anchor`` (the values every peer held after the
+last round) in the compressed format, with error feedback: the scatter's this peer's own, the
+gather's this peer's as an aggregator. A resync round exchanges values instead, int4's at 8 bits,
+without error feedback, which re-aligns anchors that drifted (`Partitioned` decides which rounds).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from p2plearn.sync.bfloat16 import values
+from p2plearn.sync.compress import Compressor, stored
+from p2plearn.sync.inbox import UNUSABLE
+from p2plearn.sync.layout import Slices
+from p2plearn.sync.merge import Contribution, merge_parameter, unfit
+from p2plearn.transport.delivery import Delivery
+
+# exact reductions (the DDP backend's ops other than a mean of floats), in rank order
+REDUCE = {"sum": np.add, "avg": np.add, "product": np.multiply, "min": np.minimum, "max": np.maximum}
+
+
+class PartExchange:
+    """The partitioned all-reduce of the arrays ``flat`` (1-d views, owned by the caller, averaged
+    in place), for one peer.
+
+    ``compressor``: the scatter's format with this peer's error feedback (None: plain values in the
+    arrays' own dtype); ``anchor``: per array, what every peer held after the last round (compressed
+    rounds only; the caller keeps it current: it may assign another list between rounds).
+    """
+
+    def __init__(self, flat: list[np.ndarray], compressor: Compressor | None = None,
+                 anchor: list[np.ndarray] | None = None) -> None:
+        if compressor is not None and anchor is None:
+            raise ValueError("compressed partitioned rounds exchange changes: they need the anchor")
+        self.flat = flat
+        self.compressor = compressor
+        self.anchor = anchor
+        mode = compressor.mode if compressor is not None else None
+        keep = compressor.keep_nonfinite if mode else False
+        # this peer's averaged parts with error feedback of their own, and the values of a resync round
+        self.gather_format = Compressor(mode, [a.size for a in flat], keep) if mode else None
+        self.resync_format = Compressor("int8" if mode == "int4" else mode, None, keep) if mode else None
+
+    # -- formats and sizes ------------------------------------------------------------------
+    def formats(self, resync: bool = False) -> tuple[Compressor | None, Compressor | None]:
+        """The scatter's and the gather's formats (None: plain values) in a change or resync round."""
+        if self.compressor is None:
+            return None, None
+        return (self.resync_format, self.resync_format) if resync else (self.compressor, self.gather_format)
+
+    def wire_bytes(self, arrays: list[int], resync: bool = False) -> int:
+        """The bytes that carry the arrays of indices ``arrays`` whole, in a round's scatter format."""
+        fmt = self.formats(resync)[0]
+        if fmt is not None:
+            return fmt.wire_bytes([self.flat[t].size for t in arrays])
+        return sum(self.flat[t].nbytes for t in arrays)
+
+    def relayout(self, arrays: list[int]) -> None:
+        """The parts of the arrays ``arrays`` were cut anew: what this peer aggregated may now be
+        another's, so its gather's error feedback starts afresh."""
+        if self.gather_format is not None:
+            self.gather_format.forget([(t, 0, self.flat[t].size) for t in arrays])
+
+    # -- the four steps -----------------------------------------------------------------------
+    def pieces(self, slices: Slices) -> list[np.ndarray]:
+        """Views of the elements ``slices`` cut."""
+        return [self.flat[t][a:b] for t, a, b in slices]
+
+    def scatter(self, slices: Slices, resync: bool = False) -> list[np.ndarray]:
+        """The arrays that carry this peer's elements ``slices`` to their aggregator (plain: views,
+        read until the send is done)."""
+        if self.compressor is None:
+            return self.pieces(slices)
+        if resync:  # the values carry what the error feedback held
+            arrays = self.resync_format.encode(self.pieces(slices), slices)
+            self.compressor.forget(slices)
+            return arrays
+        return self.compressor.encode(self._changes(slices), slices)
+
+    def contributions(self, d: Delivery, slices: Slices, fmt: Compressor | None) -> list[Contribution] | None:
+        """d's arrays (in ``fmt``; None: plain values) as contributions to the pieces ``slices`` cut,
+        or None when they do not fit (the caller counts it)."""
+        pieces = self.pieces(slices)
+        try:
+            if fmt is not None:
+                out = fmt.contributions(d, [p.size for p in pieces])
+            elif d.arrays is None or len(d.arrays) != len(pieces) or any(
+                    a.shape != p.shape or a.dtype != p.dtype for a, p in zip(d.arrays, pieces)):
+                out = None
+            else:
+                out = [Contribution(a, chunks=d.chunks(i)) for i, a in enumerate(d.arrays)]
+        except UNUSABLE:
+            out = None
+        if out is None or any(unfit(p, c) for p, c in zip(pieces, out)):
+            return None
+        return out
+
+    def reduce(self, slices: Slices, inputs: Mapping[int, list[Contribution]], resync: bool = False,
+               op: str = "mean", rank: int = 0) -> tuple[list[np.ndarray], list[float]]:
+        """This peer's part (``slices``) reduced with ``inputs`` (sender -> its contributions to each
+        piece), in place: the arrays that carry the result to the other peers, and per piece the
+        fraction of (element, sender) pairs that arrived.
+
+        ``op`` "mean" averages with the mask-aware C merge, senders in rank order (so the sums do not
+        depend on arrival order); a `REDUCE` op is exact over this peer (``rank``) and every sender,
+        in rank order, and needs every input whole (the DDP backend's other ops and integer dtypes)."""
+        senders = sorted(inputs)
+        if op != "mean":
+            for i, own in enumerate(self.pieces(slices)):
+                ranked = [own.copy() if r == rank else inputs[r][i].values for r in sorted({*senders, rank})]
+                reduce_exact(own, ranked, op)
+            return self.pieces(slices), [1.0] * len(slices)
+        compressed = self.compressor is not None
+        averaged = self._changes(slices) if compressed and not resync else self.pieces(slices)
+        fractions = [merge_parameter(own, [inputs[s][i] for s in senders]) for i, own in enumerate(averaged)]
+        if compressed:  # this peer's part becomes what every receiver reads of it
+            averaged = self._encode_gather(averaged, slices, resync)
+        return averaged, fractions
+
+    def place(self, slices: Slices, arrived: list[Contribution], fmt: Compressor | None,
+              resync: bool = False) -> None:
+        """Another aggregator's result for the pieces ``slices`` (its `contributions`, in ``fmt``)
+        put in place where it arrived (and, compressed, was not refused as not finite)."""
+        for (t, a, b), c in zip(slices, arrived):
+            own = self.flat[t][a:b]
+            if fmt is None:
+                where = True if c.chunks is None else c.chunks.elements(own.size, c.values.itemsize)
+                np.copyto(own, c.values, where=where)
+            elif resync:
+                got, usable = fmt.decode(c, own)
+                np.copyto(own, got, where=usable)
+            else:
+                change, usable = fmt.decode(c, np.empty(own.size, np.float32))
+                np.copyto(own, stored(values(self.anchor[t][a:b]) + change, own), where=usable)
+
+    # -- compressed rounds --------------------------------------------------------------------
+    def _changes(self, slices: Slices) -> list[np.ndarray]:
+        """The pieces' change since the anchor (float32): what compressed change rounds exchange."""
+        return [values(self.flat[t][a:b]).astype(np.float32) - values(self.anchor[t][a:b]) for t, a, b in slices]
+
+    def _encode_gather(self, averaged: list[np.ndarray], slices: Slices, resync: bool) -> list[np.ndarray]:
+        """The arrays that carry this peer's averaged pieces (changes; values on a resync round);
+        the pieces become what the receivers read of them (plus the anchor, for changes)."""
+        fmt = self.formats(resync)[1]
+        if resync:
+            self.gather_format.forget(slices)
+        decoded: list[np.ndarray] = []
+        arrays = fmt.encode(averaged, slices, decoded)
+        for (t, a, b), read in zip(slices, decoded):
+            own = self.flat[t][a:b]
+            own[...] = stored(read if resync else values(self.anchor[t][a:b]) + read, own)
+        return arrays
+
+
+def reduce_exact(out: np.ndarray, ranked: list[np.ndarray], op: str) -> None:
+    """``out`` = op over ``ranked`` (every rank's values, in rank order, so every rank computes the same)."""
+    ufunc = REDUCE[op]
+    result = ranked[0].copy()
+    for v in ranked[1:]:
+        ufunc(result, v, out=result)
+    if op == "avg":
+        result = result / len(ranked) if result.dtype.kind == "f" else result // len(ranked)
+    np.copyto(out, result, casting="unsafe")
