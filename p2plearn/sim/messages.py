@@ -115,40 +115,9 @@ class Messages:
 
     def delivery(self, rnd: int, sender: int, delivered: float, rng: np.random.Generator) -> Delivery:
         """What a receiver of `sender`'s round-`rnd` message gets when `delivered` (a fraction) of its
-        chunks arrived, the missing ones drawn with `rng` (see the module's doc)."""
+        chunks arrived, the missing ones drawn with `rng` (`virtual_delivery`)."""
         arrays, exact = self._sent[rnd][sender]
-        offsets, end = [], 0
-        for a in arrays:
-            offsets.append(end)
-            end = _aligned(end + a.nbytes)
-        network_bytes = sum(a.nbytes for a in arrays) * self.scale
-        chunk = max(ALIGN, _aligned(math.ceil(end / max(1, math.ceil(network_bytes / DATAGRAM_DATA)))))
-        nchunks = max(1, -(-end // chunk))
-        arrived = np.ones(nchunks, dtype=bool)
-        missing = nchunks - int(delivered * nchunks) if delivered < 1.0 else 0
-        if missing:
-            holds_exact = np.zeros(nchunks, dtype=bool)
-            for a, off, ex in zip(arrays, offsets, exact):
-                if ex and a.nbytes:
-                    holds_exact[off // chunk:(off + a.nbytes - 1) // chunk + 1] = True
-            values_only, others = np.flatnonzero(~holds_exact), np.flatnonzero(holds_exact)
-            arrived[rng.permutation(values_only)[:missing]] = False
-            if missing > values_only.size:
-                arrived[rng.permutation(others)[:missing - values_only.size]] = False
-        fractions = [self._arrived_fraction(arrived, chunk, off, a.nbytes) for a, off in zip(arrays, offsets)]
-        return Delivery(sender=sender, msg_id=rnd, arrays=arrays, mask=arrived,
-                        reason=Reason.COMPLETE if arrived.all() else Reason.CLOSED, source=("virtual", sender),
-                        fractions=fractions, chunk_size=chunk, meta_len=0, offsets=offsets)
-
-    @staticmethod
-    def _arrived_fraction(arrived: np.ndarray, chunk: int, offset: int, nbytes: int) -> float:
-        """The fraction of bytes [offset, offset + nbytes) in chunks that arrived."""
-        if nbytes == 0:
-            return 1.0
-        first, last = offset // chunk, (offset + nbytes - 1) // chunk
-        starts = np.maximum(np.arange(first, last + 1) * chunk, offset)
-        ends = np.minimum(np.arange(first + 1, last + 2) * chunk, offset + nbytes)
-        return float(((ends - starts) * arrived[first:last + 1]).sum() / nbytes)
+        return virtual_delivery(sender, rnd, arrays, exact, delivered, rng, self.scale)
 
     def merge(self, row: np.ndarray, deliveries: list[Delivery]) -> None:
         """Average the deliveries into a receiver's replica (its row, in place), as its synchronizer
@@ -182,3 +151,44 @@ class Messages:
         what = f"--compress {o.compress}" if self.compressors is not None else \
             f"--filter value ({o.filter_granularity}, init scale {o.filter_init_scale}, period {o.filter_period})"
         return {"messages": what, "bytes_per_message": mean, "bytes_ratio": mean / self.dense_bytes}
+
+
+def virtual_delivery(sender: int, msg_id: int, arrays: list[np.ndarray], exact: list[bool], delivered: float,
+                     rng: np.random.Generator, scale: float) -> Delivery:
+    """A message of `arrays` as a receiver's engine hands it over when `delivered` (a fraction) of its
+    chunks arrived: the arrays laid out one after another (8-byte aligned) and cut into as many chunks
+    as the message's bytes on the network (its bytes x `scale`) fill datagrams; the missing chunks
+    drawn with `rng` among those holding values only (an `exact` array, one the sender's loss bound
+    is 0 for, is repaired first, as the engine does), then among the rest."""
+    offsets, end = [], 0
+    for a in arrays:
+        offsets.append(end)
+        end = _aligned(end + a.nbytes)
+    network_bytes = sum(a.nbytes for a in arrays) * scale
+    chunk = max(ALIGN, _aligned(math.ceil(end / max(1, math.ceil(network_bytes / DATAGRAM_DATA)))))
+    nchunks = max(1, -(-end // chunk))
+    arrived = np.ones(nchunks, dtype=bool)
+    missing = nchunks - int(delivered * nchunks) if delivered < 1.0 else 0
+    if missing:
+        holds_exact = np.zeros(nchunks, dtype=bool)
+        for a, off, ex in zip(arrays, offsets, exact):
+            if ex and a.nbytes:
+                holds_exact[off // chunk:(off + a.nbytes - 1) // chunk + 1] = True
+        values_only, others = np.flatnonzero(~holds_exact), np.flatnonzero(holds_exact)
+        arrived[rng.permutation(values_only)[:missing]] = False
+        if missing > values_only.size:
+            arrived[rng.permutation(others)[:missing - values_only.size]] = False
+    fractions = [_arrived_fraction(arrived, chunk, off, a.nbytes) for a, off in zip(arrays, offsets)]
+    return Delivery(sender=sender, msg_id=msg_id, arrays=arrays, mask=arrived,
+                    reason=Reason.COMPLETE if arrived.all() else Reason.CLOSED, source=("virtual", sender),
+                    fractions=fractions, chunk_size=chunk, meta_len=0, offsets=offsets)
+
+
+def _arrived_fraction(arrived: np.ndarray, chunk: int, offset: int, nbytes: int) -> float:
+    """The fraction of bytes [offset, offset + nbytes) in chunks that arrived."""
+    if nbytes == 0:
+        return 1.0
+    first, last = offset // chunk, (offset + nbytes - 1) // chunk
+    starts = np.maximum(np.arange(first, last + 1) * chunk, offset)
+    ends = np.minimum(np.arange(first + 1, last + 2) * chunk, offset + nbytes)
+    return float(((ends - starts) * arrived[first:last + 1]).sum() / nbytes)

@@ -35,8 +35,9 @@ i.i.d. or `--dirichlet ALPHA`), and its own virtual clock:
   in the planner's view and the flow simulator), the receiver merging the decoded values that came;
 - BSP: a peer merges once its own sends are done and its round's messages arrived; SSP: once its
   sends are done and every peer has finished round r - s, whatever arrived from rounds r-s..r.
-- `--sync partitioned`: training's two phases (scatter to each part's aggregator, gather of the
-  averaged parts), each on the flow-level simulator, with training's layout (`sim.partitioned`).
+- `--sync partitioned`: training's round (`sync.exchange.PartExchange`, with `--compress` too): its two
+  phases (scatter to each part's aggregator, gather of the averaged parts), each on the flow-level
+  simulator, with training's layout (`sim.partitioned`).
 Rounds of the lock-stepped replicas are taken in order, which is causal: a message of round r
 carries its sender's model after its round r - 1 merge, and no merge takes a later round's message.
 
@@ -46,7 +47,8 @@ round's start; the plan and pacing do not follow a burst that begins mid-round (
 as live); the message is one bucket.
 
 Not simulated yet (refused with a message): --overlap, --transport-mode other than unicast,
---tolerance layerwise with --compress or --filter value, --sync partitioned with either of them.
+--fragments, --tolerance layerwise with --compress, --filter value or --sync partitioned. Training's
+refusals (--sync partitioned with --filter value) are refused with training's message.
 """
 from __future__ import annotations
 
@@ -70,6 +72,7 @@ from p2plearn.sim.simulator import PlannedSimulator
 from p2plearn.sim.tolerance import VirtualTolerance
 from p2plearn.sync.merge import Contribution, merge_parameter
 from p2plearn.sync.outer import OuterOptimizer
+from p2plearn.sync.partitioned import FILTER_REFUSED
 from p2plearn.sync.planner import RoundPlanner
 from p2plearn.topology import Topology
 from p2plearn.topology.topology import BYTES_PER_MBIT
@@ -231,16 +234,25 @@ class VirtualTraining:
         self.outer = [OuterOptimizer(options.outer_lr, options.outer_momentum) for _ in range(self.n)]
         self.nchunks = max(1, math.ceil(self.message_bytes / DATAGRAM_DATA))
         self.chunk_size = max(1, math.ceil(self.replica_bytes / self.nchunks))
-        # compressed or value-filtered messages (None: plain float32 values, this class's own path)
-        self.messages = Messages.of(options, self.replicas.sizes, self.n, self.message_bytes, self.replica_bytes,
-                                    self.replicas.numpy(), options.staleness if options.sync == "ssp" else 0)
+        partitioned = options.sync == "partitioned"
+        if partitioned and options.filter == "value":
+            raise ValueError(FILTER_REFUSED)
+        if partitioned and options.tolerance == "layerwise":
+            raise ValueError("--sync partitioned with --tolerance layerwise: not simulated yet (a part carries "
+                             "its sender's smallest bound)")
+        # compressed or value-filtered messages of bsp/ssp rounds (None: plain float32 values, this class's
+        # own path; partitioned rounds encode with training's `PartExchange`)
+        self.messages = None if partitioned else \
+            Messages.of(options, self.replicas.sizes, self.n, self.message_bytes, self.replica_bytes,
+                        self.replicas.numpy(), options.staleness if options.sync == "ssp" else 0)
         if self.messages is not None and options.tolerance == "layerwise":
             raise ValueError("--tolerance layerwise with --compress or --filter value: not simulated yet "
                              "(per-layer chunk masks are the plain message's)")
-        if options.sync == "partitioned" and (self.messages is not None or options.tolerance == "layerwise"):
-            raise ValueError("--sync partitioned with --compress, --filter value or --tolerance layerwise: "
-                             "not simulated yet (a part carries one bound, as float32 values)")
-        self.partitioned = VirtualPartitioned(self)
+        # each peer's model as the last round left it: the outer step's anchor, and what compressed
+        # partitioned rounds exchange changes from
+        keeps_anchor = not all(opt.plain for opt in self.outer) or (partitioned and options.compress != "none")
+        self.anchors = self.replicas.numpy().copy() if keeps_anchor else None
+        self.partitioned = VirtualPartitioned(self, self.anchors) if partitioned else None
         # The fixed policy needs no state: its bound and deadline are the options' (the scalar path).
         self.tolerance = None if options.tolerance == "fixed" else \
             VirtualTolerance(options, describe_layers(model), self.n)
@@ -273,7 +285,7 @@ class VirtualTraining:
         layers = 1 if self.tolerance is None else len(self.tolerance.layers)
         pending = {k: np.zeros(0) for k in ("round", "src", "dst", "arrival", "delivered")}
         pending["layer_delivered"] = np.zeros((0, layers))
-        anchors = None if all(opt.plain for opt in self.outer) else self.replicas.numpy().copy()
+        anchors = self.anchors
         merged = None if self.tolerance is None else self.replicas.numpy().copy()  # each model as last merged
         batches, per_epoch = self._batches()
         total = s.steps or s.epochs * per_epoch
@@ -404,7 +416,7 @@ class VirtualTraining:
         clock[i]: the clocks after it and the outer step."""
         if rnd >= VIEW_LAG:
             self.estimator.close_round(rnd - VIEW_LAG)
-        sizes = np.full(self.n, self.message_bytes)
+        sizes = np.full(self.n, self.partitioned.message_bytes)
         end, record, f = self.partitioned.round(rnd, clock, sizes, self._view(rnd, sizes))
         self._report(rnd, f["src"], f["dst"], f["cap"], f["rate"] * (1 - f["loss"]), [""] * len(f["src"]))
         if self.tolerance is not None:

@@ -149,7 +149,7 @@ def test_threads_change_the_wall_time_only(tmp_path, capsys):
     assert "--threads 0" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flag", [["--sync", "partitioned", "--compress", "int8"], ["--transport-mode", "multicast"],
+@pytest.mark.parametrize("flag", [["--sync", "partitioned", "--tolerance", "layerwise"], ["--transport-mode", "multicast"],
                                   ["--overlap"], ["--tolerance", "layerwise", "--compress", "int8"]])
 def test_refuses_what_it_does_not_simulate(tmp_path, flag, capsys):
     assert main(["train", "--topology", "topology/homogeneous-4.json", *SMALL, *flag]) == 2

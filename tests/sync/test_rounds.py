@@ -24,6 +24,8 @@ class Peer:
         self.channel = Channel(sender_id=rank, **(channel_kw or {}))
         self.client = Client(coordinator.address, JOB, key, rank=rank, connect_timeout=5.0)
         self.client.register(self.channel.address)
+        if callable(params):  # each rank's own
+            params = params(rank)
         self.params = params if params is not None else [np.full((50, 40), float(rank), np.float32),
                                                          np.full(7, 10.0 * rank, np.float32)]
         layers = [Layer(f"p{i}", p.size, p.nbytes, i) for i, p in enumerate(self.params)]
