@@ -30,7 +30,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
+#include "compute.h"
+#include "error.h"
 
 #define REL_EPS 1e-9   /* slack on capacities: loads equal to T x capacity must fit despite rounding */
 #define UPPER_MARGIN 1e-6 /* relative: an upper bound on T above every start by more than its rounding */
