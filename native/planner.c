@@ -1,4 +1,4 @@
-/* SELMCAST receiver selection: who each sender multicasts to this round (see p2pcast.h).
+/* SELMCAST receiver selection: who each sender multicasts to this round (see compute.h).
  *
  * Step 1 (bottleneck first): the smallest T at which every live sender gets p receivers.
  * "Feasible at T" is a degree-constrained bipartite assignment without self-loops; a sorted greedy
