@@ -16,7 +16,7 @@ $(VPY):
 	$(VPY) -m pip install -q --upgrade pip
 
 # torch first and pinned, so that the project's own requirement finds it installed.
-$(STAMP): $(VPY) pyproject.toml setup.py native/*.c native/*.h native/build_p2pcast.py
+$(STAMP): $(VPY) pyproject.toml setup.py native/*.c native/*.h native/build_p2pcast.py native/build_compute.py
 	$(VPY) -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(TORCH)
 	$(VPY) -m pip install -q -e '.[train,test,experiments]'
 	touch $@
@@ -44,11 +44,12 @@ bench: $(STAMP)
 	$(VPY) -m p2plearn.bench average
 	$(VPY) -m p2plearn.bench transport
 
-# The engine built with AddressSanitizer + UndefinedBehaviorSanitizer, running the engine tests.
 # AddressSanitizer + UBSan: the engine alone with leak detection (tests/native/engine_leaks.c: no
-# Python, so each leak reported is the engine's), then the transport and merge tests on a sanitized build
-# (leak detection off there: the interpreter keeps its own memory until exit).
-ENGINE_C := $(filter-out native/build_p2pcast.py,$(wildcard native/*.c))
+# Python, so each leak reported is the engine's; it is linked with every native/*.c, the planner and
+# the merge included), then the transport, selection and merge tests on sanitized builds of both
+# modules, _p2pcast and _p2pcompute (leak detection off there: the interpreter keeps its own memory
+# until exit).
+ENGINE_C := $(wildcard native/*.c)
 asan: $(STAMP)
 	mkdir -p build
 	gcc -O1 -g -std=gnu11 -Wall -Wextra -pthread -fno-omit-frame-pointer -fsanitize=address,undefined \
@@ -61,7 +62,7 @@ asan: $(STAMP)
 	$(VPY) -m pip install -q --no-build-isolation --no-deps -e .; exit $$rc
 
 clean:
-	rm -rf $(VENV) build *.egg-info p2plearn/_p2pcast*.so p2plearn/_p2pcast.c
+	rm -rf $(VENV) build *.egg-info p2plearn/_p2pcast*.so p2plearn/_p2pcast.c p2plearn/_p2pcompute*.so p2plearn/_p2pcompute.c
 
 # Experiments (experiments/*.py, one claim each; results in experiments/results/). Full mode takes
 # hours on 2 cores; testbed ones need root (they say so and skip, or fall back, otherwise).

@@ -4,8 +4,6 @@
 #include <errno.h>
 #include <math.h>
 #include <netinet/udp.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
@@ -22,18 +20,6 @@
 
 #define MAX_CHUNK P2P_MAX_CHUNK
 _Static_assert(P2P_MAX_CHUNK == ((WIRE_MAX_DATAGRAM - WIRE_HDR) & ~7u), "the largest multiple of 8 a datagram fits");
-
-static __thread char last_error[256];
-
-const char *p2p_last_error(void) { return last_error; }
-
-int set_error(int err, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
-    va_end(ap);
-    return err < 0 ? err : -err;
-}
 
 uint64_t now_ns(void) {
     struct timespec ts;

@@ -9,12 +9,11 @@ import re
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ["api.c", "io.c", "datagram.c", "tx.c", "rx.c", "wire.c", "auth.c", "replay.c", "mcast.c", "planner.c",
-           "merge.c"]
+SOURCES = ["api.c", "io.c", "datagram.c", "tx.c", "rx.c", "wire.c", "auth.c", "replay.c", "mcast.c", "error.c"]
 
 
-def _cdef_text() -> str:
-    with open(os.path.join(HERE, "p2pcast.h")) as f:
+def _cdef_text(header: str = "p2pcast.h") -> str:
+    with open(os.path.join(HERE, header)) as f:
         header = f.read()
     header = re.sub(r"/\*.*?\*/", "", header, flags=re.S)
     return "\n".join(line for line in header.splitlines() if not line.startswith("#include"))

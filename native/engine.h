@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "auth.h"
+#include "error.h"
 #include "p2pcast.h"
 #include "mcast.h"
 #include "replay.h"
@@ -151,7 +152,6 @@ struct p2p_engine {
 uint64_t now_ns(void);
 void segment_coverage(const uint8_t *bitmap, uint32_t nchunks, uint32_t chunk, uint64_t meta_len,
                       const uint64_t *seg_off, const uint64_t *seg_len, uint32_t nseg, uint64_t *out);
-int set_error(int err, const char *fmt, ...);
 void engine_unref(p2p_engine *eng);
 /* With mu held: takes d (the one after prev; prev NULL: the head) off the delivery queue and out of its quotas. */
 void dq_remove(p2p_engine *eng, struct delivery_priv *d, struct delivery_priv *prev);

@@ -16,7 +16,8 @@
 #include <math.h>
 #include <string.h>
 
-#include "engine.h"
+#include "compute.h"
+#include "error.h"
 
 #define BLOCK 2048
 

@@ -1,7 +1,8 @@
 /* p2pcast: a loss-tolerant multicast engine over UDP.
  *
- * This header is the whole public API and is also the cffi cdef source: it holds plain
+ * This header is the engine's whole public API and is also the cffi cdef source: it holds plain
  * declarations only (the builder drops the #include lines; cffi understands <stdint.h> types).
+ * The SELMCAST planner and the merge are a module of their own: compute.h.
  *
  * A message is a list of segments (e.g. one per tensor). On the wire it is one flat byte space:
  * [meta][segment 0][segment 1]..., each segment starting on an 8-byte boundary, cut into chunks
@@ -228,85 +229,3 @@ void p2p_delivery_free(p2p_delivery *d);
 int p2p_fill(p2p_delivery *d, int mode, const p2p_segment *src, uint32_t nsrc);
 /* Fraction of each segment's bytes that arrived. */
 int p2p_delivery_fractions(const p2p_delivery *d, double *out, uint32_t nseg);
-
-/* ---- SELMCAST receiver selection (planner.c) ----
- * Peer i has available uplink[i] and downlink[i] (bytes/s) and sends message_bytes[i] this round;
- * its uplink is free from up_start[i] seconds into the round (after its compute), its downlink
- * from down_start[i] (after what is still arriving): a link carries rate * (T - start) by T. Its
- * CPU merges the messages it receives one after another from up_start[i], merge_cost[i] seconds
- * each (NULL: merging is free), so by T it can merge (T - up_start[i]) / merge_cost[i] of them.
- * A sender's uplink carries one copy per receiver, except that one copy to an IP multicast group
- * reaches every receiver in the sender's multicast domain: mcast_domain[i] >= 0 names it (peers
- * with the same value reach each other), -1 = unicast only, NULL = unicast everywhere.
- * The plan gives each live sender at least min(p, live - 1) distinct live receivers, never itself,
- * minimising T = the latest start + load / capacity of any uplink, downlink or merge, then adding
- * receivers beyond p while T does not grow. max_fanout caps the receivers per sender, max_fanin
- * the senders per receiver (0 = no cap, else >= p). Then every live peer still without a sender
- * gets one by moving an edge from a receiver that has two or more, where it takes the message by
- * T (1 + mixing_slack) (0: T does not grow). (seed, round) break ties, so that each round leaves
- * out other peers. Rates and sizes must be finite and >= 0, and > 0 for live peers
- * (alive[i] != 0); starts and merge costs in [0, 1e6] seconds. On success *out owns its arrays: free
- * them with p2p_plan_free. */
-typedef struct {
-    int n;
-    const double *uplink, *downlink, *message_bytes;   /* per peer; borrowed for the call */
-    const double *up_start, *down_start;               /* seconds into the round */
-    const double *merge_cost;                          /* seconds per merged message, or NULL */
-    const int32_t *mcast_domain;                       /* multicast domain per peer, or NULL */
-    const uint8_t *alive;
-} p2p_view;
-
-typedef struct {
-    int n;
-    double time;                  /* T(plan), seconds */
-    int64_t *offsets;             /* n + 1: sender i's receivers are receivers[offsets[i] .. offsets[i + 1]) */
-    uint32_t *receivers;
-} p2p_plan;
-
-int p2p_plan_make(const p2p_view *view, int p, int max_fanout, int max_fanin, double mixing_slack,
-                  uint64_t seed, uint64_t round, p2p_plan *out);
-void p2p_plan_free(p2p_plan *plan);
-
-/* ---- Mask-aware merging (merge.c) ----
- * p2p_merge averages one tensor in place with k senders' values for it: each element becomes the
- * mean of its own value and the contributions' values for it that arrived (a lost chunk never
- * drags an element anywhere). A contribution's element e arrived when the chunk holding it did
- * (chunk_arrived[(first_byte + the offset of e's byte) / chunk_size] != 0; first_byte is where values[0]
- * sits in the message's chunk numbering: meta_len + the segment's offset) and, with an element
- * mask, when element_arrived[e] != 0; NULL for either means everything arrived. Sums in double.
- * *arrived_out: the fraction of (element, contribution) pairs that arrived. A contribution whose
- * arrays are shorter than n elements need (values_bytes, nscales), or that reaches past its chunks,
- * is refused (EINVAL) before anything changes.
- * A contribution with finite_only set refuses a value that is not finite (NaN, inf), and every value
- * of a block whose scale is not finite or would read a code past float32's range (|scale| x 128 for
- * int8, x 8 for int4, above FLT_MAX): they count as not arrived, and refused_out[i] (k entries, or
- * NULL) says how many of contribution i's that arrived were refused so.
- * p2p_decode reads one contribution's n elements as float32 into out, the merge's way: usable[e] = 1
- * where element e arrived and was not refused (out[e] = 0 where not); *refused_out as above. */
-#define P2P_F32 0
-#define P2P_F64 1
-#define P2P_F16 2
-#define P2P_BF16 3
-#define P2P_I8 4                  /* contributions only: value of element e = q[e] * scales[e / block] */
-#define P2P_I4 5                  /* contributions only: 4-bit codes, two per byte (element 2i in the low
-                                     nibble of byte i, 2i + 1 in the high one; (n + 1) / 2 bytes): value of
-                                     element e = (code - 8) * scales[e / block]; senders use codes 1..15 */
-
-typedef struct {
-    const void *values;           /* n elements of dtype (the caller's memory, read only) */
-    uint64_t values_bytes;        /* bytes at values: at least what n elements of dtype take */
-    int dtype;                    /* P2P_* */
-    const float *scales;          /* P2P_I8, P2P_I4 only: one per block of values (the caller's) */
-    uint64_t nscales;             /* at least ceil(n / block) */
-    uint32_t block;
-    const uint8_t *chunk_arrived; /* one byte per chunk of the message, or NULL (the caller's) */
-    uint64_t nchunks;
-    uint64_t first_byte;
-    uint32_t chunk_size;
-    const uint8_t *element_arrived; /* n bytes, or NULL (the caller's) */
-    int finite_only;              /* nonzero: refuse non-finite values and scales that do not fit */
-} p2p_contribution;
-
-int p2p_merge(void *own, int own_dtype, uint64_t n, const p2p_contribution *contribs, uint32_t k,
-              double *arrived_out, uint64_t *refused_out);
-int p2p_decode(const p2p_contribution *c, uint64_t n, float *out, uint8_t *usable, uint64_t *refused_out);

@@ -1,4 +1,4 @@
-/* SELMCAST receiver selection: who each sender multicasts to this round (see p2pcast.h).
+/* SELMCAST receiver selection: who each sender multicasts to this round (see compute.h).
  *
  * Step 1 (bottleneck first): the smallest T at which every live sender gets p receivers.
  * "Feasible at T" is a degree-constrained bipartite assignment without self-loops; a sorted greedy
@@ -30,7 +30,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
+#include "compute.h"
+#include "error.h"
 
 #define REL_EPS 1e-9   /* slack on capacities: loads equal to T x capacity must fit despite rounding */
 #define UPPER_MARGIN 1e-6 /* relative: an upper bound on T above every start by more than its rounding */

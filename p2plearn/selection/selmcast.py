@@ -86,7 +86,7 @@ import numpy as np
 
 from p2plearn.selection.base import SelectionPolicy
 from p2plearn.selection.view import NetworkView, multicast_domains
-from p2plearn.transport._native import check, ffi, lib
+from p2plearn.compute import check, ffi, lib
 
 _U64 = (1 << 64) - 1
 DEFAULT_MAX_FANOUT = 64

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from p2plearn.sync.bfloat16 import BF16Array
-from p2plearn.transport._native import check, ffi, lib
+from p2plearn.compute import check, ffi, lib
 from p2plearn.transport.delivery import ChunkMask
 
 _DTYPES = {np.dtype(np.float32): lib.P2P_F32, np.dtype(np.float64): lib.P2P_F64,

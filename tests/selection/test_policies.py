@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from p2plearn.selection import POLICIES, NetworkView, Selmcast, average_fanout, make_policy, plan_time
-from p2plearn.transport._native import InvalidArgument
+from p2plearn.compute import InvalidArgument
 from tests.selection.conftest import random_view
 
 RANDOMISED = ["selmcast", "random", "exponential"]   # the others have no ties to break

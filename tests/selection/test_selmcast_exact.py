@@ -145,7 +145,7 @@ def test_a_sender_with_one_copy_spends_it_outside_its_domain_when_that_is_faster
     # min(bytes left, senders left x the largest message) and gave T = 0.2139 s, 1.11x the optimum
     ([7.5383e6, 6.4619e6, 24.692e6, 10.9958e6, 45.9553e6, 9.796e6], [5.5059e6, 1.7871e6, 9.3122e6, 4.126e6, 11.9105e6,
      5.8073e6], [0.4829e6, 0.3226e6, 1.0446e6, 0.8022e6, 0.1973e6, 0.0118e6], [1] * 6, 2, 0.19193),
-    # 6 live peers, p = fan-in cap = 4: "no plan at the upper bound" (TransportError)
+    # 6 live peers, p = fan-in cap = 4: "no plan at the upper bound" (ComputeError)
     ([39415437.16, 6109142.517, 3640658.371, 2849455.450, 61262062.97, 6088756.200, 21747520.82],
      [11765006.82, 1964143.889, 2056162.226, 900541.4654, 16896752.74, 2003791.106, 18455641.63],
      [441411.7175, 831553.8378, 490973.5494, 2964039.776, 2666313.973, 624479.6826, 1411527.087],

@@ -5,7 +5,7 @@ import pytest
 from p2plearn.sync import Contribution, merge_parameter
 from p2plearn.sync.bfloat16 import BF16Array, store
 from p2plearn.sync.merge import decode
-from p2plearn.transport._native import InvalidArgument, check, ffi, lib
+from p2plearn.compute import InvalidArgument, check, ffi, lib
 from p2plearn.transport.delivery import ChunkMask
 
 
