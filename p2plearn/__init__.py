@@ -12,6 +12,7 @@ The layers, top to bottom (nothing imports upward):
 - ``p2plearn.control``    pyzmq control plane (rendezvous, membership, heartbeats, global view)
 - ``p2plearn.transport``  the native engine's Python face (Channel) and a TCP baseline
 - ``p2plearn.launch``     the ``p2plearn-run`` launcher
+- ``p2plearn.rendezvous`` finding the job (rank, size, secret, coordinator address), for ``init()`` and the launcher
 - ``p2plearn.protocols``  the data channel and control client as the code handed one uses them (typing only)
 - ``p2plearn.topology`` / ``p2plearn.testbed`` / ``p2plearn.sim``  networks: described, built, simulated
 """

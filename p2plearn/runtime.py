@@ -1,30 +1,14 @@
 """``p2plearn.init()``: find this peer's place in the job and connect it to the control plane.
 
-Rank and size come from the first launcher whose variables are set:
-
-1. ``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` (p2plearn-run, torchrun)
-2. ``OMPI_COMM_WORLD_RANK`` / ``_SIZE`` / ``_LOCAL_RANK`` / ``_LOCAL_SIZE`` (Open MPI)
-3. ``PMI_RANK`` / ``PMI_SIZE`` (MPICH, Intel MPI; ``MPI_LOCALRANKID`` when set)
-4. ``SLURM_PROCID`` / ``SLURM_NTASKS`` / ``SLURM_LOCALID`` (srun)
-
-otherwise a single peer (rank 0 of 1). The job id is the first of ``P2PLEARN_JOB_ID``,
-``TORCHELASTIC_RUN_ID``, ``OMPI_MCA_ess_base_jobid``, ``PMIX_NAMESPACE``, ``SLURM_JOB_ID`` that is
-set (else ``local``).
+Finding the job is ``p2plearn.rendezvous``'s: rank and size from the first launcher whose variables
+are set, and the job id (``rendezvous.ranks``); the coordinator's host and port (``rendezvous.coordinator``);
+the job's secret (``rendezvous.secret``); the files the ranks of a job on one host share
+(``rendezvous.jobfiles``).
 
 The coordinator is ``P2PLEARN_COORDINATOR`` when set (p2plearn-run started it). Else rank 0
-starts it, in a process of its own, at the address ``p2plearn.launch.discover.coordinator_host``
-finds (``P2PLEARN_COORDINATOR_HOST``, ``MASTER_ADDR``, the first Slurm node, 127.0.0.1 when every
-rank is on this host, or mpi4py), on a port chosen by this rule:
-
-- every rank on this host (unless both ``P2PLEARN_JOB_KEY`` and ``MASTER_PORT`` are set): a free
-  port the OS chooses; rank 0 publishes it in the job's private directory and the other ranks read
-  it there (``p2plearn.launch.jobfiles``), so two jobs on one host never collide. ``MASTER_PORT + 1``
-  is not used here: torchrun picks ``MASTER_PORT`` among the ephemeral ports, where the next one may
-  be any program's;
-- ``MASTER_PORT`` set: ``MASTER_PORT + 1`` (torchrun's own store owns ``MASTER_PORT``);
-- a job of one peer: a free port the OS chooses;
-- across hosts: a port derived from the job id, in ``COORDINATOR_PORTS`` (30000-32767). Two jobs
-  sharing a host collide only when their ids map to one port (1 in 2,768); set ``MASTER_PORT``.
+starts it, in a process of its own, at the host and on the port ``p2plearn.rendezvous.coordinator``
+finds; with every rank on this host, on a port the OS chooses, which rank 0 publishes in the job's
+files for the others.
 
 A port held by anything but this job's coordinator (another job's, a leftover process, another
 program) makes rank 0 raise ``PortInUse`` at once, one line that names the port and the fix. A
@@ -34,7 +18,7 @@ successor and the others follow it (see ``p2plearn.control.Client``).
 
 The job's secret (control-plane HMAC and data-plane tags, each under its own derived key) is
 ``P2PLEARN_JOB_KEY``; without it, the ranks of a job on one host share a key file private to
-this user, and mpi4py carries rank 0's key across hosts (``p2plearn.launch.secret``).
+this user, and mpi4py carries rank 0's key across hosts (``p2plearn.rendezvous.secret``).
 
 Threads: the local rank 0 of each host warns (one line) when the host's ranks run more torch
 intra-op threads than it has cores; ``p2plearn-run`` sets ``OMP_NUM_THREADS`` to avoid it.
@@ -50,10 +34,8 @@ either now (``init(engine_address=(host, port))``) or once it exists
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import re
 import socket
 import sys
 import threading
@@ -64,30 +46,19 @@ from typing import Any
 
 from .control import Client, ControlError, Member, Refused
 from .control.server import ServerProcess, spawn
-from .launch.env import KEY_VAR, LAUNCHER_FD_VAR, LAUNCHER_PID_VAR
-from .launch.jobfiles import JobFiles
-from .launch.secret import JobSecret, job_secret
 from .options import Options
 from .protocols import ControlClient
+from .rendezvous.coordinator import coordinator_host, coordinator_port
+from .rendezvous.jobfiles import JobFiles, shared_on_this_host
+from .rendezvous.ranks import detect_job_id, detect_rank
+from .rendezvous.secret import JobSecret, job_secret
+from .rendezvous.variables import COORDINATOR_VAR, ENGINE_HOST_VAR, KEY_VAR, LAUNCHER_FD_VAR, LAUNCHER_PID_VAR
 
 log = logging.getLogger("p2plearn")
 
-# Ports derived from the job id when the ranks span hosts and MASTER_PORT is not set: below
-# Linux's ephemeral range (32768-60999), where outgoing connections could hold one.
-COORDINATOR_PORTS = range(30000, 32768)
 PROBE_S = 5.0  # a live coordinator of this job on a taken port answers well within this, even on a busy host
 LAUNCHER_GONE = 129  # a peer's exit code when its launcher died (as on a hang-up)
 LAUNCHER_POLL_S = 0.5
-
-# (rank, size, local rank, local size) variables of each launcher, in order of precedence.
-_LAUNCHERS = [
-    ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"),
-    ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"),
-    ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
-    ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_TASKS_PER_NODE"),
-]
-# Job identifiers that every rank of one launch shares, when the launcher set no P2PLEARN_JOB_ID.
-_JOB_IDS = ["P2PLEARN_JOB_ID", "TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "SLURM_JOB_ID"]
 
 
 class PortInUse(ControlError):
@@ -119,8 +90,8 @@ class Runtime:
         """Where this peer's engine listens: the launcher's choice (testbed namespaces), loopback when
         the coordinator is on loopback or a unix socket (a job on one machine), else the address this
         host uses towards the coordinator (host names say nothing: containers and namespaces share them)."""
-        if os.environ.get("P2PLEARN_ENGINE_HOST"):
-            return os.environ["P2PLEARN_ENGINE_HOST"]
+        if os.environ.get(ENGINE_HOST_VAR):
+            return os.environ[ENGINE_HOST_VAR]
         address = self.client.address
         coordinator_host = address.rsplit(":", 1)[0].split("//")[-1]
         if not address.startswith("tcp://") or coordinator_host in ("127.0.0.1", "localhost", "::1"):
@@ -175,20 +146,17 @@ def init(engine_address: tuple[str, int] | None = None, *, join: bool = False, t
     - ``overrides``: option values that win over ``P2PLEARN_*`` (e.g. ``sync="ssp"``).
 
     The coordinator's port: one the OS chooses when every rank is on this host, else
-    ``MASTER_PORT + 1`` when ``MASTER_PORT`` is set, else one derived from the job id (see the
-    module's docstring). Raises ``PortInUse`` (one line, at once) when something else holds that port.
+    ``MASTER_PORT + 1`` when ``MASTER_PORT`` is set, else one derived from the job id (see
+    ``p2plearn.rendezvous.coordinator``). Raises ``PortInUse`` (one line, at once) when something else holds that port.
     """
     env = os.environ if environ is None else environ
     rank, world_size, local_rank, local_world_size = detect_rank(env)
     _watch_launcher(env, rank)  # from the start: a launcher may die while this peer waits for the others
     options = Options.from_env(env, **overrides)
-    job_id = next((env[k] for k in _JOB_IDS if env.get(k)), "local")
+    job_id = detect_job_id(env)
     if local_rank == 0:
         _warn_oversubscribed(local_world_size)
-    launched = bool(env.get("P2PLEARN_COORDINATOR"))
-    # The ranks of one host share a key file, and rank 0's port, unless the environment gives both.
-    shared = 1 < world_size <= local_world_size and not launched and not (env.get(KEY_VAR) and env.get("MASTER_PORT"))
-    files = JobFiles(env, job_id) if shared else None
+    files = JobFiles(env, job_id) if shared_on_this_host(env, world_size, local_world_size) else None
     runtime = None
     try:
         secret = job_secret(env, rank, world_size, local_world_size, files)
@@ -214,12 +182,10 @@ def _connect(env: Mapping[str, str], rank: int, world_size: int, local_world_siz
              options: Options, join: bool, timeout: float,
              files: JobFiles | None) -> tuple[Client, ServerProcess | None]:
     """This peer's client, and the coordinator's process when this rank started it."""
-    address = env.get("P2PLEARN_COORDINATOR")
+    address = env.get(COORDINATOR_VAR)
     joining = join or rank != 0
     if address:
         return Client(address, job_id, key, rank=None if join else rank, connect_timeout=timeout), None
-    from .launch.discover import coordinator_host
-
     host = coordinator_host(env, rank, world_size, local_world_size)
     # Ranks on one host: rank 0 publishes the port. A job of one peer: nobody else looks for its coordinator.
     port = None if files is not None else coordinator_port(env, job_id, os_chooses=world_size == 1)
@@ -287,21 +253,6 @@ def _port_in_use(port: int | None, holder: str) -> PortInUse:
                      f"to a free port P on every rank (the coordinator takes P + 1)")
 
 
-def coordinator_port(env: Mapping[str, str], job_id: str, os_chooses: bool) -> int | None:
-    """The coordinator's port, for ranks that do not share a host's job files (see the module's
-    docstring): ``MASTER_PORT + 1``, else None when ``os_chooses`` (a job of one peer), else a port
-    in ``COORDINATOR_PORTS`` derived from ``job_id``."""
-    if env.get("MASTER_PORT"):
-        try:
-            return int(env["MASTER_PORT"]) + 1
-        except ValueError:
-            raise ValueError(f"MASTER_PORT={env['MASTER_PORT']!r} is not an integer") from None
-    if os_chooses:
-        return None
-    digest = int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:8], "big")
-    return COORDINATOR_PORTS[digest % len(COORDINATOR_PORTS)]
-
-
 def _port_taken(port: int) -> bool:
     """Whether something on this host listens on TCP ``port`` already."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -367,25 +318,3 @@ def _start_time(pid: int) -> int | None:
     except (OSError, IndexError):
         return None
     return None if fields[0] in "ZX" else int(fields[19])
-
-
-def detect_rank(environ: Mapping[str, str]) -> tuple[int, int, int, int]:
-    """(rank, world size, local rank, local world size) from the first launcher's variables."""
-    for rank_var, size_var, local_var, local_size_var in _LAUNCHERS:
-        if environ.get(rank_var) and environ.get(size_var):
-            rank, size = _int(environ, rank_var), _int(environ, size_var)
-            local = _int(environ, local_var) if environ.get(local_var) else rank
-            # SLURM_TASKS_PER_NODE looks like "4(x2),3": the first number is this layout's width.
-            match = re.match(r"\d+", environ.get(local_size_var, ""))
-            local_size = int(match.group()) if match else size
-            if not 0 <= rank < size:
-                raise ValueError(f"{rank_var}={rank} is not in [0, {size_var}={size})")
-            return rank, size, local, local_size
-    return 0, 1, 0, 1
-
-
-def _int(environ: Mapping[str, str], name: str) -> int:
-    try:
-        return int(environ[name])
-    except ValueError:
-        raise ValueError(f"{name}={environ[name]!r} is not an integer") from None

@@ -13,13 +13,9 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from ..options import Options
+from ..rendezvous.variables import COORDINATOR_VAR, JOB_ID_VAR, KEY_VAR
 from .hosts import Host, HostError, Slot
 
-KEY_VAR = "P2PLEARN_JOB_KEY"
-# A local peer watches its launcher (by pid) and, should it die, writes one line to the launcher's
-# stderr, inherited as this descriptor (p2plearn.runtime).
-LAUNCHER_PID_VAR = "P2PLEARN_LAUNCHER_PID"
-LAUNCHER_FD_VAR = "P2PLEARN_LAUNCHER_FD"
 THREADS_VAR = "OMP_NUM_THREADS"
 # BatchMode: fail instead of prompting for a password (there is no one to type it).
 SSH_OPTIONS = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-T"]
@@ -43,8 +39,8 @@ def peer_env(slot: Slot, world_size: int, coordinator: str, job_id: str, options
         "WORLD_SIZE": str(world_size),
         "LOCAL_RANK": str(slot.local_rank),
         "LOCAL_WORLD_SIZE": str(slot.local_world_size),
-        "P2PLEARN_COORDINATOR": coordinator,
-        "P2PLEARN_JOB_ID": job_id,
+        COORDINATOR_VAR: coordinator,
+        JOB_ID_VAR: job_id,
         "PYTHONUNBUFFERED": "1",  # lines reach the launcher as they are printed
         **options.to_env(),
     }

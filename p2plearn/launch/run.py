@@ -84,12 +84,11 @@ from .. import options as opts
 from ..control import Client, Progress
 from ..control.estimator import rates_from_file
 from ..control.server import ServerProcess, spawn
-from .env import (KEY_VAR, LAUNCHER_FD_VAR, LAUNCHER_PID_VAR, THREADS_VAR, check_reachable, peer_env, ssh_command,
-                  threads_per_peer)
+from ..rendezvous.variables import ENGINE_HOST_VAR, KEY_VAR, LAUNCHER_FD_VAR, LAUNCHER_PID_VAR
+from .env import THREADS_VAR, check_reachable, peer_env, ssh_command, threads_per_peer
 from .hosts import Host, HostError, Slot, parse_host_list, parse_hostfile, place
 from .rate import RoundRate
 
-ENGINE_HOST_VAR = "P2PLEARN_ENGINE_HOST"  # under --testbed: the address the peer's engine binds to
 STOP_GRACE = 2.5  # seconds between SIGTERM and SIGKILL: the 5 s bound covers both and the reaping
 ELASTIC_PARTIAL = 3  # --elastic: some ranks failed, the others finished
 

@@ -1,4 +1,4 @@
-"""Options (flags <-> environment) and p2plearn.runtime (rank detection, rank 0 hosting the coordinator)."""
+"""Options (flags <-> environment), rank detection (p2plearn.rendezvous), and rank 0 hosting the coordinator."""
 
 import argparse
 import socket
@@ -7,6 +7,7 @@ import pytest
 
 from p2plearn import runtime
 from p2plearn.options import Options, OptionsError, add_arguments
+from p2plearn.rendezvous import detect_rank
 
 
 def test_options_round_trip_through_the_environment():
@@ -56,14 +57,14 @@ def test_flags_override_the_environment():
     ({}, (0, 1, 0, 1)),
 ])
 def test_rank_detection_order(env, expected):
-    assert runtime.detect_rank(env) == expected
+    assert detect_rank(env) == expected
 
 
 def test_bad_rank_variables_are_clear():
     with pytest.raises(ValueError, match="RANK=4 is not in"):
-        runtime.detect_rank({"RANK": "4", "WORLD_SIZE": "4"})
+        detect_rank({"RANK": "4", "WORLD_SIZE": "4"})
     with pytest.raises(ValueError, match="not an integer"):
-        runtime.detect_rank({"PMI_RANK": "x", "PMI_SIZE": "2"})
+        detect_rank({"PMI_RANK": "x", "PMI_SIZE": "2"})
 
 
 def test_rank0_hosts_the_coordinator_without_a_launcher():

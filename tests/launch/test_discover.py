@@ -8,8 +8,8 @@ import types
 
 import pytest
 
-from p2plearn.launch import discover
-from p2plearn.launch.discover import DiscoveryError, coordinator_host, first_slurm_node
+from p2plearn.rendezvous import coordinator
+from p2plearn.rendezvous.coordinator import DiscoveryError, coordinator_host, first_slurm_node
 
 
 def test_explicit_variables_win():
@@ -50,13 +50,13 @@ def test_mpi4py_broadcasts_rank0s_address(monkeypatch):
     assert coordinator_host({}, 1, 8, 4) == "192.168.7.7"
     assert sent == [(None, 0)]  # a non-zero rank contributes nothing
     assert coordinator_host({}, 0, 8, 4) == "192.168.7.7"
-    assert sent[1][0] == discover.outward_address()
+    assert sent[1][0] == coordinator.outward_address()
 
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun (Open MPI) is not installed")
 def test_under_real_open_mpi_every_rank_finds_this_host(tmp_path):
     # Each rank writes a file of its own: mpirun interleaves the ranks' stdout mid-line.
-    code = ("import os; from p2plearn.launch.discover import coordinator_host; from p2plearn.runtime import detect_rank;"
+    code = ("import os; from p2plearn.rendezvous import coordinator_host, detect_rank;"
             "r, n, lr, ln = detect_rank(os.environ);"
             f"open(os.path.join({str(tmp_path)!r}, f'rank-{{r}}'), 'w').write(coordinator_host(os.environ, r, n, ln))")
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "P2PLEARN_COORDINATOR_HOST")}

@@ -6,9 +6,10 @@ import subprocess
 import pytest
 
 from p2plearn.launch import run
-from p2plearn.launch.env import KEY_VAR, peer_env, ssh_command
+from p2plearn.launch.env import peer_env, ssh_command
 from p2plearn.launch.hosts import Host, HostError, parse_host_list, parse_hostfile, place
 from p2plearn.options import Options
+from p2plearn.rendezvous.variables import KEY_VAR
 
 
 def test_hostfile_syntax(tmp_path):

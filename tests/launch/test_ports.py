@@ -13,7 +13,8 @@ import pytest
 from launch_helpers import PEER, ROOT, peers_seen
 from p2plearn import runtime
 from p2plearn.control.server import spawn
-from p2plearn.runtime import COORDINATOR_PORTS, PortInUse, coordinator_port
+from p2plearn.rendezvous.coordinator import COORDINATOR_PORTS, coordinator_port
+from p2plearn.runtime import PortInUse
 
 mpirun = pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun (Open MPI) is not installed")
 

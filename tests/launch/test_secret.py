@@ -15,9 +15,9 @@ import pytest
 
 from p2plearn.control import Client, ControlError
 from p2plearn.keys import control_key, data_key, hkdf
-from p2plearn.launch import secret
-from p2plearn.launch.jobfiles import JobFiles, JobFilesError
-from p2plearn.launch.secret import SecretError, job_secret
+from p2plearn.rendezvous import secret
+from p2plearn.rendezvous.jobfiles import JobFiles, JobFilesError
+from p2plearn.rendezvous.secret import SecretError, job_secret
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PEER = os.path.join(ROOT, "tests", "launch", "peer.py")
@@ -70,7 +70,7 @@ def test_ranks_on_one_host_share_a_private_key_file(tmp_path):
 
 def _rank_holding_the_key(env, job_id):
     """A process that takes the job's key file as a rank does, then waits to be killed."""
-    code = ("import sys, time; from p2plearn.launch.jobfiles import JobFiles;"
+    code = ("import sys, time; from p2plearn.rendezvous.jobfiles import JobFiles;"
             f"files = JobFiles({env!r}, {job_id!r}); files.key(); print('ready', flush=True); time.sleep(120)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONPATH": ROOT})

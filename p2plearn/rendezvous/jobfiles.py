@@ -4,7 +4,7 @@ Under mpirun, srun or torchrun on one host the ranks meet in a directory private
 (``$XDG_RUNTIME_DIR/p2plearn`` or ``/tmp/p2plearn-<uid>``, mode 0700), in a subdirectory named by
 the job id and ``MASTER_ADDR``/``MASTER_PORT``:
 
-- ``key``: the job's secret, made by the first rank to arrive (``p2plearn.launch.secret``);
+- ``key``: the job's secret, made by the first rank to arrive (``p2plearn.rendezvous.secret``);
 - ``address``: where rank 0's coordinator listens, on a port the OS chose (``p2plearn.runtime``).
 
 Every rank holds a shared lock on its job's subdirectory while it runs; the kernel drops the
@@ -27,11 +27,20 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from .env import KEY_VAR
+from .variables import COORDINATOR_VAR, KEY_VAR
 
 
 class JobFilesError(ValueError):
     """The shared directory is not private to this user, or holds something else; the message says what to do."""
+
+
+def shared_on_this_host(environ: Mapping[str, str], world_size: int, local_world_size: int) -> bool:
+    """Whether this job's ranks meet in ``JobFiles``: several ranks, all on this host, no launcher of ours
+    (it gives the coordinator), and not both the key and ``MASTER_PORT`` in the environment (then the
+    ranks need neither the key file nor rank 0's published port)."""
+    launched = bool(environ.get(COORDINATOR_VAR))
+    return (1 < world_size <= local_world_size and not launched
+            and not (environ.get(KEY_VAR) and environ.get("MASTER_PORT")))
 
 
 def base_dir(environ: Mapping[str, str]) -> Path:

@@ -6,7 +6,7 @@
    of a job across hosts, e.g. ``mpirun -x P2PLEARN_JOB_KEY``; srun passes the environment);
 2. a fresh random key for a job of one peer;
 3. when every rank runs on this host: the ``key`` file of the job's private directory
-   (``p2plearn.launch.jobfiles``). The first rank to arrive creates it with a random 256-bit key,
+   (``p2plearn.rendezvous.jobfiles``). The first rank to arrive creates it with a random 256-bit key,
    atomically; the others read it, so no rank waits for another. The last rank of the job to
    close removes it, whichever rank that is (also after the others were killed);
 4. across hosts, mpi4py when it is installed: rank 0 draws the key and broadcasts it;
@@ -21,7 +21,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from .env import KEY_VAR
+from .variables import KEY_VAR
 from .jobfiles import JobFiles, JobFilesError
 
 

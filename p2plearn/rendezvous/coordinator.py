@@ -1,20 +1,39 @@
-"""Where the other ranks reach rank 0 when no launcher of ours started the job (mpirun, srun, torchrun).
+"""Where the ranks reach rank 0's coordinator when no launcher of ours started the job (mpirun, srun, torchrun).
 
-``coordinator_host`` tries, in order: ``P2PLEARN_COORDINATOR_HOST``; ``MASTER_ADDR`` (torchrun, and
-what users of other launchers often export); the first node of Slurm's node list; 127.0.0.1 when
+The host: ``coordinator_host`` tries, in order: ``P2PLEARN_COORDINATOR_HOST``; ``MASTER_ADDR`` (torchrun,
+and what users of other launchers often export); the first node of Slurm's node list; 127.0.0.1 when
 every rank runs on this host (the launcher's local size equals the world size); mpi4py, when it
 is installed, to have rank 0 tell the others its address. Open MPI sets no ``MASTER_ADDR``, so a
 job across hosts without mpi4py or one of the variables gets a one-line error naming what to set,
 rather than every rank looking for the coordinator at 127.0.0.1.
+
+The port, by this rule:
+
+- every rank on this host (unless both ``P2PLEARN_JOB_KEY`` and ``MASTER_PORT`` are set): a free
+  port the OS chooses; rank 0 publishes it in the job's private directory and the other ranks read
+  it there (``p2plearn.rendezvous.jobfiles``), so two jobs on one host never collide. ``MASTER_PORT + 1``
+  is not used here: torchrun picks ``MASTER_PORT`` among the ephemeral ports, where the next one may
+  be any program's;
+- ``MASTER_PORT`` set: ``MASTER_PORT + 1`` (torchrun's own store owns ``MASTER_PORT``);
+- a job of one peer: a free port the OS chooses;
+- across hosts: a port derived from the job id, in ``COORDINATOR_PORTS`` (30000-32767). Two jobs
+  sharing a host collide only when their ids map to one port (1 in 2,768); set ``MASTER_PORT``.
+
+``coordinator_port`` gives the last three; in the first, ``JobFiles`` carries the port from rank 0
+(``p2plearn.runtime`` publishes and reads it) and ``jobfiles.shared_on_this_host`` says when that is.
 """
 
 from __future__ import annotations
 
+import hashlib
 import re
 import socket
 from collections.abc import Mapping
 
 SLURM_NODELISTS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+# Ports derived from the job id when the ranks span hosts and MASTER_PORT is not set: below
+# Linux's ephemeral range (32768-60999), where outgoing connections could hold one.
+COORDINATOR_PORTS = range(30000, 32768)
 
 
 class DiscoveryError(ValueError):
@@ -37,6 +56,21 @@ def coordinator_host(environ: Mapping[str, str], rank: int, world_size: int, loc
     raise DiscoveryError("ranks run on several hosts and rank 0's address is unknown: set "
                          "P2PLEARN_COORDINATOR_HOST (or MASTER_ADDR) to an address of rank 0's host that every "
                          "host can reach, or install mpi4py")
+
+
+def coordinator_port(env: Mapping[str, str], job_id: str, os_chooses: bool) -> int | None:
+    """The coordinator's port, for ranks that do not share a host's job files (see the module's
+    docstring): ``MASTER_PORT + 1``, else None when ``os_chooses`` (a job of one peer), else a port
+    in ``COORDINATOR_PORTS`` derived from ``job_id``."""
+    if env.get("MASTER_PORT"):
+        try:
+            return int(env["MASTER_PORT"]) + 1
+        except ValueError:
+            raise ValueError(f"MASTER_PORT={env['MASTER_PORT']!r} is not an integer") from None
+    if os_chooses:
+        return None
+    digest = int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:8], "big")
+    return COORDINATOR_PORTS[digest % len(COORDINATOR_PORTS)]
 
 
 def first_slurm_node(nodelist: str) -> str:

@@ -1,0 +1,21 @@
+"""Finding the job: this peer's rank and size, the job's id and secret, and where its coordinator is.
+
+``p2plearn.runtime`` (``p2plearn.init()``) and ``p2plearn.launch`` (``p2plearn-run``) both use it; it
+imports nothing else of p2plearn. One concern per module:
+
+- ``variables``: the environment variables ``p2plearn-run`` sets and ``init()`` reads;
+- ``ranks``: rank, size, local rank and size, and the job id, from any launcher's environment
+  (p2plearn-run, torchrun, mpirun, srun);
+- ``coordinator``: the host and port at which every rank reaches rank 0's coordinator;
+- ``secret``: the job's secret when no launcher of ours made one;
+- ``jobfiles``: the private directory the ranks of one job on one host share (key, coordinator address).
+"""
+
+from .coordinator import COORDINATOR_PORTS, DiscoveryError, coordinator_host, coordinator_port
+from .jobfiles import JobFiles, JobFilesError, shared_on_this_host
+from .ranks import detect_job_id, detect_rank
+from .secret import JobSecret, SecretError, job_secret
+
+__all__ = ["COORDINATOR_PORTS", "DiscoveryError", "JobFiles", "JobFilesError", "JobSecret", "SecretError",
+           "coordinator_host", "coordinator_port", "detect_job_id", "detect_rank", "job_secret",
+           "shared_on_this_host"]
