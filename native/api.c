@@ -252,9 +252,9 @@ static uint64_t align8(uint64_t x) { return (x + 7) & ~7ull; }
 /* Lays out [meta][segments] and fills the meta: the segment table and the application blob. */
 static int build_layout(struct p2p_send *s, const p2p_segment *segs, const p2p_send_options *opt) {
     uint32_t app_len = opt ? opt->app_len : 0;
-    uint64_t meta = align8(META_FIXED + (uint64_t)META_ENTRY * s->nseg + app_len);
-    if (meta > 0xFFFFull * 8) return set_error(EINVAL, "too many segments or too large an app descriptor");
-    s->meta_len = (uint32_t)meta;
+    uint32_t meta = wire_meta_len(s->nseg, app_len);
+    if (!meta) return set_error(EINVAL, "too many segments or too large an app descriptor");
+    s->meta_len = meta;
     uint64_t off = meta;
     for (uint32_t i = 0; i < s->nseg; i++) {
         double b = segs[i].loss_bound;
@@ -269,18 +269,13 @@ static int build_layout(struct p2p_send *s, const p2p_segment *segs, const p2p_s
         off += segs[i].len;
     }
     s->total = off;
-    uint8_t *m = s->meta = calloc(1, meta);
-    if (!m) return set_error(ENOMEM, "out of memory");
-    put32(m, s->meta_len);
-    put32(m + 4, s->nseg);
-    put64(m + 8, s->total - meta);
-    put32(m + 16, app_len);
+    if (!(s->meta = malloc(meta))) return set_error(ENOMEM, "out of memory");
+    struct wire_meta m = {meta, s->nseg, s->total - meta, app_len, app_len ? opt->app : NULL};
+    wire_put_meta(s->meta, &m);
     for (uint32_t i = 0; i < s->nseg; i++) {
-        put64(m + META_FIXED + META_ENTRY * i, s->seg_flat[i] - meta);
-        put64(m + META_FIXED + META_ENTRY * i + 8, s->seg_len[i]);
-        put64(m + META_FIXED + META_ENTRY * i + 16, s->seg_need[i]);
+        struct wire_segment seg = {s->seg_flat[i] - meta, s->seg_len[i], s->seg_need[i]};
+        wire_put_meta_segment(s->meta, i, &seg);
     }
-    if (app_len) memcpy(m + META_FIXED + META_ENTRY * s->nseg, opt->app, app_len);
     return 0;
 }
 

@@ -107,27 +107,29 @@ static void rx_unlink_free(p2p_engine *eng, struct rx *m) {
     free(m);
 }
 
-/* The message's segment table (wire_parse_meta): its segment count, or -1 when it is invalid. */
-static int64_t parse_meta(const struct rx *m, uint64_t *data_len) {
-    return wire_parse_meta(m->flat, m->meta_len, m->cap, m->chunk, m->total, data_len);
+/* The message's meta, decoded and checked (wire_get_meta): 0, or -1 when it is invalid. */
+static int get_meta(const struct rx *m, struct wire_meta *meta) {
+    return wire_get_meta(m->flat, m->meta_len, m->cap, m->chunk, m->total, meta);
 }
 
 /* With the meta in: has every segment at least the bytes its sender requires? */
 static int bounds_met(const struct rx *m) {
-    uint64_t data_len;
-    int64_t nseg = parse_meta(m, &data_len);
-    if (nseg <= 0) return nseg == 0;
+    struct wire_meta meta;
+    if (get_meta(m, &meta) < 0) return 0;
+    uint32_t nseg = meta.nseg;
+    if (!nseg) return 1;
     uint64_t *seg = malloc(sizeof(uint64_t) * 4 * (size_t)nseg);
     if (!seg) return 0;
-    for (int64_t i = 0; i < nseg; i++) {
-        const uint8_t *e = m->flat + META_FIXED + META_ENTRY * i;
-        seg[i] = get64(e);
-        seg[nseg + i] = get64(e + 8);
-        seg[2 * nseg + i] = get64(e + 16);
+    for (uint32_t i = 0; i < nseg; i++) {
+        struct wire_segment e;
+        wire_get_meta_segment(m->flat, &meta, i, &e);
+        seg[i] = e.off;
+        seg[nseg + i] = e.len;
+        seg[2 * nseg + i] = e.need;
     }
-    segment_coverage(m->bitmap, m->nchunks, m->chunk, m->meta_len, seg, seg + nseg, (uint32_t)nseg, seg + 3 * nseg);
+    segment_coverage(m->bitmap, m->nchunks, m->chunk, m->meta_len, seg, seg + nseg, nseg, seg + 3 * nseg);
     int ok = 1;
-    for (int64_t i = 0; i < nseg && ok; i++) ok = seg[3 * nseg + i] >= seg[2 * nseg + i];
+    for (uint32_t i = 0; i < nseg && ok; i++) ok = seg[3 * nseg + i] >= seg[2 * nseg + i];
     free(seg);
     return ok;
 }
@@ -204,22 +206,24 @@ static void deliver(p2p_engine *eng, struct rx *m, int reason, uint64_t now) {
     p->meta_len = m->meta_len;
     p->chunks_received = m->received;
     p->datagrams_received = m->dgrams;
-    uint64_t data_len = 0;
-    int64_t nseg = m->meta_received == m->meta_chunks ? parse_meta(m, &data_len) : -1;
-    if (nseg >= 0) {
-        d->segs = malloc(sizeof(uint64_t) * 2 * (size_t)(nseg + 1));
+    struct wire_meta meta;
+    if (m->meta_received == m->meta_chunks && get_meta(m, &meta) == 0) {
+        uint32_t nseg = meta.nseg;
+        d->segs = malloc(sizeof(uint64_t) * 2 * ((size_t)nseg + 1));
         if (d->segs) {
-            for (int64_t i = 0; i < nseg; i++) {
-                d->segs[i] = get64(m->flat + META_FIXED + META_ENTRY * i);
-                d->segs[nseg + i] = get64(m->flat + META_FIXED + META_ENTRY * i + 8);
+            for (uint32_t i = 0; i < nseg; i++) {
+                struct wire_segment e;
+                wire_get_meta_segment(m->flat, &meta, i, &e);
+                d->segs[i] = e.off;
+                d->segs[nseg + i] = e.len;
             }
             p->layout_known = 1;
-            p->nseg = (uint32_t)nseg;
+            p->nseg = nseg;
             p->seg_off = d->segs;
             p->seg_len = d->segs + nseg;
-            p->app_len = get32(m->flat + 16);
-            p->app = m->flat + META_FIXED + META_ENTRY * nseg;
-            p->data_len = data_len;
+            p->app_len = meta.app_len;
+            p->app = meta.app;
+            p->data_len = meta.data_len;
         }
     }
     p->data = m->flat + m->meta_len;
@@ -242,7 +246,7 @@ static void deliver(p2p_engine *eng, struct rx *m, int reason, uint64_t now) {
 
 /* Geometry from a DATA/PROBE/CLOSE header, checked before anything is allocated. */
 static int geometry_ok(p2p_engine *eng, const struct wire_hdr *h) {
-    if (h->chunk_size < WIRE_MIN_CHUNK || h->chunk_size > P2P_MAX_CHUNK || h->nchunks == 0 || h->meta_len < 24) {
+    if (h->chunk_size < WIRE_MIN_CHUNK || h->chunk_size > P2P_MAX_CHUNK || h->nchunks == 0 || h->meta_len < META_FIXED) {
         CNT(eng, drop_bad_index, 1); /* (a chunk no datagram can carry would only claim memory) */
         return 0;
     }
@@ -377,8 +381,8 @@ void rx_on_data(p2p_engine *eng, const struct wire_hdr *h, const struct sockaddr
         CNT(eng, receiving_bytes, -(uint64_t)m->chunk);
         if (h->chunk < m->meta_chunks) m->meta_received++;
         if (m->meta_received == m->meta_chunks && h->chunk < m->meta_chunks) {
-            uint64_t dl;
-            if (parse_meta(m, &dl) < 0) {
+            struct wire_meta meta;
+            if (get_meta(m, &meta) < 0) {
                 CNT(eng, drop_bad_meta, 1);
                 add_tomb(eng, m, 0, now);
                 rx_unlink_free(eng, m);
@@ -433,7 +437,7 @@ void rx_on_join(p2p_engine *eng, const struct wire_hdr *h, const struct sockaddr
 
 void rx_on_probe_or_close(p2p_engine *eng, const struct wire_hdr *h, const struct sockaddr_in *src,
                           const uint8_t *body, size_t blen, int via_group, uint64_t now) {
-    if ((h->type == T_PROBE && blen != 4) || (h->type == T_CLOSE && blen != 0)) {
+    if ((h->type == T_PROBE && blen != PROBE_BODY) || (h->type == T_CLOSE && blen != 0)) {
         CNT(eng, drop_bad_length, 1);
         return;
     }
@@ -454,7 +458,7 @@ void rx_on_probe_or_close(p2p_engine *eng, const struct wire_hdr *h, const struc
         if (h->type == T_PROBE) {
             /* Nothing arrived yet: an empty final answer makes the sender send everything again. */
             uint8_t ab[ACK_BODY];
-            struct ack_body a = {get16(body), ACK_FINAL, 0, 0, 0, 0, 0};
+            struct ack_body a = {wire_get_probe(body), ACK_FINAL, 0, 0, 0, 0, 0};
             wire_put_ack(ab, &a);
             struct wire_hdr r = {.type = T_ACK, .msg = h->msg, .nchunks = h->nchunks, .chunk_size = h->chunk_size,
                                  .meta_len = h->meta_len};
@@ -471,7 +475,7 @@ void rx_on_probe_or_close(p2p_engine *eng, const struct wire_hdr *h, const struc
     m->last_seen_ns = now;
     m->bytes_in += WIRE_HDR + blen;
     if (h->type == T_PROBE) {
-        uint16_t pass = get16(body);
+        uint16_t pass = wire_get_probe(body);
         if (pass > m->pass) {
             m->pass = pass;
             m->pass_high = m->pass_count = 0;

@@ -48,9 +48,9 @@ static void tx_hdr(const struct p2p_send *s, uint8_t type, struct wire_hdr *h) {
 
 static void send_probe(p2p_engine *eng, struct p2p_send *s, struct txr *r, uint64_t now) {
     struct wire_hdr h;
-    uint8_t body[4] = {0};
+    uint8_t body[PROBE_BODY];
     tx_hdr(s, T_PROBE, &h);
-    put16(body, r->pass);
+    wire_put_probe(body, r->pass);
     dgram_send_ctl(eng, &r->addr, &h, body, sizeof body);
     r->probe_ns = now;
 }
