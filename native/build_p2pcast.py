@@ -9,8 +9,8 @@ import re
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ["api.c", "send.c", "io.c", "datagram.c", "tx.c", "txr.c", "group.c", "batch.c", "pacer.c", "rx.c", "wire.c",
-           "auth.c", "replay.c", "mcast.c", "planner.c", "merge.c"]
+SOURCES = ["api.c", "send.c", "delivery.c", "io.c", "datagram.c", "tx.c", "txr.c", "group.c", "batch.c", "pacer.c",
+           "rx.c", "wire.c", "auth.c", "replay.c", "mcast.c", "planner.c", "merge.c"]
 
 
 def _cdef_text() -> str:

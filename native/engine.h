@@ -96,7 +96,9 @@ struct p2p_engine {
     p2p_counters counters;
 };
 
+/* api.c: what the units share */
 uint64_t now_ns(void);
+/* Bytes of each segment covered by the chunks set in bitmap. */
 void segment_coverage(const uint8_t *bitmap, uint32_t nchunks, uint32_t chunk, uint64_t meta_len,
                       const uint64_t *seg_off, const uint64_t *seg_len, uint32_t nseg, uint64_t *out);
 int set_error(int err, const char *fmt, ...);
@@ -107,7 +109,10 @@ void engine_wake(p2p_engine *eng);
 /* With eng->mu held: waits on eng->cv until ready(arg), for timeout_ms (< 0: forever, 0: not at all). */
 void engine_wait(p2p_engine *eng, int (*ready)(const void *), const void *arg, int timeout_ms);
 void engine_unref(p2p_engine *eng);
-/* With mu held: takes d (the one after prev; prev NULL: the head) off the delivery queue and out of its quotas. */
+/* delivery.c: the delivery queue. With mu held: dq_push puts d, delivered from `src`, at its end and
+ * makes it fit its quotas, returning what it dropped (for the caller to free once it unlocked);
+ * dq_remove takes d (the one after prev; prev NULL: the head) off it and out of its quotas. */
+struct delivery_priv *dq_push(p2p_engine *eng, struct delivery_priv *d, const struct sockaddr_in *src);
 void dq_remove(p2p_engine *eng, struct delivery_priv *d, struct delivery_priv *prev);
 /* Frees deliveries linked through next. */
 void deliveries_free(struct delivery_priv *list);

@@ -134,64 +134,6 @@ static int bounds_met(const struct rx *m) {
     return ok;
 }
 
-/* The queue's record of the source at `addr`, made (holding nothing yet) where it has none; NULL:
- * out of memory. With eng->mu held. */
-static struct queued_source *queued_source_of(p2p_engine *eng, const struct sockaddr_in *addr) {
-    for (struct queued_source *s = eng->dq_sources; s; s = s->next)
-        if (same_addr(&s->addr, addr)) return s;
-    struct queued_source *s = calloc(1, sizeof *s);
-    if (!s) return NULL;
-    s->addr = *addr;
-    s->next = eng->dq_sources;
-    eng->dq_sources = s;
-    return s;
-}
-
-/* The oldest waiting delivery of the source holding the most of the queue (messages, or bytes when
- * by_bytes; a tie goes to the source whose oldest delivery waited longest), *prev the one before
- * it; NULL when the queue is empty. One walk: a source's first delivery met is its oldest. */
-static struct delivery_priv *crowding(p2p_engine *eng, int by_bytes, struct delivery_priv **prev) {
-    struct delivery_priv *found = NULL;
-    uint64_t most = 0;
-    for (struct delivery_priv *p = NULL, *d = eng->dq_head; d; p = d, d = d->next) {
-        uint64_t held = by_bytes ? d->from->bytes : d->from->messages;
-        if (held > most) {
-            most = held;
-            found = d;
-            *prev = p;
-        }
-    }
-    return found;
-}
-
-/* With eng->mu held: puts d, delivered from `src`, at the end of the queue, then drops the oldest
- * delivery of the source holding the most until the queue is within its quotas (max_queued_*).
- * Dropping from the largest rather than refusing the newest keeps honest peers' messages: a flood
- * that filled the queue first gives way to what others send after it, and a source's newest (its
- * latest round) outlives its oldest. d itself goes only when its source had nothing else waiting
- * and d alone claims more bytes than any other source holds. Returns what it dropped (linked
- * through next) for the caller to free once it unlocked. */
-static struct delivery_priv *enqueue(p2p_engine *eng, struct delivery_priv *d, const struct sockaddr_in *src) {
-    d->from = queued_source_of(eng, src);
-    if (!d->from) return d; /* out of memory: as if it never came (as in deliver) */
-    d->from->messages++;
-    d->from->bytes += d->claim;
-    CNT(eng, queued_messages, 1);
-    CNT(eng, queued_bytes, d->claim);
-    if (eng->dq_tail) eng->dq_tail->next = d; else eng->dq_head = d;
-    eng->dq_tail = d;
-    struct delivery_priv *dropped = NULL;
-    for (;;) {
-        int by_bytes = eng->counters.queued_bytes > eng->cfg.max_queued_bytes;
-        if (!by_bytes && eng->counters.queued_messages <= eng->cfg.max_queued_messages) return dropped;
-        struct delivery_priv *prev = NULL, *victim = crowding(eng, by_bytes, &prev); /* the queue is not empty */
-        dq_remove(eng, victim, prev);
-        victim->next = dropped;
-        dropped = victim;
-        CNT(eng, drop_queue_full, 1);
-    }
-}
-
 static void deliver(p2p_engine *eng, struct rx *m, int reason, uint64_t now) {
     struct delivery_priv *d = calloc(1, sizeof *d);
     if (!d) { rx_unlink_free(eng, m); return; } /* nothing sensible to report; the sender sees no DONE */
@@ -238,7 +180,7 @@ static void deliver(p2p_engine *eng, struct rx *m, int reason, uint64_t now) {
     if (reason == P2P_DELIVERED_EXPIRED) CNT(eng, messages_expired, 1);
     else CNT(eng, messages_delivered, 1);
     pthread_mutex_lock(&eng->mu);
-    struct delivery_priv *dropped = enqueue(eng, d, &src);
+    struct delivery_priv *dropped = dq_push(eng, d, &src);
     pthread_cond_broadcast(&eng->cv);
     pthread_mutex_unlock(&eng->mu);
     deliveries_free(dropped); /* outside the lock: freeing large messages takes a while */
