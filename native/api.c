@@ -1,4 +1,5 @@
-/* The public API: engine lifetime, send submission, receive queue, bubble filling. */
+/* The public API of the engine: its lifetime, address, counters and path chunk size, and the
+ * helpers the other units share (engine.h). Sends: send.c; deliveries: delivery.c. */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
 #include <errno.h>
@@ -12,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "batch.h"
 #include "engine.h"
 
 #ifndef UDP_GRO
@@ -27,7 +29,7 @@ uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static int parse_ipv4(const char *host, uint16_t port, struct sockaddr_in *out) {
+int parse_ipv4(const char *host, uint16_t port, struct sockaddr_in *out) {
     memset(out, 0, sizeof *out);
     out->sin_family = AF_INET;
     out->sin_port = htons(port);
@@ -76,6 +78,7 @@ int p2p_engine_open(const p2p_config *cfg_in, p2p_engine **out) {
     eng->cfg.host = NULL; /* the caller's string is not kept */
     eng->fd = eng->evfd = eng->epfd = eng->mc.fd = -1;
     eng->refs = 1;
+    eng->uplink.rate = cfg.uplink_rate;
     eng->rng = cfg.seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
     int rc = parse_ipv4(cfg.host, cfg.port, &eng->local);
     if (rc) goto fail;
@@ -146,14 +149,14 @@ fail:
     if (eng->epfd >= 0) close(eng->epfd);
     free(eng->rbuf);
     free(eng->sbuf);
-    free(eng->batch);
+    batch_free(eng);
     auth_free(&eng->auth);
     replay_free(&eng->replay);
     free(eng);
     return rc;
 }
 
-static void wake(p2p_engine *eng) {
+void engine_wake(p2p_engine *eng) {
     uint64_t one = 1;
     ssize_t n = write(eng->evfd, &one, sizeof one);
     (void)n; /* EAGAIN means a wake-up is already pending */
@@ -164,7 +167,7 @@ void engine_unref(p2p_engine *eng) {
     int last = --eng->refs == 0;
     pthread_mutex_unlock(&eng->mu);
     if (!last) return;
-    close(eng->evfd); /* only now: a holder may still wake() the I/O thread that close() stopped */
+    close(eng->evfd); /* only now: a holder may still engine_wake() the I/O thread that close() stopped */
     pthread_mutex_destroy(&eng->mu);
     pthread_cond_destroy(&eng->cv);
     free(eng);
@@ -186,7 +189,7 @@ void p2p_engine_close(p2p_engine *eng) {
     eng->closing = 1;
     pthread_cond_broadcast(&eng->cv);
     pthread_mutex_unlock(&eng->mu);
-    wake(eng);
+    engine_wake(eng);
     pthread_join(eng->thread, NULL);
     io_finish_all(eng);
     mcast_close(&eng->mc); /* leaves every group */
@@ -194,7 +197,7 @@ void p2p_engine_close(p2p_engine *eng) {
     close(eng->epfd);
     free(eng->rbuf);
     free(eng->sbuf);
-    free(eng->batch);
+    batch_free(eng);
     auth_free(&eng->auth);
     replay_free(&eng->replay);
     engine_unref(eng);
@@ -233,214 +236,7 @@ int p2p_path_chunk_size(p2p_engine *eng, const char *host, uint32_t *out) {
     return 0;
 }
 
-static uint64_t align8(uint64_t x) { return (x + 7) & ~7ull; }
-
-/* Lays out [meta][segments] and fills the meta: the segment table and the application blob. */
-static int build_layout(struct p2p_send *s, const p2p_segment *segs, const p2p_send_options *opt) {
-    uint32_t app_len = opt ? opt->app_len : 0;
-    uint64_t meta = align8(META_FIXED + (uint64_t)META_ENTRY * s->nseg + app_len);
-    if (meta > 0xFFFFull * 8) return set_error(EINVAL, "too many segments or too large an app descriptor");
-    s->meta_len = (uint32_t)meta;
-    uint64_t off = meta;
-    for (uint32_t i = 0; i < s->nseg; i++) {
-        double b = segs[i].loss_bound;
-        if (!(b >= 0 && b < 1)) return set_error(EINVAL, "segment %u: loss bound must be in [0, 1), got %g", i, b);
-        if (segs[i].len && !segs[i].ptr) return set_error(EINVAL, "segment %u: NULL pointer", i);
-        off = align8(off);
-        s->seg_ptr[i] = segs[i].ptr;
-        s->seg_flat[i] = off;
-        s->seg_len[i] = segs[i].len;
-        uint64_t need = (uint64_t)ceil((1.0 - b) * (double)segs[i].len);
-        s->seg_need[i] = need > segs[i].len ? segs[i].len : need;
-        off += segs[i].len;
-    }
-    s->total = off;
-    uint8_t *m = s->meta = calloc(1, meta);
-    if (!m) return set_error(ENOMEM, "out of memory");
-    put32(m, s->meta_len);
-    put32(m + 4, s->nseg);
-    put64(m + 8, s->total - meta);
-    put32(m + 16, app_len);
-    for (uint32_t i = 0; i < s->nseg; i++) {
-        put64(m + META_FIXED + META_ENTRY * i, s->seg_flat[i] - meta);
-        put64(m + META_FIXED + META_ENTRY * i + 8, s->seg_len[i]);
-        put64(m + META_FIXED + META_ENTRY * i + 16, s->seg_need[i]);
-    }
-    if (app_len) memcpy(m + META_FIXED + META_ENTRY * s->nseg, opt->app, app_len);
-    return 0;
-}
-
-static int build_chunks(struct p2p_send *s, uint32_t chunk) {
-    uint64_t n = (s->total + chunk - 1) / chunk;
-    if (n > 0xFFFFFFF0ull) return set_error(EINVAL, "message too large for chunk size %u", chunk);
-    s->chunk = chunk;
-    s->nchunks = (uint32_t)n;
-    s->meta_chunks = (s->meta_len + chunk - 1) / chunk;
-    s->chunk_seg = malloc(sizeof(uint32_t) * n);
-    if (!s->chunk_seg) return set_error(ENOMEM, "out of memory");
-    uint32_t seg = 0;
-    for (uint32_t k = 0; k < s->nchunks; k++) {
-        uint64_t start = (uint64_t)k * chunk;
-        while (seg < s->nseg && s->seg_flat[seg] + s->seg_len[seg] <= start) seg++;
-        s->chunk_seg[k] = seg;
-    }
-    return 0;
-}
-
-static int init_receiver(struct p2p_send *s, struct txr *r, const p2p_receiver *in, uint64_t now) {
-    int rc = parse_ipv4(in->host, in->port, &r->addr);
-    if (rc) return rc;
-    if (!(in->rate >= 0)) return set_error(EINVAL, "receiver %s: rate must be >= 0", in->host);
-    if (!in->port) return set_error(EINVAL, "receiver %s: port 0", in->host);
-    if (in->multicast != 0 && in->multicast != 1)
-        return set_error(EINVAL, "receiver %s: multicast must be 0 or 1, got %d", in->host, in->multicast);
-    if (in->multicast && s->eng->mc.fd < 0)
-        return set_error(EINVAL, "receiver %s: multicast asked, but this engine has no mcast_port", in->host);
-    r->rate = in->rate;
-    r->follows = (uint8_t)in->multicast;
-    r->state = in->multicast ? S_JOIN : S_SEND;
-    r->refill_ns = now;
-    r->acked = calloc(1, (s->nchunks + 7) / 8 + 1);
-    r->seg_acked = calloc(s->nseg + 1, sizeof(uint64_t));
-    r->seg_ok = calloc(s->nseg + 1, 1);
-    if (!r->acked || !r->seg_acked || !r->seg_ok) return set_error(ENOMEM, "out of memory");
-    for (uint32_t i = 0; i < s->nseg; i++) {
-        if (s->seg_need[i] == 0) { r->seg_ok[i] = 1; r->nseg_ok++; }
-        r->need_left += s->seg_need[i];
-    }
-    r->plen = s->nchunks;
-    r->passes = 1;
-    r->last_ack_ns = r->last_heard_ns = now;
-    r->rto_ns = 50000000ull;
-    return 0;
-}
-
-/* The send to this sender's group, for the receivers that asked for multicast: paced at the
- * slowest one's rate (the first positive; unpaced only if every one is). */
-static int init_group(struct p2p_send *s, uint64_t now) {
-    struct txr *g = NULL;
-    for (uint32_t i = 0; i < s->nrcv; i++) {
-        const struct txr *r = &s->r[i];
-        if (!r->follows) continue;
-        if (!g && !(g = s->group = calloc(1, sizeof *g))) return set_error(ENOMEM, "out of memory");
-        if (r->rate > 0 && (g->rate == 0 || r->rate < g->rate)) g->rate = r->rate;
-    }
-    if (!g) return 0;
-    mcast_group_of(&s->eng->mc, s->eng->cfg.sender_id, &g->addr);
-    g->state = S_JOIN;
-    g->plen = s->nchunks;
-    g->passes = 1;
-    g->refill_ns = g->last_ack_ns = g->last_heard_ns = now;
-    g->rto_ns = 50000000ull;
-    return 0;
-}
-
-/* Slow close: each paced receiver's limit, start + factor x its planned time (the message's wire
- * bytes at the pace it is sent at: a multicast member's is its group's, the slowest member's). */
-static int init_slow(struct p2p_send *s, double factor) {
-    if (!(factor == 0 || (factor >= 1 && factor < 1e9)))
-        return set_error(EINVAL, "slow_factor must be 0 (off) or in [1, 1e9), got %g", factor);
-    if (factor == 0) return 0;
-    double wire = (double)s->total + (double)s->nchunks * (WIRE_HDR + WIRE_OVERHEAD);
-    for (uint32_t i = 0; i < s->nrcv; i++) {
-        struct txr *r = &s->r[i];
-        if (r->rate <= 0) continue; /* unpaced: no plan */
-        double pace = r->follows && s->group->rate > 0 ? s->group->rate : r->rate;
-        double limit_ns = factor * wire / pace * 1e9;
-        if (limit_ns < 1e18) r->slow_ns = s->start_ns + (uint64_t)limit_ns; /* else: never in this job's life */
-    }
-    return 0;
-}
-
-void send_unref(struct p2p_send *s) {
-    p2p_engine *eng = s->eng;
-    pthread_mutex_lock(&eng->mu);
-    int last = --s->refs == 0;
-    pthread_mutex_unlock(&eng->mu);
-    if (!last) return;
-    for (uint32_t i = 0; s->r && i < s->nrcv; i++) {
-        free(s->r[i].acked);
-        free(s->r[i].seg_acked);
-        free(s->r[i].seg_ok);
-        free(s->r[i].plist);
-    }
-    free(s->r);
-    if (s->group) free(s->group->plist);
-    free(s->group);
-    free(s->seg_ptr);
-    free(s->seg_flat);
-    free(s->seg_len);
-    free(s->seg_need);
-    free(s->meta);
-    free(s->chunk_seg);
-    free(s);
-    engine_unref(eng);
-}
-
-int p2p_send_start(p2p_engine *eng, uint32_t msg_id, const p2p_segment *segs, uint32_t nseg,
-                   const p2p_receiver *rcv, uint32_t nrcv, const p2p_send_options *opt, p2p_send **out) {
-    struct p2p_send *s = calloc(1, sizeof *s);
-    if (!s) return set_error(ENOMEM, "out of memory");
-    s->eng = eng;
-    s->refs = 1;
-    s->msg = msg_id;
-    s->nseg = nseg;
-    s->nrcv = nrcv;
-    pthread_mutex_lock(&eng->mu);
-    eng->refs++;
-    pthread_mutex_unlock(&eng->mu);
-    int rc;
-    s->seg_ptr = calloc(nseg + 1, sizeof *s->seg_ptr);
-    s->seg_flat = calloc(nseg + 1, sizeof(uint64_t));
-    s->seg_len = calloc(nseg + 1, sizeof(uint64_t));
-    s->seg_need = calloc(nseg + 1, sizeof(uint64_t));
-    s->r = calloc(nrcv + 1, sizeof(struct txr));
-    if (!s->seg_ptr || !s->seg_flat || !s->seg_len || !s->seg_need || !s->r) {
-        rc = set_error(ENOMEM, "out of memory");
-        goto fail;
-    }
-    if ((rc = build_layout(s, segs, opt))) goto fail;
-    uint32_t chunk = opt && opt->chunk_size ? opt->chunk_size : MAX_CHUNK;
-    if (opt && opt->chunk_size && (chunk < WIRE_MIN_CHUNK || chunk > MAX_CHUNK || chunk % 8)) {
-        rc = set_error(EINVAL, "chunk_size must be a multiple of 8 in [%u, %u], got %u", WIRE_MIN_CHUNK, MAX_CHUNK, chunk);
-        goto fail;
-    }
-    for (uint32_t i = 0; i < nrcv && !(opt && opt->chunk_size); i++) {
-        uint32_t c;
-        if ((rc = p2p_path_chunk_size(eng, rcv[i].host, &c))) goto fail;
-        if (c < chunk) chunk = c;
-    }
-    if ((rc = build_chunks(s, chunk))) goto fail;
-    uint64_t now = now_ns();
-    s->start_ns = now;
-    s->deadline_ns = opt && opt->deadline_ms ? now + (uint64_t)opt->deadline_ms * 1000000ull : 0;
-    for (uint32_t i = 0; i < nrcv; i++)
-        if ((rc = init_receiver(s, &s->r[i], &rcv[i], now))) goto fail;
-    if ((rc = init_group(s, now))) goto fail;
-    if ((rc = init_slow(s, opt ? opt->slow_factor : 0))) goto fail;
-    s->nactive = nrcv;
-    s->refs = 2; /* the caller's and the I/O thread's */
-    pthread_mutex_lock(&eng->mu);
-    if (eng->closing) {
-        pthread_mutex_unlock(&eng->mu);
-        rc = set_error(ESHUTDOWN, "engine is closed");
-        s->refs = 1;
-        goto fail;
-    }
-    if (eng->cmd_tail) eng->cmd_tail->next = s; else eng->cmd_head = s;
-    eng->cmd_tail = s;
-    pthread_mutex_unlock(&eng->mu);
-    wake(eng);
-    __atomic_fetch_add(&eng->counters.messages_sent, 1, __ATOMIC_RELAXED);
-    *out = s;
-    return 0;
-fail:
-    send_unref(s);
-    return rc;
-}
-
-/* With eng->mu held: waits on eng->cv until ready(arg), for timeout_ms (< 0: forever, 0: not at all). */
-static void wait_ready(p2p_engine *eng, int (*ready)(const void *), const void *arg, int timeout_ms) {
+void engine_wait(p2p_engine *eng, int (*ready)(const void *), const void *arg, int timeout_ms) {
     struct timespec until;
     clock_gettime(CLOCK_MONOTONIC, &until);
     if (timeout_ms > 0) {
@@ -453,17 +249,6 @@ static void wait_ready(p2p_engine *eng, int (*ready)(const void *), const void *
         if (timeout_ms < 0) pthread_cond_wait(&eng->cv, &eng->mu);
         else rc = pthread_cond_timedwait(&eng->cv, &eng->mu, &until);
     }
-}
-
-static int send_done(const void *arg) { return ((const struct p2p_send *)arg)->done; }
-
-int p2p_send_wait(p2p_send *s, int timeout_ms) {
-    p2p_engine *eng = s->eng;
-    pthread_mutex_lock(&eng->mu);
-    wait_ready(eng, send_done, s, timeout_ms);
-    int done = s->done;
-    pthread_mutex_unlock(&eng->mu);
-    return done ? 0 : 1;
 }
 
 /* Bytes of each segment covered by the chunks set in bitmap: one walk over chunks and segments. */
@@ -483,165 +268,4 @@ void segment_coverage(const uint8_t *bitmap, uint32_t nchunks, uint32_t chunk, u
             if (hi > lo) out[i] += hi - lo;
         }
     }
-}
-
-int p2p_send_receiver_stats(p2p_send *s, uint32_t i, p2p_receiver_stats *out, double *fractions, uint32_t nseg) {
-    if (i >= s->nrcv) return set_error(EINVAL, "receiver index %u out of range (%u receivers)", i, s->nrcv);
-    if (fractions && nseg != s->nseg) return set_error(EINVAL, "expected %u segment slots, got %u", s->nseg, nseg);
-    p2p_engine *eng = s->eng;
-    pthread_mutex_lock(&eng->mu);
-    int done = s->done;
-    pthread_mutex_unlock(&eng->mu);
-    if (!done) return set_error(EBUSY, "send still in flight; wait for it first");
-    const struct txr *r = &s->r[i];
-    memset(out, 0, sizeof *out);
-    out->result = r->result;
-    out->datagrams_sent = r->sent;
-    out->datagrams_retransmitted = r->retrans;
-    out->datagrams_received = r->peer_total;
-    out->passes = r->passes;
-    uint32_t got = r->peer_chunks > r->nacked ? r->peer_chunks : r->nacked;
-    out->delivered = s->nchunks ? (double)got / s->nchunks : 1.0;
-    uint64_t end = r->done_ns ? r->done_ns : now_ns();
-    out->elapsed_s = (double)(end - s->start_ns) / 1e9;
-    /* What reached the receiver, retransmissions included: random loss leaves it near the paced
-     * rate, while a link slower than the pacing caps it (what bandwidth estimates need). */
-    double arrived = (double)r->peer_total * s->chunk;
-    out->delivery_rate = out->elapsed_s > 0 ? arrived / out->elapsed_s : 0;
-    /* Datagrams the receiver counted between its first and latest first-pass replies, over the time
-     * between them, in wire bytes (as pacing and link rates count them). */
-    uint32_t spread = r->ack_last_total - r->ack_first_total;
-    double dgram = (double)(WIRE_HDR + s->chunk + WIRE_OVERHEAD);
-    int slow = r->result == P2P_SEND_SLOW;
-    uint64_t until = slow ? r->close_ns : r->ack_last_ns; /* slow: the rate it was closed on, up to the close */
-    if (spread >= ACK_RATE_MIN_DGRAMS && until > r->ack_first_ns)
-        out->ack_rate = (double)spread * dgram / ((double)(until - r->ack_first_ns) / 1e9);
-    else if (slow && out->elapsed_s > 0) /* too few ACKs to time: what it received over the send */
-        out->ack_rate = (double)r->peer_total * dgram / out->elapsed_s;
-    out->loss_rate = r->sent ? 1.0 - (double)r->peer_total / (double)r->sent : 0;
-    if (out->loss_rate < 0) out->loss_rate = 0;
-    out->rtt_s = (double)r->srtt_ns / 1e9;
-    out->error = r->error;
-    out->multicast = r->reached;
-    if (fractions && nseg) {
-        uint64_t *cov = malloc(sizeof(uint64_t) * nseg), *off = malloc(sizeof(uint64_t) * nseg);
-        if (!cov || !off) { free(cov); free(off); return set_error(ENOMEM, "out of memory"); }
-        for (uint32_t j = 0; j < nseg; j++) off[j] = s->seg_flat[j] - s->meta_len;
-        segment_coverage(r->acked, s->nchunks, s->chunk, s->meta_len, off, s->seg_len, nseg, cov);
-        for (uint32_t j = 0; j < nseg; j++) fractions[j] = s->seg_len[j] ? (double)cov[j] / (double)s->seg_len[j] : 1.0;
-        free(cov);
-        free(off);
-    }
-    return 0;
-}
-
-void p2p_send_release(p2p_send *s) {
-    if (s) send_unref(s);
-}
-
-static int delivery_or_closing(const void *arg) {
-    const p2p_engine *eng = arg;
-    return eng->dq_head || eng->closing;
-}
-
-void dq_remove(p2p_engine *eng, struct delivery_priv *d, struct delivery_priv *prev) {
-    if (prev) prev->next = d->next; else eng->dq_head = d->next;
-    if (eng->dq_tail == d) eng->dq_tail = prev;
-    d->next = NULL;
-    struct queued_source *s = d->from;
-    s->messages--;
-    s->bytes -= d->claim;
-    if (!s->messages) {
-        for (struct queued_source **pp = &eng->dq_sources; *pp; pp = &(*pp)->next)
-            if (*pp == s) { *pp = s->next; break; }
-        free(s);
-    }
-    d->from = NULL;
-    CNT(eng, queued_messages, -1);
-    CNT(eng, queued_bytes, -d->claim);
-}
-
-int p2p_recv(p2p_engine *eng, int timeout_ms, p2p_delivery **out) {
-    pthread_mutex_lock(&eng->mu);
-    wait_ready(eng, delivery_or_closing, eng, timeout_ms);
-    struct delivery_priv *d = eng->dq_head;
-    if (d) dq_remove(eng, d, NULL);
-    int closing = eng->closing;
-    pthread_mutex_unlock(&eng->mu);
-    if (d) { *out = &d->pub; return 0; }
-    if (closing) return set_error(ESHUTDOWN, "engine is closed");
-    return 1;
-}
-
-void p2p_delivery_free(p2p_delivery *pub) {
-    if (!pub) return;
-    struct delivery_priv *d = (struct delivery_priv *)pub;
-    free(d->base);
-    free(d->bitmap);
-    free(d->segs);
-    free(d);
-}
-
-void deliveries_free(struct delivery_priv *list) {
-    while (list) {
-        struct delivery_priv *next = list->next;
-        p2p_delivery_free(&list->pub);
-        list = next;
-    }
-}
-
-/* Calls fn for each [lo, hi) piece of segment i, in data-region offsets, that a missing chunk covers. */
-typedef void (*hole_fn)(p2p_delivery *d, uint32_t seg, uint64_t lo, uint64_t hi, const p2p_segment *src);
-
-static void for_each_hole(p2p_delivery *d, hole_fn fn, const p2p_segment *src) {
-    uint32_t seg = 0;
-    for (uint32_t k = 0; k < d->nchunks; k++) {
-        if (BIT_GET(d->chunk_mask, k)) continue;
-        uint64_t a = (uint64_t)k * d->chunk_size, b = a + d->chunk_size;
-        a = a > d->meta_len ? a - d->meta_len : 0;
-        b = b > d->meta_len ? b - d->meta_len : 0;
-        while (seg < d->nseg && d->seg_off[seg] + d->seg_len[seg] <= a) seg++;
-        for (uint32_t i = seg; i < d->nseg && d->seg_off[i] < b; i++) {
-            uint64_t lo = a > d->seg_off[i] ? a : d->seg_off[i];
-            uint64_t hi = b < d->seg_off[i] + d->seg_len[i] ? b : d->seg_off[i] + d->seg_len[i];
-            if (hi > lo) fn(d, i, lo, hi, src);
-        }
-    }
-}
-
-static void fill_zero(p2p_delivery *d, uint32_t seg, uint64_t lo, uint64_t hi, const p2p_segment *src) {
-    (void)seg;
-    (void)src;
-    memset(d->data + lo, 0, hi - lo);
-}
-
-static void fill_copy(p2p_delivery *d, uint32_t seg, uint64_t lo, uint64_t hi, const p2p_segment *src) {
-    memcpy(d->data + lo, (const uint8_t *)src[seg].ptr + (lo - d->seg_off[seg]), hi - lo);
-}
-
-int p2p_fill(p2p_delivery *d, int mode, const p2p_segment *src, uint32_t nsrc) {
-    if (!d->layout_known) return set_error(EINVAL, "the message's layout never arrived; nothing to fill");
-    if (mode == P2P_FILL_ZERO) {
-        for_each_hole(d, fill_zero, NULL);
-        return 0;
-    }
-    if (mode != P2P_FILL_COPY) return set_error(EINVAL, "unknown fill mode %d", mode);
-    if (nsrc != d->nseg) return set_error(EINVAL, "fill source has %u segments, the message %u", nsrc, d->nseg);
-    for (uint32_t i = 0; i < nsrc; i++)
-        if (src[i].len != d->seg_len[i] || (src[i].len && !src[i].ptr))
-            return set_error(EINVAL, "fill source segment %u: %llu bytes, the message's has %llu", i,
-                             (unsigned long long)src[i].len, (unsigned long long)d->seg_len[i]);
-    for_each_hole(d, fill_copy, src);
-    return 0;
-}
-
-int p2p_delivery_fractions(const p2p_delivery *d, double *out, uint32_t nseg) {
-    if (nseg != d->nseg) return set_error(EINVAL, "expected %u segment slots, got %u", d->nseg, nseg);
-    if (!nseg) return 0;
-    uint64_t *cov = malloc(sizeof(uint64_t) * nseg);
-    if (!cov) return set_error(ENOMEM, "out of memory");
-    segment_coverage(d->chunk_mask, d->nchunks, d->chunk_size, d->meta_len, d->seg_off, d->seg_len, nseg, cov);
-    for (uint32_t i = 0; i < nseg; i++) out[i] = d->seg_len[i] ? (double)cov[i] / (double)d->seg_len[i] : 1.0;
-    free(cov);
-    return 0;
 }

@@ -9,7 +9,8 @@ import re
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ["api.c", "io.c", "datagram.c", "tx.c", "rx.c", "wire.c", "auth.c", "replay.c", "mcast.c", "error.c"]
+SOURCES = ["api.c", "send.c", "delivery.c", "io.c", "datagram.c", "tx.c", "txr.c", "group.c", "batch.c", "pacer.c",
+           "rx.c", "wire.c", "auth.c", "replay.c", "mcast.c", "error.c"]
 
 
 def _cdef_text(header: str = "p2pcast.h") -> str:

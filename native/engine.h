@@ -9,6 +9,7 @@
 #include "error.h"
 #include "p2pcast.h"
 #include "mcast.h"
+#include "pacer.h"
 #include "replay.h"
 #include "wire.h"
 
@@ -19,59 +20,6 @@
  * every 32, so two ACK intervals at least. */
 #define ACK_RATE_MIN_DGRAMS 64
 #define CNT(eng, field, n) __atomic_fetch_add(&(eng)->counters.field, (uint64_t)(n), __ATOMIC_RELAXED)
-
-enum tx_state { S_SEND, S_PROBE, S_CLOSE, S_DONE, S_JOIN };
-
-/* The send of one message to one receiver; also the send to a group (struct p2p_send's `group`),
- * whose addr, pacing, pass, plist, peer_high and timers serve every member that follows it. */
-struct txr {
-    struct sockaddr_in addr;
-    double rate, tokens;          /* pacing: token bucket in wire bytes */
-    uint64_t refill_ns;
-    int state, result;
-    uint8_t *acked;               /* chunk bitmap from the receiver's ACKs */
-    uint32_t nacked, meta_acked;
-    uint64_t *seg_acked;          /* acknowledged bytes per segment */
-    uint8_t *seg_ok;              /* segment within its loss bound */
-    uint32_t nseg_ok;
-    uint16_t pass;                /* transmission pass: 0 sends all, later ones what is missing */
-    uint32_t *plist, plen, ppos;  /* chunks of this pass (NULL in pass 0: every chunk in order) */
-    uint32_t peer_high, peer_count; /* receiver's view of this pass, from ACKs */
-    int first_pass_done;
-    uint64_t last_ack_ns, last_heard_ns, probe_ns, srtt_ns, rto_ns, done_ns;
-    uint32_t tries, passes;
-    uint64_t sent, retrans, peer_total;
-    uint32_t peer_chunks;         /* chunks the receiver reported at DONE */
-    /* First pass, from the receiver's replies: when the first and the latest reported the count
-     * of datagrams received (the ACK-based delivery rate, see p2p_receiver_stats.ack_rate). */
-    uint64_t ack_first_ns, ack_last_ns;
-    uint32_t ack_first_total, ack_last_total;
-    uint64_t need_left;           /* bytes the segments' bounds still need acknowledged */
-    uint64_t slow_ns;             /* slow close: start + slow_factor x planned time; 0 = none */
-    uint64_t close_ns;            /* when its close started */
-    int error;                    /* errno of a send the kernel refused (result UNREACHABLE), else 0 */
-    uint8_t follows;              /* member: its passes are the group's (set until it leaves for unicast or ends) */
-    uint8_t answered;             /* member: answered the probe that ended the group's pass */
-    uint8_t reached;              /* member: datagrams sent to the group arrived (stats `multicast`) */
-};
-
-struct p2p_send {
-    struct p2p_send *next;        /* command queue, then the I/O thread's active list */
-    p2p_engine *eng;
-    int refs, done;               /* under eng->mu */
-    uint32_t msg, nseg;
-    const uint8_t **seg_ptr;
-    uint64_t *seg_flat, *seg_len, *seg_need; /* need: bytes that must arrive */
-    uint8_t *meta;
-    uint32_t meta_len, meta_chunks;
-    uint64_t total;               /* flat bytes: meta + segments + alignment */
-    uint32_t chunk, nchunks;
-    uint32_t *chunk_seg;          /* first segment that chunk k overlaps */
-    uint64_t start_ns, deadline_ns;
-    uint32_t nrcv, nactive;
-    struct txr *r;
-    struct txr *group;            /* owned: the send to this sender's group; NULL without multicast receivers */
-};
 
 /* A message being received. */
 struct rx {
@@ -135,10 +83,10 @@ struct p2p_engine {
     uint64_t rx_claimed;
     struct tombstone tomb[TOMBSTONES];
     uint32_t tomb_next;
-    double up_tokens;
-    uint64_t up_refill_ns, last_sweep_ns, rng;
-    uint8_t *rbuf, *sbuf;
-    struct batch *batch;          /* sendmmsg scratch */
+    struct pacer uplink;          /* the whole engine's sending (cfg.uplink_rate; 0: unpaced) */
+    uint64_t last_sweep_ns, rng;
+    uint8_t *rbuf, *sbuf;         /* owned: receive slots (datagram.c), staging copies (batch.c) */
+    struct batch *batch;          /* owned: sendmmsg scratch (batch.c) */
     struct auth auth;             /* tags on what it sends and receives */
     struct auth_stream group_stream; /* IVs of what it sends to its multicast group (auth.h) */
     struct replay replay;         /* what it already received */
@@ -149,11 +97,22 @@ struct p2p_engine {
     p2p_counters counters;
 };
 
+/* api.c: what the units share */
 uint64_t now_ns(void);
+/* Bytes of each segment covered by the chunks set in bitmap. */
 void segment_coverage(const uint8_t *bitmap, uint32_t nchunks, uint32_t chunk, uint64_t meta_len,
                       const uint64_t *seg_off, const uint64_t *seg_len, uint32_t nseg, uint64_t *out);
+/* host:port into *out; 0, or a negative errno with p2p_last_error set. */
+int parse_ipv4(const char *host, uint16_t port, struct sockaddr_in *out);
+/* Wakes the I/O thread (new commands, closing). */
+void engine_wake(p2p_engine *eng);
+/* With eng->mu held: waits on eng->cv until ready(arg), for timeout_ms (< 0: forever, 0: not at all). */
+void engine_wait(p2p_engine *eng, int (*ready)(const void *), const void *arg, int timeout_ms);
 void engine_unref(p2p_engine *eng);
-/* With mu held: takes d (the one after prev; prev NULL: the head) off the delivery queue and out of its quotas. */
+/* delivery.c: the delivery queue. With mu held: dq_push puts d, delivered from `src`, at its end and
+ * makes it fit its quotas, returning what it dropped (for the caller to free once it unlocked);
+ * dq_remove takes d (the one after prev; prev NULL: the head) off it and out of its quotas. */
+struct delivery_priv *dq_push(p2p_engine *eng, struct delivery_priv *d, const struct sockaddr_in *src);
 void dq_remove(p2p_engine *eng, struct delivery_priv *d, struct delivery_priv *prev);
 /* Frees deliveries linked through next. */
 void deliveries_free(struct delivery_priv *list);
@@ -162,7 +121,5 @@ void deliveries_free(struct delivery_priv *list);
 int io_init(p2p_engine *eng);
 void *io_main(void *arg);
 void io_finish_all(p2p_engine *eng);
-/* send.c */
-void send_unref(struct p2p_send *s);
 
 #endif

@@ -5,6 +5,7 @@
 #include <sys/epoll.h>
 #include <unistd.h>
 
+#include "batch.h"
 #include "io.h"
 
 #define SWEEP_NS 20000000ull
@@ -88,5 +89,5 @@ void io_finish_all(p2p_engine *eng) {
 }
 
 int io_init(p2p_engine *eng) {
-    return tx_init(eng);
+    return batch_init(eng);
 }

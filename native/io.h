@@ -1,7 +1,7 @@
 /* The I/O thread's units and what they share: io.c runs the loop, datagram.c reads and checks
- * what the sockets received and sends control datagrams, tx.c sends this peer's messages, rx.c
- * reassembles the messages it receives. Everything declared here runs
- * on the I/O thread only. */
+ * what the sockets received and sends control datagrams, tx.c sends this peer's messages (with
+ * txr.c, group.c, batch.c and pacer.c: tx.h), rx.c reassembles the messages it receives.
+ * Everything declared here runs on the I/O thread only. */
 #ifndef P2P_IO_H
 #define P2P_IO_H
 #include <stddef.h>
@@ -23,7 +23,6 @@ void dgram_send_ctl(p2p_engine *eng, const struct sockaddr_in *to, struct wire_h
                     size_t blen);
 
 /* tx.c: sends */
-int tx_init(p2p_engine *eng);
 void tx_take_commands(p2p_engine *eng, uint64_t now);
 int tx_pump(p2p_engine *eng, uint64_t now);
 void tx_on_reply(p2p_engine *eng, const struct wire_hdr *h, const struct sockaddr_in *src, const uint8_t *body,

@@ -107,87 +107,31 @@ static void rx_unlink_free(p2p_engine *eng, struct rx *m) {
     free(m);
 }
 
-/* The message's segment table (wire_parse_meta): its segment count, or -1 when it is invalid. */
-static int64_t parse_meta(const struct rx *m, uint64_t *data_len) {
-    return wire_parse_meta(m->flat, m->meta_len, m->cap, m->chunk, m->total, data_len);
+/* The message's meta, decoded and checked (wire_get_meta): 0, or -1 when it is invalid. */
+static int get_meta(const struct rx *m, struct wire_meta *meta) {
+    return wire_get_meta(m->flat, m->meta_len, m->cap, m->chunk, m->total, meta);
 }
 
 /* With the meta in: has every segment at least the bytes its sender requires? */
 static int bounds_met(const struct rx *m) {
-    uint64_t data_len;
-    int64_t nseg = parse_meta(m, &data_len);
-    if (nseg <= 0) return nseg == 0;
+    struct wire_meta meta;
+    if (get_meta(m, &meta) < 0) return 0;
+    uint32_t nseg = meta.nseg;
+    if (!nseg) return 1;
     uint64_t *seg = malloc(sizeof(uint64_t) * 4 * (size_t)nseg);
     if (!seg) return 0;
-    for (int64_t i = 0; i < nseg; i++) {
-        const uint8_t *e = m->flat + META_FIXED + META_ENTRY * i;
-        seg[i] = get64(e);
-        seg[nseg + i] = get64(e + 8);
-        seg[2 * nseg + i] = get64(e + 16);
+    for (uint32_t i = 0; i < nseg; i++) {
+        struct wire_segment e;
+        wire_get_meta_segment(m->flat, &meta, i, &e);
+        seg[i] = e.off;
+        seg[nseg + i] = e.len;
+        seg[2 * nseg + i] = e.need;
     }
-    segment_coverage(m->bitmap, m->nchunks, m->chunk, m->meta_len, seg, seg + nseg, (uint32_t)nseg, seg + 3 * nseg);
+    segment_coverage(m->bitmap, m->nchunks, m->chunk, m->meta_len, seg, seg + nseg, nseg, seg + 3 * nseg);
     int ok = 1;
-    for (int64_t i = 0; i < nseg && ok; i++) ok = seg[3 * nseg + i] >= seg[2 * nseg + i];
+    for (uint32_t i = 0; i < nseg && ok; i++) ok = seg[3 * nseg + i] >= seg[2 * nseg + i];
     free(seg);
     return ok;
-}
-
-/* The queue's record of the source at `addr`, made (holding nothing yet) where it has none; NULL:
- * out of memory. With eng->mu held. */
-static struct queued_source *queued_source_of(p2p_engine *eng, const struct sockaddr_in *addr) {
-    for (struct queued_source *s = eng->dq_sources; s; s = s->next)
-        if (same_addr(&s->addr, addr)) return s;
-    struct queued_source *s = calloc(1, sizeof *s);
-    if (!s) return NULL;
-    s->addr = *addr;
-    s->next = eng->dq_sources;
-    eng->dq_sources = s;
-    return s;
-}
-
-/* The oldest waiting delivery of the source holding the most of the queue (messages, or bytes when
- * by_bytes; a tie goes to the source whose oldest delivery waited longest), *prev the one before
- * it; NULL when the queue is empty. One walk: a source's first delivery met is its oldest. */
-static struct delivery_priv *crowding(p2p_engine *eng, int by_bytes, struct delivery_priv **prev) {
-    struct delivery_priv *found = NULL;
-    uint64_t most = 0;
-    for (struct delivery_priv *p = NULL, *d = eng->dq_head; d; p = d, d = d->next) {
-        uint64_t held = by_bytes ? d->from->bytes : d->from->messages;
-        if (held > most) {
-            most = held;
-            found = d;
-            *prev = p;
-        }
-    }
-    return found;
-}
-
-/* With eng->mu held: puts d, delivered from `src`, at the end of the queue, then drops the oldest
- * delivery of the source holding the most until the queue is within its quotas (max_queued_*).
- * Dropping from the largest rather than refusing the newest keeps honest peers' messages: a flood
- * that filled the queue first gives way to what others send after it, and a source's newest (its
- * latest round) outlives its oldest. d itself goes only when its source had nothing else waiting
- * and d alone claims more bytes than any other source holds. Returns what it dropped (linked
- * through next) for the caller to free once it unlocked. */
-static struct delivery_priv *enqueue(p2p_engine *eng, struct delivery_priv *d, const struct sockaddr_in *src) {
-    d->from = queued_source_of(eng, src);
-    if (!d->from) return d; /* out of memory: as if it never came (as in deliver) */
-    d->from->messages++;
-    d->from->bytes += d->claim;
-    CNT(eng, queued_messages, 1);
-    CNT(eng, queued_bytes, d->claim);
-    if (eng->dq_tail) eng->dq_tail->next = d; else eng->dq_head = d;
-    eng->dq_tail = d;
-    struct delivery_priv *dropped = NULL;
-    for (;;) {
-        int by_bytes = eng->counters.queued_bytes > eng->cfg.max_queued_bytes;
-        if (!by_bytes && eng->counters.queued_messages <= eng->cfg.max_queued_messages) return dropped;
-        struct delivery_priv *prev = NULL, *victim = crowding(eng, by_bytes, &prev); /* the queue is not empty */
-        dq_remove(eng, victim, prev);
-        victim->next = dropped;
-        dropped = victim;
-        CNT(eng, drop_queue_full, 1);
-    }
 }
 
 static void deliver(p2p_engine *eng, struct rx *m, int reason, uint64_t now) {
@@ -204,22 +148,24 @@ static void deliver(p2p_engine *eng, struct rx *m, int reason, uint64_t now) {
     p->meta_len = m->meta_len;
     p->chunks_received = m->received;
     p->datagrams_received = m->dgrams;
-    uint64_t data_len = 0;
-    int64_t nseg = m->meta_received == m->meta_chunks ? parse_meta(m, &data_len) : -1;
-    if (nseg >= 0) {
-        d->segs = malloc(sizeof(uint64_t) * 2 * (size_t)(nseg + 1));
+    struct wire_meta meta;
+    if (m->meta_received == m->meta_chunks && get_meta(m, &meta) == 0) {
+        uint32_t nseg = meta.nseg;
+        d->segs = malloc(sizeof(uint64_t) * 2 * ((size_t)nseg + 1));
         if (d->segs) {
-            for (int64_t i = 0; i < nseg; i++) {
-                d->segs[i] = get64(m->flat + META_FIXED + META_ENTRY * i);
-                d->segs[nseg + i] = get64(m->flat + META_FIXED + META_ENTRY * i + 8);
+            for (uint32_t i = 0; i < nseg; i++) {
+                struct wire_segment e;
+                wire_get_meta_segment(m->flat, &meta, i, &e);
+                d->segs[i] = e.off;
+                d->segs[nseg + i] = e.len;
             }
             p->layout_known = 1;
-            p->nseg = (uint32_t)nseg;
+            p->nseg = nseg;
             p->seg_off = d->segs;
             p->seg_len = d->segs + nseg;
-            p->app_len = get32(m->flat + 16);
-            p->app = m->flat + META_FIXED + META_ENTRY * nseg;
-            p->data_len = data_len;
+            p->app_len = meta.app_len;
+            p->app = meta.app;
+            p->data_len = meta.data_len;
         }
     }
     p->data = m->flat + m->meta_len;
@@ -234,7 +180,7 @@ static void deliver(p2p_engine *eng, struct rx *m, int reason, uint64_t now) {
     if (reason == P2P_DELIVERED_EXPIRED) CNT(eng, messages_expired, 1);
     else CNT(eng, messages_delivered, 1);
     pthread_mutex_lock(&eng->mu);
-    struct delivery_priv *dropped = enqueue(eng, d, &src);
+    struct delivery_priv *dropped = dq_push(eng, d, &src);
     pthread_cond_broadcast(&eng->cv);
     pthread_mutex_unlock(&eng->mu);
     deliveries_free(dropped); /* outside the lock: freeing large messages takes a while */
@@ -242,7 +188,7 @@ static void deliver(p2p_engine *eng, struct rx *m, int reason, uint64_t now) {
 
 /* Geometry from a DATA/PROBE/CLOSE header, checked before anything is allocated. */
 static int geometry_ok(p2p_engine *eng, const struct wire_hdr *h) {
-    if (h->chunk_size < WIRE_MIN_CHUNK || h->chunk_size > P2P_MAX_CHUNK || h->nchunks == 0 || h->meta_len < 24) {
+    if (h->chunk_size < WIRE_MIN_CHUNK || h->chunk_size > P2P_MAX_CHUNK || h->nchunks == 0 || h->meta_len < META_FIXED) {
         CNT(eng, drop_bad_index, 1); /* (a chunk no datagram can carry would only claim memory) */
         return 0;
     }
@@ -377,8 +323,8 @@ void rx_on_data(p2p_engine *eng, const struct wire_hdr *h, const struct sockaddr
         CNT(eng, receiving_bytes, -(uint64_t)m->chunk);
         if (h->chunk < m->meta_chunks) m->meta_received++;
         if (m->meta_received == m->meta_chunks && h->chunk < m->meta_chunks) {
-            uint64_t dl;
-            if (parse_meta(m, &dl) < 0) {
+            struct wire_meta meta;
+            if (get_meta(m, &meta) < 0) {
                 CNT(eng, drop_bad_meta, 1);
                 add_tomb(eng, m, 0, now);
                 rx_unlink_free(eng, m);
@@ -433,7 +379,7 @@ void rx_on_join(p2p_engine *eng, const struct wire_hdr *h, const struct sockaddr
 
 void rx_on_probe_or_close(p2p_engine *eng, const struct wire_hdr *h, const struct sockaddr_in *src,
                           const uint8_t *body, size_t blen, int via_group, uint64_t now) {
-    if ((h->type == T_PROBE && blen != 4) || (h->type == T_CLOSE && blen != 0)) {
+    if ((h->type == T_PROBE && blen != PROBE_BODY) || (h->type == T_CLOSE && blen != 0)) {
         CNT(eng, drop_bad_length, 1);
         return;
     }
@@ -454,7 +400,7 @@ void rx_on_probe_or_close(p2p_engine *eng, const struct wire_hdr *h, const struc
         if (h->type == T_PROBE) {
             /* Nothing arrived yet: an empty final answer makes the sender send everything again. */
             uint8_t ab[ACK_BODY];
-            struct ack_body a = {get16(body), ACK_FINAL, 0, 0, 0, 0, 0};
+            struct ack_body a = {wire_get_probe(body), ACK_FINAL, 0, 0, 0, 0, 0};
             wire_put_ack(ab, &a);
             struct wire_hdr r = {.type = T_ACK, .msg = h->msg, .nchunks = h->nchunks, .chunk_size = h->chunk_size,
                                  .meta_len = h->meta_len};
@@ -471,7 +417,7 @@ void rx_on_probe_or_close(p2p_engine *eng, const struct wire_hdr *h, const struc
     m->last_seen_ns = now;
     m->bytes_in += WIRE_HDR + blen;
     if (h->type == T_PROBE) {
-        uint16_t pass = get16(body);
+        uint16_t pass = wire_get_probe(body);
         if (pass > m->pass) {
             m->pass = pass;
             m->pass_high = m->pass_count = 0;

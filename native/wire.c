@@ -35,25 +35,60 @@ int wire_get_hdr(const uint8_t *in, size_t len, struct wire_hdr *h) {
     return 0;
 }
 
-int64_t wire_parse_meta(const uint8_t *p, uint32_t meta_len, uint64_t cap, uint32_t chunk, uint64_t total,
-                        uint64_t *data_len) {
-    if (meta_len < META_FIXED || chunk == 0 || cap < chunk || meta_len > cap) return -1; /* (rx.c checked these) */
+uint32_t wire_meta_len(uint32_t nseg, uint32_t app_len) {
+    uint64_t len = ((uint64_t)META_FIXED + (uint64_t)META_ENTRY * nseg + app_len + 7) & ~7ull;
+    return len > WIRE_META_MAX ? 0 : (uint32_t)len;
+}
+
+void wire_put_meta(uint8_t *o, const struct wire_meta *m) {
+    memset(o, 0, m->meta_len);
+    put32(o, m->meta_len);
+    put32(o + 4, m->nseg);
+    put64(o + 8, m->data_len);
+    put32(o + 16, m->app_len);
+    if (m->app_len) memcpy(o + META_FIXED + (size_t)META_ENTRY * m->nseg, m->app, m->app_len);
+}
+
+void wire_put_meta_segment(uint8_t *o, uint32_t i, const struct wire_segment *seg) {
+    uint8_t *e = o + META_FIXED + (size_t)META_ENTRY * i;
+    put64(e, seg->off);
+    put64(e + 8, seg->len);
+    put64(e + 16, seg->need);
+}
+
+static void get_segment(const uint8_t *p, uint32_t i, struct wire_segment *seg) {
+    const uint8_t *e = p + META_FIXED + (size_t)META_ENTRY * i;
+    seg->off = get64(e);
+    seg->len = get64(e + 8);
+    seg->need = get64(e + 16);
+}
+
+int wire_get_meta(const uint8_t *p, uint32_t meta_len, uint64_t cap, uint32_t chunk, uint64_t total,
+                  struct wire_meta *m) {
+    if (meta_len < META_FIXED || meta_len % 8 || chunk == 0 || cap < chunk || meta_len > cap) return -1;
     uint32_t nseg = get32(p + 4), app_len = get32(p + 16);
-    *data_len = get64(p + 8);
+    uint64_t data_len = get64(p + 8);
     if (get32(p) != meta_len || (uint64_t)nseg * META_ENTRY + META_FIXED + app_len > meta_len) return -1;
-    if (*data_len > cap - meta_len) return -1;
-    uint64_t end = meta_len + *data_len;
+    if (data_len > cap - meta_len) return -1;
+    uint64_t end = meta_len + data_len;
     if (end <= cap - chunk || (total && total != end)) return -1; /* the end is in the last chunk, where it arrived */
     uint64_t prev = 0;
     for (uint32_t i = 0; i < nseg; i++) {
-        const uint8_t *e = p + META_FIXED + META_ENTRY * i;
-        uint64_t off = get64(e), len = get64(e + 8), need = get64(e + 16);
+        struct wire_segment s;
+        get_segment(p, i, &s);
         /* in order, apart, inside the data, 8-byte aligned (so typed reads of them are: the data
          * region starts 64-byte aligned) */
-        if (off % 8 || off < prev || off > *data_len || len > *data_len - off || need > len) return -1;
-        prev = off + len;
+        if (s.off % 8 || s.off < prev || s.off > data_len || s.len > data_len - s.off || s.need > s.len) return -1;
+        prev = s.off + s.len;
     }
-    return nseg;
+    *m = (struct wire_meta){meta_len, nseg, data_len, app_len, p + META_FIXED + (size_t)META_ENTRY * nseg};
+    return 0;
+}
+
+int wire_get_meta_segment(const uint8_t *p, const struct wire_meta *m, uint32_t i, struct wire_segment *seg) {
+    if (i >= m->nseg) return -1;
+    get_segment(p, i, seg);
+    return 0;
 }
 
 void wire_put_ack(uint8_t *o, const struct ack_body *a) {
@@ -87,6 +122,13 @@ void wire_get_done(const uint8_t *i, struct done_body *d) {
     d->total = get32(i + 4);
     d->chunks = get32(i + 8);
 }
+
+void wire_put_probe(uint8_t *o, uint16_t pass) {
+    put16(o, pass);
+    put16(o + 2, 0);
+}
+
+uint16_t wire_get_probe(const uint8_t *i) { return get16(i); }
 
 void wire_put_join(uint8_t *o, const struct join_body *j) {
     memcpy(o, &j->group, 4);

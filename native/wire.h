@@ -15,9 +15,8 @@
  * (session, counter) never repeats under a key, so each tag's IV is unique and a receiver can refuse
  * a datagram it already had (replay.c); the destination under the tag makes a datagram good at the
  * one receiver (or group) it was sent to, and the data key (derived from the job id) in one job.
- * A message's meta (its first bytes, always delivered exactly): u32 meta length, u32 segment count,
- * u64 data length, u32 app length, u32 0, then per segment (u64 offset, u64 length, u64 bytes that
- * must arrive), then the app blob. Knowing what must arrive lets a receiver close by itself.
+ * A message's meta (its first bytes, always delivered exactly): struct wire_meta and its segment
+ * table, coded below. Knowing what must arrive lets a receiver close by itself.
  * Bodies: DATA = the chunk's payload; ACK = struct ack_body + bitmap; PROBE = u16 pass + pad;
  * CLOSE = empty; DONE = struct done_body; JOIN = struct join_body (unicast, header geometry as in
  * PROBE: "message msg comes through this group: join it"), answered by an ACK without bitmap
@@ -60,31 +59,62 @@ struct ack_body {        /* 24 bytes, then ceil(nbits/8) bitmap bytes */
 };
 #define ACK_BODY 24
 
-#define META_FIXED 24
-#define META_ENTRY 24
 #define DONE_COMPLETE 1u
 struct done_body { uint32_t flags, total, chunks; };
 #define DONE_BODY 12
 struct join_body { uint32_t group; uint16_t port; }; /* group in network order, then u16 port, u16 0 */
 #define JOIN_BODY 8
+#define PROBE_BODY 4     /* u16 pass, u16 0 */
 
 /* Writes the fields before the session; session, counter, job and tag are left zero for auth_seal. */
 void wire_put_hdr(uint8_t *out, const struct wire_hdr *h);
 /* Parses and checks magic/version/type; returns 0 or a negative reason (see engine counters). */
 int wire_get_hdr(const uint8_t *in, size_t len, struct wire_hdr *h);
 
-/* Checks a message's meta (meta_len bytes at p) against its geometry: cap = chunk count * chunk size,
- * total = its length if known (from its last chunk), else 0. Returns the segment count and sets
- * *data_len, or -1 when the table is invalid (segments out of order, overlapping, outside the data,
- * not 8-byte aligned, needing more than they hold; the app blob outside the meta; a length the
- * chunks disagree with). */
-int64_t wire_parse_meta(const uint8_t *p, uint32_t meta_len, uint64_t cap, uint32_t chunk, uint64_t total,
-                        uint64_t *data_len);
+/* A message's meta, at the start of its flat bytes: 24 bytes (u32 meta length, u32 segment count,
+ * u64 data length, u32 app length, u32 0), then META_ENTRY bytes per segment (u64 offset in the
+ * data region, u64 length, u64 bytes that must arrive), then the app blob, zero up to meta length.
+ * The data region (the segments, each 8-byte aligned) follows the meta. */
+#define META_FIXED 24
+#define META_ENTRY 24
+#define WIRE_META_MAX (0xFFFFu * 8)   /* the header carries meta length / 8 in a u16 */
+
+struct wire_meta {
+    uint32_t meta_len;            /* bytes, a multiple of 8: the header's meta length */
+    uint32_t nseg;
+    uint64_t data_len;            /* bytes after the meta: the segments and the padding that aligns them */
+    uint32_t app_len;
+    const uint8_t *app;           /* the application's blob: wire_put_meta copies it in, wire_get_meta
+                                   * points it into the meta it decoded (no copy, lives as long) */
+};
+struct wire_segment {
+    uint64_t off, len;            /* in the data region (after the meta) */
+    uint64_t need;                /* bytes of it that must arrive (its loss bound) */
+};
+
+/* The meta length for nseg segments and an app blob of app_len bytes, or 0 when the header cannot
+ * carry that much (over WIRE_META_MAX). */
+uint32_t wire_meta_len(uint32_t nseg, uint32_t app_len);
+/* Writes m's fixed part and app blob over the m->meta_len bytes at out, the rest zero; each segment
+ * then goes in with wire_put_meta_segment. m->meta_len must be wire_meta_len(m->nseg, m->app_len). */
+void wire_put_meta(uint8_t *out, const struct wire_meta *m);
+void wire_put_meta_segment(uint8_t *out, uint32_t i, const struct wire_segment *seg);
+/* Decodes and checks the meta_len bytes at p (meta_len from the header) against the message's
+ * geometry: cap = chunk count * chunk size, total = its length if known (from its last chunk), else
+ * 0. Returns 0 and fills *m, or -1 when anything is malformed: a meta shorter than its fixed part or
+ * than its table and blob, longer than the message, or not a multiple of 8; segments out of order, overlapping, outside
+ * the data, not 8-byte aligned, needing more than they hold; a length the chunks disagree with. */
+int wire_get_meta(const uint8_t *p, uint32_t meta_len, uint64_t cap, uint32_t chunk, uint64_t total,
+                  struct wire_meta *m);
+/* Segment i of the meta at p that wire_get_meta accepted as *m; -1 when i is not below its count. */
+int wire_get_meta_segment(const uint8_t *p, const struct wire_meta *m, uint32_t i, struct wire_segment *seg);
 
 void wire_put_ack(uint8_t *out, const struct ack_body *a);
 void wire_get_ack(const uint8_t *in, struct ack_body *a);
 void wire_put_done(uint8_t *out, const struct done_body *d);
 void wire_get_done(const uint8_t *in, struct done_body *d);
+void wire_put_probe(uint8_t *out, uint16_t pass);
+uint16_t wire_get_probe(const uint8_t *in);
 void wire_put_join(uint8_t *out, const struct join_body *j);
 void wire_get_join(const uint8_t *in, struct join_body *j);
 
