@@ -135,6 +135,7 @@ class DecentralizedOptimizer(Optimizer):
             self.reach = MulticastReach(own, client, rank)
             client.on_event(self.reach.on_event)
             self.reach.probe({r: m.engine for r, m in client.members.items()})
+        # The parts, each in its own file: the round core, the final average, joins, overlapped rounds.
         self.sync: Synchronizer = make_synchronizer(self.options, self.layout, self.staging.arrays, self.channel,
                                                     client, seed)
         self.final_average = FinalAverage(rank, self.runtime.world_size, client, self.channel, self.sync,
