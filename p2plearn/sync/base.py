@@ -262,6 +262,20 @@ class Synchronizer(ABC):
         for anchor, p in zip(self._previous, self.params):
             np.copyto(anchor, p)
 
+    def take_state(self, sender: int | None, until: float) -> Delivery | None:
+        """A whole-model message (an id with `STATE_FLAG`: a joiner's state, a final model) from
+        `sender`, or from anyone, waiting for one until the monotonic `until`; an `until` already
+        past takes only what the engine has delivered by now (all of it is filed first)."""
+        if until <= time.monotonic():
+            self.inbox.drain()
+        return self.inbox.take_state(sender, until)
+
+    def keep_states(self, senders: int) -> None:
+        """Keep whole-model messages unasked for from at least `senders` senders (by default from
+        MAX_STATES, or as many as there are members): the root of a final average takes one from
+        every rank of the job, also from those that left it once they sent theirs."""
+        self.inbox.states_kept = max(self.inbox.states_kept, senders)
+
     def state_dict(self) -> dict[str, Any]:
         """What resuming exactly needs: the round clock, the model as last merged (the filter's
         and policies' updates are measured from it), the histories the policies read, and the
