@@ -75,6 +75,10 @@ class Client:
                  timeout: float = 5.0, connect_timeout: float = 30.0, host: str | None = None,
                  standby: str | None = None, successor_wait: float = 5.0, give_up: float = 60.0) -> None:
         self.job_id = job_id
+        # Thread notes: the caller's thread makes requests and reports; the background thread
+        # (Listener) applies pushed events and runs the failover, which re-registers (rank, donor,
+        # start_clock) and counts (failovers, coordinator_changes). Shared state is in the parts,
+        # under their locks; the fields here are single references, each written by one side at a time.
         self.rank = rank          # set by a registration (a joiner learns it there)
         self.timeout = timeout
         self.host = host or socket.gethostname()
@@ -104,8 +108,9 @@ class Client:
             raise
         self.heartbeat = hello["heartbeat"]
         self.world_size = hello["world_size"]
-        self._term = hello["term"]  # the coordinator's; a successor's is higher
-        # Where the coordinator publishes; written by the background thread only (a follow).
+        # The coordinator's term (a successor's is higher) and where it publishes: written by the
+        # background thread only, when it follows another coordinator.
+        self._term = hello["term"]
         self._pub_endpoint = reachable(hello["pub"], self._requester.endpoint)
         settings = {k: hello[k] for k in ("phi_threshold", "startup_grace")}
         self._failover = Failover(self._requester, self._life, self._replica, session=self._session,

@@ -48,10 +48,11 @@ class Listener:
                  dispatch: Callable[[str, dict, list[bytes]], None], failover_due: Callable[[], bool],
                  failover: Callable[[Callable[[], None]], bool]) -> None:
         self.heartbeat = heartbeat
+        self._phi_threshold = phi_threshold
         self.subscribed = threading.Event()  # set by the first tick: pushed events reach this client
         self.rejected: Counter[str] = Counter()  # malformed messages from a key holder, by type, dropped
-        self.detector = self._new_detector(phi_threshold)  # replaced by restart_detector() on a follow
-        self._phi_threshold = phi_threshold
+        # Judges the coordinator: fed and replaced (restart_detector) on this thread, read by any.
+        self.detector = self._new_detector()
         self._ctx = ctx
         self._secret = secret
         self._key = key
@@ -85,17 +86,17 @@ class Listener:
 
     def restart_detector(self) -> None:
         """A coordinator was (re)found: judge it from a fresh history."""
-        self.detector = self._new_detector(self._phi_threshold)
+        self.detector = self._new_detector()
 
     def ask_for_members(self) -> None:
         """Ask for a whole membership snapshot (it comes back on this thread's DEALER). Called on this thread."""
         if self._streams is not None:
             self._send(self._streams[1], {"type": p.MEMBERS})
 
-    def _new_detector(self, phi_threshold: float) -> PhiAccrualDetector:
+    def _new_detector(self) -> PhiAccrualDetector:
         # Ticks come from a process of its own, so no start-up grace beyond a few heartbeats; the
         # extra pause tolerated costs a failover a second, and saves one on a stall of this process.
-        return PhiAccrualDetector(self.heartbeat, threshold=phi_threshold,
+        return PhiAccrualDetector(self.heartbeat, threshold=self._phi_threshold,
                                   acceptable_pause=max(2.0, 4 * self.heartbeat), grace=max(3.0, 6 * self.heartbeat))
 
     def _send(self, sock: zmq.Socket, body: dict) -> None:
