@@ -32,6 +32,8 @@ Streams = tuple[zmq.Socket, zmq.Socket, zmq.Socket, zmq.Poller]  # sub, heartbea
 class Listener:
     """The thread that keeps a client in touch with its coordinator, while its life cycle says it listens.
 
+    - ``secret`` / ``key``: the job's secret (the PUB stream is encrypted with a key derived from
+      it) and the control key every message is signed with.
     - ``heartbeat`` / ``phi_threshold``: the coordinator's settings (its hello), for the beats and the detector.
     - ``rank``: this peer's rank now (a joiner learns it at registration), sent with each beat.
     - ``coordinator``: the (request endpoint, PUB endpoint as reached from here, term) followed now.
