@@ -9,8 +9,9 @@ tells the donor whom to send it to.
 from .client import Client, ControlError, CoordinatorDead, Refused
 from .coordinator import Coordinator, Progress
 from .estimator import BandwidthEstimator, seed_rates
+from .lifecycle import Phase
 from .membership import Event, Member
 from .view import GlobalView
 
 __all__ = ["BandwidthEstimator", "Client", "ControlError", "Coordinator", "CoordinatorDead", "Event",
-           "GlobalView", "Member", "Progress", "Refused", "seed_rates"]
+           "GlobalView", "Member", "Phase", "Progress", "Refused", "seed_rates"]

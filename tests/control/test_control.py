@@ -48,8 +48,8 @@ def test_a_start_is_known_to_a_peer_that_missed_every_join(connect):
         c.leave()
     late = clients[0]
     with late._cond:  # as if it had seen none of the joins, then noticed a gap in the epochs
-        late._most_members = late._most_planned = 0
-        late._gap = True
+        late._replica._most_members = late._replica._most_planned = 0
+        late._replica._gap = True
     assert sorted(late.wait_members(3, timeout=5, receiving=True)) == [0]
 
 
@@ -257,8 +257,8 @@ def test_a_successor_knows_the_clocks_the_peers_resume_with_before_any_report(ke
 
 
 def _stop_successor(client):
-    if client._spawned is not None:
-        client._spawned.stop()
+    if client._failover.spawned is not None:
+        client._failover.spawned.stop()
 
 
 def test_an_observer_gives_up_when_no_coordinator_comes_back(key):
@@ -294,12 +294,13 @@ def test_a_connect_that_reached_its_own_socket_is_not_taken_for_the_coordinator(
     import socket
 
     from p2plearn.control import client as client_module
+    from p2plearn.control.requester import Requester
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     echoes = []
-    request = Client._request
+    request = Requester.request
 
     def recorded(self, *args, **kwargs):
         try:
@@ -308,7 +309,7 @@ def test_a_connect_that_reached_its_own_socket_is_not_taken_for_the_coordinator(
             echoes.append(str(exc))
             raise
 
-    monkeypatch.setattr(Client, "_request", recorded)
+    monkeypatch.setattr(Requester, "request", recorded)
     with pytest.raises(ControlError, match="no coordinator answered"):
         Client(f"tcp://127.0.0.1:{port};127.0.0.1:{port}", JOB, key, rank=0, connect_timeout=2.0, timeout=0.5)
     assert echoes and "came back from this socket itself" in echoes[0]

@@ -17,7 +17,7 @@ from control_helpers import JOB, wait_event
 from p2plearn.control import Client, ControlError, Coordinator
 from p2plearn.control import coordinator as coordinator_module
 from p2plearn.control import protocol as p
-from p2plearn.control.client import MESSAGES
+from p2plearn.control.listener import MESSAGES
 from p2plearn.control.coordinator import REQUESTS
 from p2plearn.control.view import _ARRAYS, GlobalView
 from p2plearn.keys import control_key
@@ -266,7 +266,7 @@ def test_every_message_from_a_key_holder_leaves_the_client_serving():
                 while client.min_clock != n and time.monotonic() < deadline:
                     fake.send(p.pack(control_key(KEY), JOB, {"type": p.TICK, "epoch": 0, "min_clock": n, "term": 0}))
                     time.sleep(0.02)
-                assert client.min_clock == n and client._thread.is_alive()
+                assert client.min_clock == n and client._listener._thread.is_alive()
 
             alive()
 

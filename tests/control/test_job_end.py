@@ -31,7 +31,7 @@ def test_a_coordinator_ended_with_its_job_starts_no_successor(key):
         coord.end()
         assert wait_event(clients[1], "job_ended", timeout=5) is not None
         time.sleep(2.0)  # ten heartbeats: a client that took the silence for a death would fail over
-        assert all(c._spawned is None and c.coordinator_changes == 0 for c in clients)
+        assert all(c._failover.spawned is None and c.coordinator_changes == 0 for c in clients)
         assert not clients[1].following
         clients[1].leave()  # nothing to tell: no error
         with pytest.raises(ControlError, match="job ended"):
@@ -54,7 +54,7 @@ def test_a_peer_still_starting_when_its_job_ended_knows_that_the_job_ran(key):
         clients[0].wait_members(3, timeout=5)
         late = clients[2]
         with late._cond:  # as if it had seen none of the joins
-            late._most_members = late._most_planned = 0
+            late._replica._most_members = late._replica._most_planned = 0
         for c in clients[:2]:
             c.leave()
         coord.end()
@@ -84,12 +84,12 @@ def test_a_peer_that_left_still_learns_who_leaves_while_its_coordinator_looks_de
     clients = [connect(r, ("127.0.0.1", 9000 + r)) for r in range(3)]
     clients[0].wait_members(3, timeout=5)
     clients[0].leave()
-    clients[0]._detector.suspected = lambda now=None: True
+    clients[0]._listener.detector.suspected = lambda now=None: True
     time.sleep(0.5)  # a few of its listener's checks
     for c in clients[1:]:
         c.leave()
     assert clients[0].wait_alone(5)
-    assert clients[0]._spawned is None and clients[0].coordinator_changes == 0
+    assert clients[0]._failover.spawned is None and clients[0].coordinator_changes == 0
 
 
 def test_a_client_that_left_starts_no_successor(key):
@@ -107,15 +107,15 @@ def test_a_client_that_left_starts_no_successor(key):
             time.sleep(0.02)
         coord.stop()
         assert wait_event(clients[1], "coordinator_moved", timeout=20) is not None
-        assert clients[0]._spawned is None and clients[0].coordinator_changes == 0
-        assert clients[1]._spawned is not None
+        assert clients[0]._failover.spawned is None and clients[0].coordinator_changes == 0
+        assert clients[1]._failover.spawned is not None
     finally:
         for c in clients:
             c.close()
         coord.stop()
         for c in clients:
-            if c._spawned is not None:
-                c._spawned.stop()
+            if c._failover.spawned is not None:
+                c._failover.spawned.stop()
 
 
 def _serve_in_thread(coord, **limits):
@@ -141,9 +141,9 @@ def test_a_successor_goes_once_every_registered_peer_left(key):
     try:
         resume = {"clock": 0, "epoch": 3, "view": None,
                   "members": [{"rank": r, "host": "h", "engine": ["127.0.0.1", 9000 + r]} for r in (0, 1, 2)]}
-        client._request(client._register_body(join=False, resume=resume))
+        client._requester.request(client._register_body(join=False, resume=resume))
         assert sorted(coord.members()) == [0, 1, 2] and coord.registered() == 1
-        client._request({"type": p.LEAVE, "rank": 0})
+        client._requester.request({"type": p.LEAVE, "rank": 0})
         left = time.monotonic()
         thread.join(timeout=10)
         assert returned, "the successor kept serving presumed members"

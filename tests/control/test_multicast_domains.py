@@ -71,9 +71,9 @@ def test_a_malformed_reach_report_is_refused_counted_and_harmless(coordinator, c
         clients[0].report_reach([1, 3])
     for reached in ("everyone", [1, "2"], [True], None):
         with pytest.raises(ControlError, match="reached must be a list of ranks"):
-            clients[0]._request({"type": p.REACH, "rank": 0, "reached": reached})
+            clients[0]._requester.request({"type": p.REACH, "rank": 0, "reached": reached})
     with pytest.raises(ControlError, match=r"rank must be an integer in \[0, "):
-        clients[0]._request({"type": p.REACH, "rank": -1, "reached": []})
+        clients[0]._requester.request({"type": p.REACH, "rank": -1, "reached": []})
     assert coordinator.errors == before + 6
     clients[0].report_reach([1])  # still serving, and the refused reports changed nothing
     clients[1].report_reach([0])
