@@ -347,6 +347,8 @@ class DecentralizedOptimizer(Optimizer):
             print(f"p2plearn rank {self.runtime.rank}: {self.stats().summary()}", flush=True)
             if self.reach is not None:
                 self.reach.close()
-            self.runtime.close()
+            # the engine closes before the job hears this peer left: a peer that left may be a final
+            # average's root, so a final model sent after the leave must not land in an engine closing here
             if self._own_engine:
                 self.channel.close()
+            self.runtime.close()
