@@ -5,7 +5,11 @@ import numpy as np
 import pytest
 import torch
 
+from dataclasses import replace
+
 from p2plearn.sync.partitioned import FILTER_REFUSED, Partitioned
+from p2plearn.tolerance import make_tolerance
+from p2plearn.transport.delivery import Delivery
 from tests.sync.test_rounds import job, run_threads  # noqa: F401 - job is the fixture
 
 from p2plearn.examples.mnist1d import MLP
@@ -17,12 +21,12 @@ from p2plearn.topology import heterogeneous, homogeneous
 from p2plearn.train.data import mnist1d
 
 
-def virtual(topology, message_bytes: float | None = 1e6, **options) -> VirtualTraining:
+def virtual(topology, message_bytes: float | None = 1e6, hidden: int = 16, **options) -> VirtualTraining:
     torch.manual_seed(0)
     return VirtualTraining(Options(sync="partitioned", period=4, **options),
                            Settings(steps=8, eval_every=8, step_s=0.002, eval_s=0.001, seed=1,
                                     message_bytes=message_bytes),
-                           topology, mnist1d(2000, seed=0), lambda: MLP(16), "mlp-16")
+                           topology, mnist1d(2000, seed=0), lambda: MLP(hidden), f"mlp-{hidden}")
 
 
 def run(topology, **options) -> VirtualTraining:
@@ -83,20 +87,46 @@ def test_the_value_filter_is_refused_with_trainings_message():
     assert str(refused.value) == FILTER_REFUSED
 
 
+@pytest.mark.parametrize("lossy", [False, True], ids=["exact", "lost-chunks"])
 @pytest.mark.parametrize("compress", ["none", "int8", "int4"])
-def test_training_and_the_simulator_end_rounds_with_the_same_bits(job, compress):  # noqa: F811
+def test_training_and_the_simulator_end_rounds_with_the_same_bits(job, compress, lossy):  # noqa: F811
     """The same models, the same view: training's partitioned rounds over real engines and the
     simulator's rounds give bit-identical models, round after round (round 0 resyncs, the next ones
-    exchange compressed changes with error feedback on both sides)."""
-    sim = virtual(homogeneous(4, 100.0), message_bytes=None, compress=compress)
+    exchange compressed changes with error feedback on both sides). With lost chunks (1400-byte
+    datagrams of which the engines drop 20%, a loss bound of 0.3 that closes sends early), the
+    simulator is handed the chunk masks the real receivers got, so any difference is in what each side
+    does with them."""
+    sim = virtual(homogeneous(4, 100.0), message_bytes=None, hidden=512 if lossy else 16, compress=compress)
     rows = sim.replicas.numpy()
     models = np.random.default_rng(3).standard_normal(rows.shape).astype(np.float32)
     rows[...] = models
     if sim.anchors is not None:
         sim.anchors[...] = models
-    peers = job(4, Partitioned, params=lambda rank: [models[rank].copy()], compress=compress)
+    loss = {"channel_kw": {"drop_prob": 0.2, "seed": 5, "max_datagram": 1400}, "tolerance": make_tolerance("fixed", loss_bound=0.3)} \
+        if lossy else {}
+    peers = job(4, Partitioned, params=lambda rank: [models[rank].copy()], compress=compress, **loss)
+    received: dict[tuple[int, int, int], Delivery] = {}  # (receiver, sender, message id) -> what its engine gave
+
+    def recording(rank, recv):
+        def recv_and_record(timeout=None):
+            d = recv(timeout)
+            if d is not None:
+                received[(rank, d.sender, d.msg_id)] = d
+            return d
+        return recv_and_record
+
+    for rank, peer in enumerate(peers):
+        peer.channel.recv = recording(rank, peer.channel.recv)
+
+    def replay(sender, receiver, msg_id, arrays, exact, delivered):
+        d = received.get((receiver, sender, msg_id))
+        return None if d is None else replace(d, arrays=arrays)
+
+    sim.partitioned.deliver = replay
+    masks_with_losses = 0
     for rnd in range(3):
         run_threads(peers, 1)
+        masks_with_losses += sum(not d.mask.all() for (_, _, m), d in received.items() if m // 2 == rnd)
         view = peers[0].client.view_for(rnd)
         sizes = np.full(sim.n, sim.partitioned.message_bytes)
         sim.partitioned.round(rnd, np.zeros(sim.n), sizes, view)
@@ -107,3 +137,4 @@ def test_training_and_the_simulator_end_rounds_with_the_same_bits(job, compress)
         rows += np.random.default_rng(10 + rnd).standard_normal(rows.shape).astype(np.float32) * 1e-2
         for i, peer in enumerate(peers):  # the same local steps on both sides
             peer.params[0][...] = rows[i]
+    assert (masks_with_losses > 0) == lossy, "the lossy case lost no chunk: it tests nothing more"

@@ -31,7 +31,8 @@ class Peer:
         layers = [Layer(f"p{i}", p.size, p.nbytes, i) for i, p in enumerate(self.params)]
         try:
             self.sync = cls(self.params, layers, self.channel, self.client, selection=kw.pop("selection", "all"),
-                            fanout=kw.pop("fanout", 2), seed=0, tolerance=make_tolerance("fixed"), **kw)
+                            fanout=kw.pop("fanout", 2), seed=0, tolerance=kw.pop("tolerance", make_tolerance("fixed")),
+                            **kw)
         except BaseException:  # a test of refused arguments: no fixture closes a peer it never got
             self.close()
             raise
