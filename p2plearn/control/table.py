@@ -259,7 +259,7 @@ class MembershipTable:
             self._remove(rank, "leave")
         return self._take()
 
-    # -- the failure detector ----------------------------------------------------------------------
+    # -- deaths and failover -----------------------------------------------------------------------
 
     def note_connection(self, connection: int, rank: Any, session: Any) -> None:
         """Remember which member a connection belongs to (signed messages with its session only)."""
@@ -284,12 +284,9 @@ class MembershipTable:
         return self._take()
 
     def remove(self, rank: int, event: str) -> list[Publication]:
-        """Take member ``rank`` out of the job (``event``: "leave" or "dead"), as ``leave`` and
-        ``reap`` do."""
+        """Take member ``rank`` out of the job (``event``: "leave" or "dead"), as ``leave`` and ``reap`` do."""
         self._remove(rank, event)
         return self._take()
-
-    # -- failover ----------------------------------------------------------------------------------
 
     def adopt(self, resume: Resume) -> list[Publication]:
         """A successor's first re-registration: the membership and the view its sender held (what
