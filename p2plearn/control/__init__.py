@@ -7,11 +7,13 @@ tells the donor whom to send it to.
 """
 
 from .client import Client, ControlError, CoordinatorDead, Refused
-from .coordinator import Coordinator, Progress
+from .coordinator import Coordinator
 from .estimator import BandwidthEstimator, seed_rates
 from .lifecycle import Phase
 from .membership import Event, Member
+from .progress import Progress
+from .table import MembershipTable
 from .view import GlobalView
 
 __all__ = ["BandwidthEstimator", "Client", "ControlError", "Coordinator", "CoordinatorDead", "Event",
-           "GlobalView", "Member", "Phase", "Progress", "Refused", "seed_rates"]
+           "GlobalView", "Member", "MembershipTable", "Phase", "Progress", "Refused", "seed_rates"]

@@ -37,7 +37,7 @@ import zmq
 from ..keys import control_key
 from ..transport.nic import link_rate
 from . import protocol as p
-from .coordinator import Progress
+from .progress import Progress
 from .errors import ControlError, CoordinatorDead, Refused, SelfConnected
 from .failover import Failover
 from .lifecycle import Lifecycle, Phase

@@ -19,7 +19,6 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from . import protocol as p
-from .coordinator import set_transport_heartbeat
 from .detector import PhiAccrualDetector
 from .lifecycle import Lifecycle
 from .requester import send_signed
@@ -149,7 +148,7 @@ class Listener:
         sub.connect(pub)
         beat = self._ctx.socket(zmq.DEALER)
         beat.setsockopt(zmq.LINGER, 0)
-        set_transport_heartbeat(beat, self.heartbeat)  # a paused or lost coordinator closes this connection
+        p.set_transport_heartbeat(beat, self.heartbeat)  # a paused or lost coordinator closes this connection
         beat.connect(endpoint)
         monitor = beat.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         poller = zmq.Poller()

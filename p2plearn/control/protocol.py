@@ -205,3 +205,14 @@ def endpoint(address: str) -> str:
     if not sep or not port.isdigit():
         raise ValueError(f"coordinator address {address!r} is not host:port, tcp://host:port or ipc:///path")
     return f"tcp://{host}:{port}"
+
+
+def set_transport_heartbeat(sock: zmq.Socket, heartbeat: float) -> None:
+    """ZeroMQ-level pings every ``heartbeat`` s; a connection silent for 10 of them (at least 5 s)
+    is closed, which the socket's monitor reports. libzmq's I/O thread answers pings without the
+    interpreter lock, so only a stopped process or a lost host goes that long; the phi detectors
+    judge shorter stalls."""
+    silent = int(max(5.0, 10 * heartbeat) * 1000)
+    sock.setsockopt(zmq.HEARTBEAT_IVL, int(heartbeat * 1000))
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, silent)
+    sock.setsockopt(zmq.HEARTBEAT_TTL, silent)

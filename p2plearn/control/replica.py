@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 
 from . import protocol as p
-from .coordinator import Progress
+from .progress import Progress
 from .errors import ControlError
 from .lifecycle import Lifecycle, Phase
 from .membership import Member

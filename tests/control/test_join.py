@@ -54,7 +54,7 @@ def test_a_peer_taken_for_dead_rejoins_without_a_donor_when_it_missed_no_round(c
     stalled.report(5)
     assert donor.wait_min_clock(5, timeout=5)
     with coordinator._lock:  # as if its heartbeats had stopped (a stall at start-up, say)
-        coordinator._remove(1, "dead")
+        coordinator._publish(*coordinator._table.remove(1, "dead"))
     event = wait_event(stalled, "readmitted", timeout=5)
     assert event is not None and event.engine is None  # nobody is asked to send it a state
     assert stalled.donor is None and stalled.start_clock == 5
