@@ -5,12 +5,14 @@ The layers, top to bottom (nothing imports upward):
 - ``p2plearn.train``      torch integration (the user-facing API), data sets
 - ``p2plearn.distributed`` / ``p2plearn.ddp``  the ``p2plearn`` torch.distributed backend, the loss-tolerant DDP hook
 - ``p2plearn.checkpoint`` per-rank checkpoints; resuming a job from a round every rank saved
-- ``p2plearn.sync``       BSP and SSP synchronizers, mask-aware merging
+- ``p2plearn.sync``       the round core: BSP, SSP and partitioned rounds (one ``PartExchange`` for
+                          training, the DDP backend and the simulator), inbox, mask-aware merging
 - ``p2plearn.selection``  receiver selection (SELMCAST, random-p, all, ring, exponential)
 - ``p2plearn.tolerance``  loss-tolerance policies (per-layer bounds and deadlines)
 - ``p2plearn.filter``     value-bounded update filter
 - ``p2plearn.control``    pyzmq control plane (rendezvous, membership, heartbeats, global view)
 - ``p2plearn.transport``  the native engine's Python face (Channel) and a TCP baseline
+- ``p2plearn.compute``    the compiled merge and SELMCAST planner
 - ``p2plearn.launch``     the ``p2plearn-run`` launcher
 - ``p2plearn.rendezvous`` finding the job (rank, size, secret, coordinator address), for ``init()`` and the launcher
 - ``p2plearn.protocols``  the data channel and control client as the code handed one uses them (typing only)
