@@ -15,7 +15,8 @@ import pytest
 
 from p2plearn.control import Client, Coordinator
 from p2plearn.filter import ValueFilter
-from p2plearn.sync import BSP
+from p2plearn.sim.messages import virtual_delivery
+from p2plearn.sync import BSP, MessageCodec
 from p2plearn.tolerance import Layer, TolerancePolicy
 from p2plearn.transport import Channel
 from tests.sync.test_rounds import run_threads
@@ -127,3 +128,15 @@ def test_a_fixed_seed_round_sends_and_merges_what_it_always_did(fmt):
         for peer in peers:
             peer.close()
         coordinator.stop()
+
+
+def test_a_plain_message_cut_by_its_bounds_reads_back_whole_and_another_models_is_refused():
+    model = params_of(0)
+    codec = MessageCodec(model, LAYER_RANGES)
+    arrays, bounds = codec.wire(codec.encode(0, [0, 1]), [0.0, 0.1, 0.0])
+    assert [a.size for a in arrays] == [300, 400, 37] and bounds == [0.0, 0.1, 0.0]
+    d = virtual_delivery(1, 0, arrays, [b == 0.0 for b in bounds], 1.0, np.random.default_rng(0), 1.0)
+    contributions, problem = codec.read(d)
+    assert problem is None and [c.values.tolist() for c in contributions] == [a.tolist() for a in model]
+    other = MessageCodec([np.zeros(701, np.float32), model[1]], [(0, 0, 701), (1, 0, 37)])
+    assert other.read(d) == (None, "unmergeable: not this model's message")
