@@ -8,14 +8,13 @@ simulated network, and what a receiver merges of it.
     messages.merged(rows)                               # after the round's merges (and outer steps)
 
 `Messages.of` returns None for a plain run (every value as float32: the simulator's own, faster path).
-Each virtual peer has what a real peer's `Synchronizer` builds:
-- `--compress fp16|bf16|int8|int4`: its own `sync.compress.Compressor` over the replica (one bucket),
-  with its residuals (error feedback); a message is the compressor's arrays (values, then the int8/int4
-  scales), read back by `Compressor.contributions` as the real receive path does;
+Each virtual peer has what a real peer's `Synchronizer` builds, and encodes and reads its messages with
+training's codec (`sync.codec.MessageCodec`, over the replica as one bucket, its tensors the layers):
+- `--compress fp16|bf16|int8|int4`: its own `sync.compress.Compressor`, with its residuals (error
+  feedback); a message is the compressor's arrays (values, then the int8/int4 scales);
 - `--filter value`: its own `ValueFilter`, built from the options as `p2plearn.train` builds it, fed the
   change of the replica since its last merge, per layer (tensor); a message is the filter's header,
-  indices and the current values of what passed (`sync.base.filtered_arrays`), read back by
-  `sync.base.filtered_contributions`: a receiver averages only the elements that travelled.
+  indices and the current values of what passed: a receiver averages only the elements that travelled.
 A message's bytes on the network are its arrays' bytes times message_bytes / replica_bytes, so a small
 replica standing for a large model (`--message-bytes`) keeps the format's ratio.
 
@@ -37,13 +36,13 @@ import numpy as np
 from p2plearn.filter import make_filter
 from p2plearn.options import Options
 from p2plearn.selection.view import DATAGRAM_DATA
-from p2plearn.sync.base import filtered_arrays, filtered_contributions
+from p2plearn.sync.codec import MessageCodec
 from p2plearn.sync.compress import Compressor
-from p2plearn.sync.inbox import UNUSABLE
 from p2plearn.sync.merge import merge_parameter
 from p2plearn.transport.delivery import Delivery, Reason
 
 ALIGN = 8  # the engine places each segment on an 8-byte boundary, and chunk boundaries fall on them
+LOSSY = 1.0  # a loss bound for every layer: what the codec then bounds at 0 is what must arrive whole
 
 
 def _aligned(nbytes: int) -> int:
@@ -66,19 +65,24 @@ class Messages:
     def __init__(self, options: Options, sizes: list[int], n: int, message_bytes: float, replica_bytes: float,
                  rows: np.ndarray, staleness: int):
         self.options = options
-        self.ranges = [(int(lo), int(lo + size)) for lo, size in zip(np.cumsum([0, *sizes[:-1]]), sizes)]
+        self.layer_ranges = [(0, int(lo), int(lo + size)) for lo, size in zip(np.cumsum([0, *sizes[:-1]]), sizes)]
         self.scale = message_bytes / replica_bytes   # network bytes per byte of the replica's message
         self.dense_bytes = message_bytes
         self.staleness = staleness
-        if options.filter == "value":
+        self.filtering = options.filter == "value"
+        # per peer, training's codec over its row (one bucket, its tensors the layers) with the peer's own
+        # filter or compressor; it checks what it reads against the row's size, and encodes from a copy
+        if self.filtering:
             # as p2plearn.train builds the filter from the options
             self.filters = [make_filter("value", granularity=options.filter_granularity,
                                         init_scale=options.filter_init_scale, period=options.filter_period)
                             for _ in range(n)]
             self.previous = rows.copy()  # each peer's model as last merged: the filter reads the change since
-            self.compressors = None
+            self.codecs = [MessageCodec([row], self.layer_ranges, value_filter=f) for row, f in zip(rows, self.filters)]
         else:
-            self.compressors = [Compressor(options.compress, [rows.shape[1]], options.keep_nonfinite) for _ in range(n)]
+            self.codecs = [MessageCodec([row], self.layer_ranges,
+                                        compressor=Compressor(options.compress, [row.size], options.keep_nonfinite))
+                           for row in rows]
         self._sent: dict[int, list[tuple[list[np.ndarray], list[bool]]]] = {}  # round -> per peer (arrays, exact)
         self._bytes_total = 0.0
         self._messages = 0
@@ -104,14 +108,12 @@ class Messages:
         return sizes
 
     def _encode_one(self, i: int, rnd: int, row: np.ndarray) -> tuple[list[np.ndarray], list[bool]]:
-        if self.compressors is not None:
-            compressor = self.compressors[i]
-            arrays = compressor.encode([row], [(0, 0, row.size)])
-            return arrays, [bound == 0.0 for bound in compressor.loss_bounds([1.0])]
-        mine = row.copy()  # the message keeps the values of this round, whatever the replica does next
-        change = mine - self.previous[i]
-        msg = self.filters[i].encode(rnd, [change[lo:hi] for lo, hi in self.ranges])
-        return filtered_arrays(msg, [mine[lo:hi] for lo, hi in self.ranges]), list(msg.exact)
+        """Peer i's message (its arrays, and which must arrive whole) from its replica's row."""
+        mine = row.copy()  # a message may view the values it was encoded from: it keeps this round's
+        changes = [mine - self.previous[i]] if self.filtering else None
+        message = self.codecs[i].encode(rnd, [0], changes, model=[mine])
+        arrays, bounds = self.codecs[i].wire(message, [LOSSY] * len(self.layer_ranges))
+        return arrays, [bound == 0.0 for bound in bounds]
 
     def delivery(self, rnd: int, sender: int, delivered: float, rng: np.random.Generator) -> Delivery:
         """What a receiver of `sender`'s round-`rnd` message gets when `delivered` (a fraction) of its
@@ -123,24 +125,14 @@ class Messages:
         """Average the deliveries into a receiver's replica (its row, in place), as its synchronizer
         would: the decoded values that arrived; a delivery the real receiver could not read (its
         filter header lost) is dropped."""
-        if self.compressors is not None:
-            decoder = self.compressors[0]  # reading a message needs only the format
-            merge_parameter(row, [decoder.contributions(d, [row.size])[0] for d in deliveries])
-            return
-        layers = [row[lo:hi] for lo, hi in self.ranges]
-        usable = []
-        for d in deliveries:
-            masks = [None if f >= 1.0 else d.element_mask(i) for i, f in enumerate(d.fractions)]
-            try:
-                usable.append(filtered_contributions(d, masks, layers))
-            except UNUSABLE:
-                continue
-        for k, layer in enumerate(layers):
-            merge_parameter(layer, [c[k] for c in usable if c[k] is not None])
+        decoder = self.codecs[0]  # reading a message needs only the format and the model's layout
+        usable = [c for c, _ in map(decoder.read, deliveries) if c is not None]
+        for k, target in enumerate(decoder.targets_of([row])):
+            merge_parameter(target, [c[k] for c in usable if c[k] is not None])
 
     def merged(self, rows: np.ndarray) -> None:
         """The round's merges and outer steps are done: the filter's changes count from here."""
-        if self.compressors is None:
+        if self.filtering:
             np.copyto(self.previous, rows)
 
     def summary(self) -> dict:
@@ -148,7 +140,7 @@ class Messages:
         float32 message's, and what the messages were."""
         mean = self._bytes_total / self._messages if self._messages else self.dense_bytes
         o = self.options
-        what = f"--compress {o.compress}" if self.compressors is not None else \
+        what = f"--compress {o.compress}" if not self.filtering else \
             f"--filter value ({o.filter_granularity}, init scale {o.filter_init_scale}, period {o.filter_period})"
         return {"messages": what, "bytes_per_message": mean, "bytes_ratio": mean / self.dense_bytes}
 

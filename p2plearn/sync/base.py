@@ -3,11 +3,13 @@
     1. plan this round locally from the view the control plane pushed (receivers with pacing
        rates, senders to me): no request to anyone on the step's path;
     2. ask the tolerance policy for per-layer loss bounds and a deadline;
-    3. multicast the parameters (or the value-filtered part of them) through the engine;
+    3. multicast the parameters (plain, compressed, or the value-filtered part of them: the
+       message `MessageCodec` encodes) through the engine;
     4. gather what the round's rule allows (BSP: this round from every live sender, or the
        round's limit; SSP: whatever arrived within the staleness bound);
-    5. merge per element with the delivery masks, in place, then (given an outer optimizer)
-       take the outer step on the merged change since the last round;
+    5. read each delivery back through the codec, merge per element with the delivery masks, in
+       place, then (given an outer optimizer) take the outer step on the merged change since the
+       last round;
     6. report the round's measurements and the new clock (one-way), which feed later views.
 The engine reads the parameters in place, so merging waits until this peer's own send is done.
 """
@@ -18,24 +20,27 @@ import math
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 from p2plearn.filter import UpdateFilter
-from p2plearn.filter.wire import DENSE, SPARSE, EncodedUpdate, layout
 from p2plearn.protocols import ControlClient, DataChannel
 from p2plearn.sync.bfloat16 import values
+from p2plearn.sync.codec import Contributions, MessageCodec, filtered_arrays, filtered_contributions
 from p2plearn.sync.compress import Compressor
 from p2plearn.sync.fragments import Fragments
-from p2plearn.sync.inbox import UNUSABLE, Inbox
-from p2plearn.sync.merge import Contribution, merge_parameter, unfit
+from p2plearn.sync.inbox import Inbox
+from p2plearn.sync.merge import merge_parameter
 from p2plearn.sync.outer import OuterOptimizer
 from p2plearn.sync.planner import RoundPlanner
 from p2plearn.tolerance import Layer, NetworkState, RoundRecord, TolerancePolicy, TrainingState
 from p2plearn.transport import Delivery
+
+# filtered_arrays, filtered_contributions: the value-filtered format's, imported from here before the codec
+__all__ = ["AHEAD_ROUNDS", "RoundStats", "Synchronizer", "filtered_arrays", "filtered_contributions"]
 
 log = logging.getLogger("p2plearn.sync")
 
@@ -48,9 +53,9 @@ MIN_WAIT_S = 1.0      # without a deadline, never give up on an expected sender 
 JOINER_WAIT_S = 2.0   # a peer that joined a running job, before it has rounds of its own: at least this
 
 
-@dataclass
+@dataclass(kw_only=True)
 class RoundStats:
-    """What one round did, from this peer's side."""
+    """What one round did, from this peer's side (built by keyword: its fields are many and alike)."""
 
     round: int
     receivers: list[int]
@@ -71,41 +76,6 @@ def _copies(sent: list) -> int:
     """Copies of a message on the sender's uplink: one per unicast receiver, one for all through the group."""
     grouped = sum(st.multicast for st in sent)
     return len(sent) - grouped + (grouped > 0)
-
-
-def filtered_arrays(msg: EncodedUpdate, layers: list[np.ndarray]) -> list[np.ndarray]:
-    """The arrays of a value-filtered message: `msg`'s (the filter's choice of elements), with each
-    layer it carries holding the layer's current values (dense: all; sparse: at its indices), as
-    receivers average values, not updates. `layers`: the model's layers, flat views."""
-    arrays = list(msg.arrays)
-    for layer, (code, idx, at) in enumerate(layout(arrays, [p.shape for p in layers])):
-        flat = values(layers[layer])
-        if code == DENSE:
-            arrays[at] = flat.astype(np.float32, copy=False)
-        elif code == SPARSE:
-            arrays[at] = flat[arrays[idx]].astype(np.float32)
-    return arrays
-
-
-def filtered_contributions(d: Delivery, masks: list[np.ndarray | None],
-                           layers: list[np.ndarray]) -> list[Contribution | None]:
-    """Per layer of `layers`, what the value-filtered message d brings (None: nothing for it): the
-    elements it carries that arrived (masks: per array of d, its element mask; None: all arrived)."""
-    parts = layout(d.arrays, [p.shape for p in layers], [m is None for m in masks])
-    out: list[Contribution | None] = []
-    for p, (code, idx, at) in zip(layers, parts):
-        if code == DENSE:
-            mask = masks[at]
-            out.append(Contribution(d.arrays[at].reshape(p.shape), None if mask is None else mask.reshape(p.shape)))
-        elif code == SPARSE:
-            dense, sent = np.zeros(p.size, dtype=np.float32), np.zeros(p.size, dtype=bool)
-            where = d.arrays[idx]
-            dense[where] = d.arrays[at]
-            sent[where] = True if masks[at] is None else masks[at]
-            out.append(Contribution(dense.reshape(p.shape), sent.reshape(p.shape)))
-        else:
-            out.append(None)
-    return out
 
 
 class Synchronizer(ABC):
@@ -168,11 +138,6 @@ class Synchronizer(ABC):
         self.layer_ranges = layer_ranges or [(i, 0, p.size) for i, p in enumerate(self.params)]
         if len(self.layer_ranges) != len(layers):
             raise ValueError(f"{len(self.layer_ranges)} layer ranges for {len(layers)} layers")
-        # Per array, its layers in element order: the norms and bound runs are computed per array.
-        self._array_layers = [sorted((i for i, r in enumerate(self.layer_ranges) if r[0] == a),
-                                     key=lambda i: self.layer_ranges[i][1]) for a in range(len(self.params))]
-        # The filter works per layer, on views of the arrays (what it sends is picked per layer).
-        self.layer_views = [self.params[a][lo:hi] for a, lo, hi in self.layer_ranges]
         if fragments > 1 and value_filter is not None:
             raise ValueError("--fragments: does not apply with --filter value (the filter picks what travels per "
                              "layer, from the whole model's change)")
@@ -183,9 +148,10 @@ class Synchronizer(ABC):
         self.slow_close = slow_close
         self.filter = value_filter
         self.outer = outer
+        # the codec encodes with the compressor (its residuals advance there); state_dict saves them
         self.compressor = Compressor(compress, [p.size for p in params], keep_nonfinite) if compress != "none" else None
-        if self.compressor is not None and value_filter is not None:
-            raise ValueError("compression does not apply with a value filter yet (the filter picks what travels)")
+        self.codec = MessageCodec(self.params, self.layer_ranges, self.fragments, compressor=self.compressor,
+                                  value_filter=value_filter)
         self.round_cap_s = round_cap_s
         self.clock = start_clock
         self._joined = start_clock > 0  # took part from a running job's clock (a joiner, a restarted peer)
@@ -213,8 +179,8 @@ class Synchronizer(ABC):
         t0 = time.monotonic()
         self._computed_until(t0)
         deltas = self._track_updates(loss)
-        arrays, to_wire = self._message(rnd, deltas, carried)
-        self.network.expected_bytes = sum(a.nbytes for a in arrays)
+        message = self.codec.encode(rnd, carried, deltas)
+        self.network.expected_bytes = message.nbytes
         view = self.client.view_for(rnd)
         plan = self.planner.plan(view, rnd, self.client.rank, self.network.expected_bytes)
         self.network.planned_time_s = plan.planned_time
@@ -222,8 +188,8 @@ class Synchronizer(ABC):
         bounds, deadline = self.tolerance.bounds(rnd, self.layers, self.network, self.training)
         members = self.client.members
         receivers = [(j, rate) for j, rate in plan.receivers if j in members and members[j].engine]
-        message, wire_bounds = to_wire(bounds)
-        handle = self.channel.send(rnd, message, [(*members[j].engine, rate) for j, rate in receivers],
+        arrays, wire_bounds = self.codec.wire(message, bounds)
+        handle = self.channel.send(rnd, arrays, [(*members[j].engine, rate) for j, rate in receivers],
                                    loss_bounds=wire_bounds, deadline=deadline, slow_close=self.slow_close,
                                    multicast=[j in plan.grouped for j, _ in receivers])
         self._interrupted = False
@@ -240,12 +206,13 @@ class Synchronizer(ABC):
         merged, delivered = self._merge(inputs)
         self._backlog = self.inbox.pending()
         self._outer_step(carried)
-        results = dict(Counter(st.result for st in sent))
-        send_s = max((st.elapsed_s for st in sent), default=0.0)
         self._round_end = time.monotonic()
-        return RoundStats(rnd, [j for j, _ in receivers], plan.senders, merged, delivered, plan.fanout,
-                          plan.planned_time, comm_s, send_s, self.network.expected_bytes * _copies(sent),
-                          sum(st.retransmitted for st in sent), results, sorted({d.sender for d in inputs}))
+        return RoundStats(round=rnd, receivers=[j for j, _ in receivers], senders=plan.senders, merged=merged,
+                          delivered=delivered, fanout=plan.fanout, planned_s=plan.planned_time, comm_s=comm_s,
+                          send_s=max((st.elapsed_s for st in sent), default=0.0),
+                          bytes_sent=self.network.expected_bytes * _copies(sent),
+                          retransmitted=sum(st.retransmitted for st in sent),
+                          results=dict(Counter(st.result for st in sent)), merged_from=sorted({d.sender for d in inputs}))
 
     def _outer_step(self, carried: list[int]) -> None:
         """The outer update of the arrays the round carried, from their anchors (the model as last
@@ -360,118 +327,17 @@ class Synchronizer(ABC):
         """Whether an expected sender is still worth waiting for."""
         return rank in self.client.members and not self._interrupted
 
-    def _message(self, rnd: int, deltas: list[np.ndarray] | None, carried: list[int]) -> tuple[list[np.ndarray], Any]:
-        """What to send of the arrays `carried`, and how per-layer bounds make it a message:
-        bounds -> (arrays, their bounds). Compression residuals change only for what is sent."""
-        if self.compressor is not None:
-            encoded = self.compressor.encode([self.params[t] for t in carried],
-                                             [(t, 0, self.params[t].size) for t in carried])
-            def wire(bounds: list[float]) -> tuple[list[np.ndarray], list[float]]:
-                per_array = self.array_bounds(bounds)
-                return encoded, self.compressor.loss_bounds([per_array[t] for t in carried])
-            return encoded, wire
-        if self.filter is None:
-            return [self.params[t] for t in carried], lambda bounds: self._segments(bounds, carried)
-        msg = self.filter.encode(rnd, [deltas[a][lo:hi] for a, lo, hi in self.layer_ranges])
-        arrays = filtered_arrays(msg, self.layer_views)
-        return arrays, lambda bounds: (arrays, msg.wire_bounds(bounds))
-
     def array_bounds(self, bounds: list[float]) -> list[float]:
-        """Per array, the smallest bound of its layers: where a message cannot split an array by
-        its layers' bounds (compressed or partitioned rounds), none of them loses more than its own."""
-        return [min((bounds[i] for i in layers), default=0.0) for layers in self._array_layers]
+        """Per array, the smallest bound of its layers (`MessageCodec.array_bounds`)."""
+        return self.codec.array_bounds(bounds)
 
-    def _runs(self, bounds: list[float], carried: Sequence[int]) -> list[tuple[int, int, int, float]]:
-        """(array, start, end, bound): each of the arrays `carried` cut where its layers' bounds
-        change; one run per array when they are all alike (every policy but the per-layer one)."""
-        runs = []
-        for a in carried:
-            layers = self._array_layers[a]
-            start, bound = 0, bounds[layers[0]] if layers else 0.0
-            for i in layers:
-                if bounds[i] != bound:
-                    lo = self.layer_ranges[i][1]
-                    runs.append((a, start, lo, bound))
-                    start, bound = lo, bounds[i]
-            runs.append((a, start, self.params[a].size, bound))
-        return runs
-
-    def _segments(self, bounds: list[float], carried: Sequence[int]) -> tuple[list[np.ndarray], list[float]]:
-        """The plain message: the arrays `carried`, cut into runs of one loss bound each, and the bounds."""
-        runs = self._runs(bounds, carried)
-        return [self.params[a][lo:hi] for a, lo, hi, _ in runs], [b for *_, b in runs]
-
-    def _contributions(self, d: Delivery) -> list[Contribution | None] | None:
-        """Per parameter, what delivery d brings (None: nothing for it); None if d is unusable (its
-        layout was lost, or it does not fit this model: dropped, counted in the inbox's drops)."""
-        if d.arrays is None:
-            self.inbox.drops["layout lost"] += 1
-            return None
-        try:
-            out = self._decode(d)
-            problem = "not this model's message" if out is None else next(
-                filter(None, (unfit(p, c) for p, c in zip(self._merge_targets(), out) if c is not None)), None)
-        except UNUSABLE as exc:
-            problem = f"undecodable ({type(exc).__name__})"
+    def _contributions(self, d: Delivery) -> Contributions | None:
+        """Per merge target, what delivery d brings; None if d is unusable (dropped, counted in the
+        inbox's drops under the codec's reason)."""
+        out, problem = self.codec.read(d)
         if problem:
-            self.inbox.drops[f"unmergeable: {problem}"] += 1  # a peer's bug or a hostile key holder
-            return None
+            self.inbox.drops[problem] += 1  # unmergeable: a peer's bug or a hostile key holder
         return out
-
-    def _decode(self, d: Delivery) -> list[Contribution | None] | None:
-        carried = self.fragments.arrays(d.msg_id)  # the fragment of the delivery's own round
-        if self.compressor is not None:
-            sent = self.compressor.contributions(d, [self.params[t].size for t in carried])
-            return None if sent is None else self._spread(sent, carried)
-        if self.filter is None:
-            return self._plain_contributions(d, carried)
-        masks = [None if f >= 1.0 else d.element_mask(i) for i, f in enumerate(d.fractions)]
-        return filtered_contributions(d, masks, self.layer_views)
-
-    def _spread(self, contributions: list[Contribution], carried: list[int]) -> list[Contribution | None]:
-        """Per array of the model, what a message carrying the arrays `carried` brings for it."""
-        if len(carried) == len(self.params):
-            return contributions
-        out: list[Contribution | None] = [None] * len(self.params)
-        for t, c in zip(carried, contributions):
-            out[t] = c
-        return out
-
-    def _plain_contributions(self, d: Delivery, carried: list[int]) -> list[Contribution | None] | None:
-        """Per array, the contribution of a plain message that carries the arrays `carried` (cut
-        into segments as the sender's bounds fell: consecutive segments that fill each array
-        exactly, in order; None for the arrays it does not carry); None if the message is not of
-        this model."""
-        targets = [self.params[t] for t in carried]
-        out, pieces, filled = [], [], 0
-        for i, a in enumerate(d.arrays):
-            if len(out) == len(targets):
-                return None  # more segments than the fragment holds
-            own = targets[len(out)]
-            if a.dtype != own.dtype or filled + a.size > own.size:
-                return None
-            pieces.append(i)
-            filled += a.size
-            if filled == own.size:
-                out.append(self._joined_contribution(d, pieces))
-                pieces, filled = [], 0
-        return self._spread(out, carried) if len(out) == len(targets) and not pieces else None
-
-    @staticmethod
-    def _joined_contribution(d: Delivery, pieces: list[int]) -> Contribution:
-        """One array's contribution from its segments: the segment itself when it travelled whole
-        (the common case: no copy), else the segments joined, with their element masks."""
-        if len(pieces) == 1:
-            return Contribution(d.arrays[pieces[0]].reshape(-1), chunks=d.chunks(pieces[0]))
-        joined = np.concatenate([d.arrays[i].reshape(-1) for i in pieces])
-        if all(d.fractions[i] >= 1.0 for i in pieces):
-            return Contribution(joined)
-        return Contribution(joined, mask=np.concatenate([d.element_mask(i).reshape(-1) for i in pieces]))
-
-    def _merge_targets(self) -> list[np.ndarray]:
-        """What contributions merge into: the layers with the value filter (it sends per layer),
-        else the arrays."""
-        return self.layer_views if self.filter is not None else self.params
 
     def _computed_until(self, t0: float) -> None:
         """A round starts at t0: the time since the last one ended was this peer's compute."""
@@ -483,7 +349,7 @@ class Synchronizer(ABC):
         usable = [(d, c) for d, c in ((d, self._contributions(d)) for d in inputs) if c is not None]
         if not usable:
             return 0, 1.0
-        targets = self._merge_targets()
+        targets = self.codec.targets
         # the arrays the messages' rounds carried (every target with one fragment): each delivery
         # merges into its own round's fragment only (SSP merges several rounds at once)
         carried = range(len(targets)) if self.fragments.count == 1 else \
@@ -496,7 +362,7 @@ class Synchronizer(ABC):
         self._merge_s = (time.monotonic() - t0) / len(usable)
         return len(usable), float(np.mean(fractions))
 
-    def _count_nonfinite(self, sender: int, contributions: list[Contribution | None]) -> None:
+    def _count_nonfinite(self, sender: int, contributions: Contributions) -> None:
         """Count what merging (or decoding) a sender's message refused as not finite (a diverged
         peer, or a hostile key holder); one line the first time per sender."""
         refused = sum(c.nonfinite for c in contributions if c is not None)

@@ -108,7 +108,8 @@ class Partitioned(Synchronizer):
         if layout is None or me not in layout.ranks:  # alone, or not in the view that plans this round yet
             self.clock = rnd + 1
             self._report(rnd, [], [], time.monotonic() - t0, loss, deadline)
-            return RoundStats(rnd, [], [], 0, 1.0, 0.0, 0.0, time.monotonic() - t0, 0.0, 0, 0)
+            return RoundStats(round=rnd, receivers=[], senders=[], merged=0, delivered=1.0, fanout=0.0, planned_s=0.0,
+                              comm_s=time.monotonic() - t0, send_s=0.0, bytes_sent=0, retransmitted=0)
         engines = self.client.members
         others = [k for k in layout.ranks if k != me and k in engines and engines[k].engine]
         mine = layout.slices[me]
@@ -171,10 +172,12 @@ class Partitioned(Synchronizer):
         self._report(rnd, flows, stats, comm_s, loss, deadline)
         self._round_end = time.monotonic()
         results = dict(Counter(st.result for st in stats))
-        return RoundStats(rnd, [k for k, _ in flows], sorted(aggregators), len(merged_from),
-                          float(np.mean(fractions)) if fractions else 1.0, float(len(layout.ranks) - 1),
-                          layout.planned_time, comm_s, max((st.elapsed_s for st in stats), default=0.0), sent_bytes,
-                          sum(st.retransmitted for st in stats), results, sorted(merged_from))
+        return RoundStats(round=rnd, receivers=[k for k, _ in flows], senders=sorted(aggregators),
+                          merged=len(merged_from), delivered=float(np.mean(fractions)) if fractions else 1.0,
+                          fanout=float(len(layout.ranks) - 1), planned_s=layout.planned_time, comm_s=comm_s,
+                          send_s=max((st.elapsed_s for st in stats), default=0.0), bytes_sent=sent_bytes,
+                          retransmitted=sum(st.retransmitted for st in stats), results=results,
+                          merged_from=sorted(merged_from))
 
     def state_dict(self) -> dict[str, Any]:
         """Synchronizer's state and, compressed, the gather's error feedback."""

@@ -28,6 +28,7 @@ class SSP(Synchronizer):
         if staleness < 0:
             raise ValueError(f"staleness must be >= 0, got {staleness}")
         self.staleness = staleness
+
     def _wait_round(self, rnd: int, senders: set[int], until: float) -> None:
         """Nothing to wait for while sending: SSP's wait is on the clocks, after the send."""
 

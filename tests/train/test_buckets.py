@@ -146,14 +146,15 @@ def test_a_layers_bound_covers_exactly_its_bytes_in_the_bucket():
     sync = BSP(arrays, describe_layers(model), _NoChannel(), None, selection="all", fanout=1, seed=0,
                tolerance=make_tolerance("fixed"), layer_ranges=buckets.ranges())
     bounds = [0.0, 0.0, 0.2, 0.0, 0.1, 0.1]  # per tensor: w0 b0 w1 b1 w2 b2
-    segments, wire = sync._segments(bounds, sync.fragments.arrays(0))
+    message = sync.codec.encode(0, sync.fragments.arrays(0))
+    segments, wire = sync.codec.wire(message, bounds)
     assert wire == [0.0, 0.2, 0.0, 0.1]
     layer_bytes = [t.numel() * 4 for t in tensors.values()]  # 64 16 64 16 64 16
     starts = np.cumsum([0] + layer_bytes)
     # each segment covers the bytes of its layers, in the bucket's own memory
     assert [s.ctypes.data - arrays[0].ctypes.data for s in segments] == [starts[0], starts[2], starts[3], starts[4]]
     assert [s.nbytes for s in segments] == [80, 64, 16, 80]
-    uniform, uniform_wire = sync._segments([0.05] * 6, sync.fragments.arrays(0))
+    uniform, uniform_wire = sync.codec.wire(message, [0.05] * 6)
     assert len(uniform) == 1 and uniform[0].size == 60 and uniform_wire == [0.05]
     assert sync.array_bounds(bounds) == [0.0]  # a part of a bucket keeps to its smallest layer bound
 
