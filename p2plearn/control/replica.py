@@ -19,10 +19,9 @@ from .errors import ControlError
 from .lifecycle import Lifecycle, Phase
 from .membership import Member
 from .requester import WAIT_NOTICE_S
-from .view import GlobalView
+from .view import GlobalView, ViewHistory
 
 log = logging.getLogger("p2plearn.control")
-VIEWS_KEPT = 16  # views held at once (a new one may apply a few rounds ahead)
 
 
 class MembershipReplica:
@@ -40,7 +39,7 @@ class MembershipReplica:
         self._epoch = -1          # the coordinator's membership epoch applied last (-1: none yet)
         self._gap = False         # an event was missed since: the next tick asks for a snapshot
         self._min_clock = 0
-        self._views: list[GlobalView] = []  # by order, the newest last
+        self._views = ViewHistory()
         self._progress: Progress | None = None
         # The most members, and receivers a view planned, at once since this client followed its
         # coordinator (as seen here, or as the coordinator's snapshots say: events published before
@@ -75,12 +74,11 @@ class MembershipReplica:
     @property
     def view(self) -> GlobalView | None:
         with self._cond:
-            return self._views[-1] if self._views else None
+            return self._views.newest
 
     def view_for(self, round: int) -> GlobalView | None:
         with self._cond:
-            usable = [v for v in self._views if v.from_round <= round]
-            return usable[-1] if usable else (self._views[0] if self._views else None)
+            return self._views.for_round(round)
 
     # -- updates (the background thread; the caller's at registration) --------------------------
 
@@ -125,9 +123,7 @@ class MembershipReplica:
 
     def add_view(self, view: GlobalView) -> None:
         with self._cond:
-            views = [v for v in self._views if v.order != view.order] + [view]
-            views.sort(key=lambda v: v.order)
-            self._views = views[-VIEWS_KEPT:]
+            self._views.add(view)
             self._most_planned = max(self._most_planned, int(view.alive.sum()))
             self._cond.notify_all()
 

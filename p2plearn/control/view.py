@@ -173,3 +173,32 @@ class GlobalView:
         return cls(round=p.integer(header.get("round"), "view round"), term=p.integer(header.get("term", 0), "term"),
                    version=p.integer(header.get("version", 0), "view version"),
                    from_round=p.integer(header.get("from_round", 0), "view from_round"), **arrays)
+
+
+class ViewHistory:
+    """The views a peer holds, by ``order`` (the newest last, at most ``kept``), and the one that plans
+    a round: the newest that applies from that round or before (every peer holding the same views
+    picks the same one). What a control client keeps of the pushed views, and what the simulator's
+    virtual peers keep of the coordinator's (`p2plearn.sim.control`). Not thread-safe: its owner locks.
+
+    Tuning: ``kept`` bounds memory; a new version applies a few rounds ahead (the coordinator's
+    ``VIEW_LEAD``), so a few views suffice."""
+
+    def __init__(self, kept: int = 16) -> None:
+        self.kept = kept
+        self._views: list[GlobalView] = []
+
+    def add(self, view: GlobalView) -> None:
+        """Hold ``view``, replacing one of its order."""
+        views = [v for v in self._views if v.order != view.order] + [view]
+        views.sort(key=lambda v: v.order)
+        self._views = views[-self.kept:]
+
+    @property
+    def newest(self) -> GlobalView | None:
+        return self._views[-1] if self._views else None
+
+    def for_round(self, round: int) -> GlobalView | None:
+        """The view that plans ``round`` (before any applies: the oldest held; None: none held)."""
+        usable = [v for v in self._views if v.from_round <= round]
+        return usable[-1] if usable else (self._views[0] if self._views else None)

@@ -10,10 +10,10 @@ i.i.d. or `--dirichlet ALPHA`), and its own virtual clock:
   factor exp(N(0, spread)), seeded: stragglers); an evaluation (`--eval-every`) by the
   calibrated evaluation time, as the real peers spend it;
 - every `--period` steps a round: its plan comes from `sync.planner.RoundPlanner` (the selection
-  policies of training) on a `GlobalView` built from a `control.estimator.BandwidthEstimator` fed
-  the simulated flows' rates, as the coordinator feeds it the peers' reports; the view that plans
-  round r holds the samples of rounds up to r - VIEW_LAG (a view is published a little ahead of
-  the fastest peer), so it lags bursts as it does live;
+  policies of training) on the view a client would pick for it from those the coordinator's own
+  `MembershipTable` publishes, fed the peers' reports of the simulated flows' rates, their load and
+  message sizes (`sim.control`): new versions by the coordinator's rule, applying a few rounds
+  ahead of the fastest peer, so the view lags bursts as it does live;
 - the round's flows move on the flow-level simulator (`sim.simulator.Simulator`: pacing, max-min
   sharing, loss with the engine's passes, Early Close at the loss bounds, the deadline), each
   sender starting when its own compute ends; the link rates follow the topology's events (bursts)
@@ -59,12 +59,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from p2plearn.control import GlobalView
-from p2plearn.control.estimator import BandwidthEstimator, seed_rates
+from p2plearn.control.estimator import seed_rates
 from p2plearn.options import Options
 from p2plearn.selection import NetworkView
 from p2plearn.selection.view import DATAGRAM_DATA
 from p2plearn.sim.calibrate import costs
+from p2plearn.sim.control import VirtualControl, round_load
 from p2plearn.sim.messages import Messages
 from p2plearn.sim.partitioned import VirtualPartitioned
 from p2plearn.sim.replicas import Replicas
@@ -80,7 +80,6 @@ from p2plearn.train.data import Dataset, dirichlet_shards, epoch_order
 from p2plearn.train.optimizer import describe_layers
 from p2plearn.transport.delivery import ChunkMask
 
-VIEW_LAG = 2  # round r is planned from the samples of rounds up to r - VIEW_LAG
 UNSUPPORTED = {"overlap": (True,), "transport_mode": ("multicast", "auto")}
 
 
@@ -226,11 +225,10 @@ class VirtualTraining:
             else np.ones(self.n)
         self.step_s = self.costs["step_s"] * self.speed
         self.mask_rng = np.random.default_rng(settings.seed + 1)
-        self.estimator = BandwidthEstimator(seed_rates(topology))
+        self.control = VirtualControl(self.n, seed_rates(topology))
         policy = {"max_fanout": options.max_fanout or None, "max_fanin": options.max_fanin or None,
                   "mixing_slack": options.mixing_slack} if options.selection == "selmcast" else {}
         self.planner = RoundPlanner(options.selection, options.fanout, settings.seed, **policy)
-        self.views: list[GlobalView] = []
         self.outer = [OuterOptimizer(options.outer_lr, options.outer_momentum) for _ in range(self.n)]
         self.nchunks = max(1, math.ceil(self.message_bytes / DATAGRAM_DATA))
         self.chunk_size = max(1, math.ceil(self.replica_bytes / self.nchunks))
@@ -381,16 +379,6 @@ class VirtualTraining:
                 for i in range(min(self.settings.eval_peers, self.n))]
         return (t, accs[0], float(np.mean(accs)))
 
-    def _view(self, rnd: int, sizes: np.ndarray) -> GlobalView:
-        """The view round `rnd` is planned from: the estimates up to round rnd - VIEW_LAG, the load
-        the peers would report (compute per period, merge time per message), and their message sizes."""
-        zeros = np.zeros(self.n)
-        arrays = self.estimator.arrays(self.n)
-        return GlobalView(round=rnd, **arrays, compute_s=self.step_s * self.options.period,
-                          merge_s=np.full(self.n, self.costs["merge_s"]), backlog=zeros, in_flight_bytes=zeros,
-                          in_flight_msgs=zeros, alive=np.ones(self.n, dtype=bool), clock=np.full(self.n, rnd),
-                          message_bytes=sizes, version=rnd)
-
     def round_bounds(self, rnd: int, sizes: np.ndarray, planned_s: float):
         """Round `rnd`'s loss bounds (the option's, or [n, L]: every peer's policy's per layer), the
         layers' shares of a message (None with one bound for all) and deadlines (None or [n])."""
@@ -401,24 +389,23 @@ class VirtualTraining:
         return bounds, self.tolerance.shares, deadline
 
     def _report(self, rnd: int, src: np.ndarray, dst: np.ndarray, paced: np.ndarray, rate: np.ndarray,
-                probes: list[str]) -> None:
-        """What the senders report of their flows to the estimator: the ACK-timed rate of what
-        arrived (rate), against the pace; a later flow to the same receiver in a round replaces it."""
+                probes: list[str], sizes: np.ndarray) -> None:
+        """Every peer's report of round `rnd` to the control plane: of each flow it sent, the
+        ACK-timed rate of what arrived (rate) against the pace (a later flow to the same receiver in a
+        round replaces it), its load and its message's bytes."""
         reports: dict[int, dict[int, dict]] = {}
         for i, j, p, r, probe in zip(src.tolist(), dst.tolist(), paced.tolist(), rate.tolist(), probes):
             reports.setdefault(i, {})[j] = {"paced": p, "rate": r, "probe": probe}
-        for i, links in reports.items():
-            self.estimator.observe(i, rnd, links)
+        for i, load in enumerate(round_load(self.step_s * self.options.period, self.costs["merge_s"])):
+            self.control.report(i, rnd + 1, reports.get(i, {}), load, float(sizes[i]))
 
     def _partitioned_round(self, rnd: int, clock: np.ndarray, anchors: np.ndarray | None,
                            rounds: list[dict]) -> np.ndarray:
         """Round `rnd` of `--sync partitioned` (`sim.partitioned`), every peer's compute done at
         clock[i]: the clocks after it and the outer step."""
-        if rnd >= VIEW_LAG:
-            self.estimator.close_round(rnd - VIEW_LAG)
         sizes = np.full(self.n, self.partitioned.message_bytes)
-        end, record, f = self.partitioned.round(rnd, clock, sizes, self._view(rnd, sizes))
-        self._report(rnd, f["src"], f["dst"], f["cap"], f["rate"] * (1 - f["loss"]), [""] * len(f["src"]))
+        end, record, f = self.partitioned.round(rnd, clock, sizes, self.control.view_for(rnd))
+        self._report(rnd, f["src"], f["dst"], f["cap"], f["rate"] * (1 - f["loss"]), [""] * len(f["src"]), sizes)
         if self.tolerance is not None:
             done = clock.copy()
             np.maximum.at(done, f["src"], f["end_s"])
@@ -437,11 +424,9 @@ class VirtualTraining:
         """Round `rnd`'s flows, each peer sending its message of sizes[i] bytes from send_at[i]: per
         flow (round, src, dst, arrival time, delivered fraction, slow-closed or not), when each peer's
         sends were done, and the plan's T."""
-        if rnd >= VIEW_LAG:
-            self.estimator.close_round(rnd - VIEW_LAG)
         # The whole plan every peer cuts its own part from (RoundPlanner.plan); taken whole here,
         # once, rather than n times.
-        planned, _, planned_s, _ = self.planner.whole_plan(self._view(rnd, sizes), rnd, self.message_bytes)
+        planned, _, planned_s, _ = self.planner.whole_plan(self.control.view_for(rnd), rnd, self.message_bytes)
         plan = {i: [j for j, _, _ in rs] for i, rs in planned.items()}
         src = np.array([i for i, rs in planned.items() for _ in rs], dtype=np.int64)
         dst = np.array([j for rs in planned.values() for j, _, _ in rs], dtype=np.int64)
@@ -456,7 +441,8 @@ class VirtualTraining:
                                 links=self.links.from_time(t0))
         f = sim.run(1).flows
         fsrc, fdst = f["src"].astype(int), f["dst"].astype(int)
-        self._report(rnd, fsrc, fdst, f["cap"], f["rate"] * (1 - loss[fdst]), [probes[(i, j)] for i, j in zip(fsrc, fdst)])
+        self._report(rnd, fsrc, fdst, f["cap"], f["rate"] * (1 - loss[fdst]), [probes[(i, j)] for i, j in zip(fsrc, fdst)],
+                     sizes)
         done = send_at.copy()
         np.maximum.at(done, fsrc, t0 + f["end_s"])
         if self.tolerance is None:
