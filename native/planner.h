@@ -20,7 +20,8 @@ struct planner {
     int n, live, p, max_fanout, max_fanin; /* p: clamped to live - 1 by planner_init */
     double mixing_slack;        /* step 3 may let T grow by this fraction to give a peer a sender */
     int equal;                  /* all live messages equal: fan-in counts whole messages, exactly */
-    double unit;                /* cost of the largest message: 1 (equal) or its bytes */
+    double unit;                /* the message cost cap[] counts in: the largest message's (1 with equal
+                                 * sizes) after heap_reset, about the current sender's after heap_rekey */
     const double *up, *down, *msg;                  /* borrowed: rates (bytes/s), message bytes */
     const double *up_start, *down_start; /* borrowed: seconds into the round before each link is free */
     const double *merge_cost;   /* borrowed: seconds per merged message, or NULL */
