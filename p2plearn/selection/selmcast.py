@@ -33,7 +33,7 @@ SELMCAST (Pareto-optimal in two steps, then mixing):
 3. give every live peer that still has no sender one, where that costs nothing in T: a peer that
    never receives never mixes, and its model drifts.
 
-Algorithm (in C, native/planner.c). "Can every sender get p receivers by T?" is a bipartite
+Algorithm (in C, native/planner_steps.c). "Can every sender get p receivers by T?" is a bipartite
 degree-constrained assignment without self-loops: sender fan-out floor(U_i (T - a_i) / M_i) (all
 live peers under IP multicast, once T > a_i; in mixed mode its copies, the group's counted once),
 receiver fan-in D_j (T - b_j) bytes and at most (T - a_j) / merge_cost[j] and max_fanin messages. A sorted
