@@ -155,9 +155,12 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, opts.Options, list[str]]
     if args.testbed and options.emulate:
         raise UsageError("--testbed and --emulate exclude each other (a testbed shapes real links)")
     if options.topology:
-        if not os.path.isfile(options.topology):
-            raise UsageError(f"--topology {options.topology}: no such file")
-        options = options.replace(topology=os.path.abspath(options.topology))
+        from ..topology import nearest_shipped, resolve  # networkx: imported only for jobs with a topology
+
+        found = resolve(options.topology)
+        if not found.is_file():
+            raise UsageError(f"--topology {options.topology}: no such file{nearest_shipped(options.topology)}")
+        options = options.replace(topology=os.path.abspath(found))
     return args, options, command
 
 
