@@ -193,10 +193,11 @@ class _ControlPlane:
         return self._observer.progress or Progress(0, 0, 0, None, None)
 
     def final_progress(self, wait: float) -> Progress:
-        """The progress once the peers are gone: a job shorter than a tick may not have shown any
-        round yet, so wait up to ``wait`` seconds for the tick that carries its last clocks."""
+        """The progress once the peers are gone: the tick in hand may be older than their last
+        rounds (or than a job shorter than a tick), so wait up to ``wait`` seconds for one that
+        carries their last clocks: a tick after every peer left."""
         deadline = time.monotonic() + wait
-        while (progress := self.progress()).max_clock == 0 and time.monotonic() < deadline:
+        while ((progress := self.progress()).max_clock == 0 or progress.alive) and time.monotonic() < deadline:
             time.sleep(0.05)
         return progress
 
