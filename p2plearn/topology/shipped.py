@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import difflib
 import os
+import sys
 from pathlib import Path
 
-# The repository's topology files, next to the package: an editable install (`pip install -e`, as
-# `make demo` and the README install it) or a checkout on PYTHONPATH finds them here.
-SHIPPED_DIR = Path(__file__).resolve().parents[2] / "topology"
+# The repository's topology files next to the package (a checkout, an editable install as `make demo`
+# and the README make); else where a wheel installs them (pyproject.toml's data-files).
+_REPOSITORY_DIR = Path(__file__).resolve().parents[2] / "topology"
+SHIPPED_DIR = _REPOSITORY_DIR if _REPOSITORY_DIR.is_dir() else Path(sys.prefix) / "share" / "p2plearn" / "topology"
 
 
 def shipped_names() -> list[str]:
