@@ -48,6 +48,7 @@ from .control import Client, ControlError, Member, Refused
 from .control.server import ServerProcess, spawn
 from .options import Options
 from .protocols import ControlClient
+from .rank_output import tag_under_mpirun
 from .rendezvous.coordinator import coordinator_host, coordinator_port
 from .rendezvous.jobfiles import JobFiles, shared_on_this_host
 from .rendezvous.ranks import detect_job_id, detect_rank
@@ -151,6 +152,8 @@ def init(engine_address: tuple[str, int] | None = None, *, join: bool = False, t
     """
     env = os.environ if environ is None else environ
     rank, world_size, local_rank, local_world_size = detect_rank(env)
+    if environ is None:
+        tag_under_mpirun(env, rank)  # whole lines tagged "[rank] ", as p2plearn-run shows them
     _watch_launcher(env, rank)  # from the start: a launcher may die while this peer waits for the others
     options = Options.from_env(env, **overrides)
     job_id = detect_job_id(env)

@@ -86,6 +86,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def settings(options: Options) -> str:
+    """The run's header: its settings, a staleness only where one applies (SSP)."""
+    sync = f"sync={options.sync}" + (f" staleness={options.staleness}" if options.sync == "ssp" else "")
+    return (f"{sync} selection={options.selection} p={options.fanout} tolerance={options.tolerance} "
+            f"loss_bound={options.loss_bound} period={options.period} overlap={options.overlap} "
+            f"outer_lr={options.outer_lr} outer_momentum={options.outer_momentum}")
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     torch.set_num_threads(1)
@@ -98,12 +106,8 @@ def main(argv: list[str] | None = None) -> None:
                                           seed=args.seed)
     tag = f"rank {rt.rank}"
     if rt.rank == 0:
-        print(f"{rt.world_size} peers, sync={opt.options.sync} staleness={opt.options.staleness} "
-              f"selection={opt.options.selection} p={opt.options.fanout} tolerance={opt.options.tolerance} "
-              f"loss_bound={opt.options.loss_bound} period={opt.options.period} "
-              f"overlap={opt.options.overlap} outer_lr={opt.options.outer_lr} "
-              f"outer_momentum={opt.options.outer_momentum}; {sum(p.numel() for p in model.parameters())} parameters",
-              flush=True)
+        print(f"{rt.world_size} peers, {settings(opt.options)}; {sum(p.numel() for p in model.parameters())} "
+              f"parameters", flush=True)
     meter = UplinkMeter(opt.channel)  # the JSON's peak_uplink_bytes_per_s: this rank's, per 1 s window
     start = time.monotonic()
     history: list[tuple[float, float]] = []  # (wall s, this peer's test accuracy), for time-to-accuracy

@@ -36,9 +36,7 @@ class Output:
         self._logs: dict[int, IO[str]] = {}
         self._stderr: dict[int, deque[str]] = {}
         self._last_plain = 0.0
-        self._last_clock: int | None = None
-        self._last_text = ""    # the last progress line printed
-        self._latest = ""       # the last progress computed while the job ran
+        self._last_clock: int | None = None  # the slowest clock of the last plain progress line
         self._live = None
         if log_dir:
             os.makedirs(log_dir, exist_ok=True)
@@ -72,30 +70,31 @@ class Output:
 
     def progress(self, p: Progress, rate: float | None, world_size: int, final: bool = False) -> None:
         """Show the job's progress: rounds, rounds/s (None: not known yet), loss and the slowest
-        peer; ``final``: the job is over: print the last progress seen while it ran as a plain
-        line, once."""
+        peer; ``final``: the job is over and ``p`` is how it ended: one plain closing line with the
+        last round any peer reported and the last loss (nothing when no round ran)."""
         loss = f"loss {p.loss:.4f}" if p.loss is not None else "loss -"
+        if final:
+            # Built from the end's progress, never from the last line shown while peers ran: that
+            # one may be seconds old (its clocks, and peers that had left since).
+            alive = "all ranks left" if not p.alive else \
+                f"{p.alive} of {world_size} ranks stopped without leaving the job"
+            with self._lock:
+                if p.max_clock > 0:
+                    self._emit(f"{PREFIX}: round {p.max_clock} | {loss} | {alive}", err=False)
+            return
         speed = f"{rate:.2f}" if rate is not None else "-"
         text = (f"round {p.min_clock}" + (f"..{p.max_clock}" if p.max_clock != p.min_clock else "")
                 + f" | {speed} rounds/s | {loss} | slowest rank {p.slowest} | {p.alive}/{world_size} alive")
         with self._lock:
-            if final:
-                # A job shorter than a tick may have shown nothing yet: then the clocks it ended at.
-                last = self._latest or (f"round {p.max_clock} | {loss} | all ranks left" if p.max_clock > 0 else "")
-                if last and last != self._last_text:
-                    self._last_text = last
-                    self._emit(f"{PREFIX}: {last}", err=False)
-                return
             if self._live is not None:
                 self._live.update(Text(text, style="bold"), refresh=True)
             # Plain lines only while peers train: the end of the job (peers leaving) is the final
             # line's, printed after every plain one.
             if not (p.max_clock > 0 and p.alive):
                 return
-            self._latest = text
             if self._live is None and p.min_clock != self._last_clock and \
                     time.monotonic() - self._last_plain >= self.plain_every:
-                self._last_plain, self._last_clock, self._last_text = time.monotonic(), p.min_clock, text
+                self._last_plain, self._last_clock = time.monotonic(), p.min_clock
                 self._emit(f"{PREFIX}: {text}", err=False)
 
     def close(self) -> None:

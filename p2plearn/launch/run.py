@@ -155,9 +155,12 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, opts.Options, list[str]]
     if args.testbed and options.emulate:
         raise UsageError("--testbed and --emulate exclude each other (a testbed shapes real links)")
     if options.topology:
-        if not os.path.isfile(options.topology):
-            raise UsageError(f"--topology {options.topology}: no such file")
-        options = options.replace(topology=os.path.abspath(options.topology))
+        from ..topology import nearest_shipped, resolve  # networkx: imported only for jobs with a topology
+
+        found = resolve(options.topology)
+        if not found.is_file():
+            raise UsageError(f"--topology {options.topology}: no such file{nearest_shipped(options.topology)}")
+        options = options.replace(topology=os.path.abspath(found))
     return args, options, command
 
 
@@ -190,10 +193,11 @@ class _ControlPlane:
         return self._observer.progress or Progress(0, 0, 0, None, None)
 
     def final_progress(self, wait: float) -> Progress:
-        """The progress once the peers are gone: a job shorter than a tick may not have shown any
-        round yet, so wait up to ``wait`` seconds for the tick that carries its last clocks."""
+        """The progress once the peers are gone: the tick in hand may be older than their last
+        rounds (or than a job shorter than a tick), so wait up to ``wait`` seconds for one that
+        carries their last clocks: a tick after every peer left."""
         deadline = time.monotonic() + wait
-        while (progress := self.progress()).max_clock == 0 and time.monotonic() < deadline:
+        while ((progress := self.progress()).max_clock == 0 or progress.alive) and time.monotonic() < deadline:
             time.sleep(0.05)
         return progress
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 import torch
 
 from p2plearn.examples.mnist1d import add_model_arguments, make_model
 from p2plearn.options import Options, OptionsError, add_arguments
-from p2plearn.sim.train import Settings, VirtualTraining
+from p2plearn.sim.train import Progress, Settings, VirtualTraining
 from p2plearn.topology import TopologyError, load
 from p2plearn.train.data import mnist1d
 
@@ -78,6 +79,26 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+class ProgressLine:
+    """Prints where a virtual run is, on stderr (stdout keeps the result): the first step at once,
+    then a line every ``every`` seconds of wall time, and the last step; a run of a minute is not
+    silent. ``every``: seconds between lines (smaller: a chattier log)."""
+
+    def __init__(self, every: float = 5.0) -> None:
+        self.every = every
+        self._started = time.monotonic()
+        self._last = -every  # the first step prints at once
+
+    def __call__(self, p: Progress) -> None:
+        now = time.monotonic() - self._started
+        if now - self._last < self.every and p.step not in (1, p.steps):
+            return
+        self._last = now
+        accuracy = f"{p.accuracy:.3f}" if p.accuracy is not None else "-"
+        print(f"p2plearn-sim: step {p.step}/{p.steps} | round {p.rounds} | virtual {p.virtual_s:.1f} s | "
+              f"accuracy rank 0 {accuracy} | {now:.0f} s wall", file=sys.stderr, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     torch.set_num_threads(1)
@@ -100,9 +121,12 @@ def main(argv: list[str] | None = None) -> int:
                         eval_s=args.eval_ms / 1000 if args.eval_ms is not None else None, batched=not args.sequential,
                         recalibrate=args.recalibrate, threads=args.threads)
     name = f"cnn-{args.width}" if args.model == "cnn" else f"mlp-{args.hidden}"
+    print(f"p2plearn-sim: {ranks} virtual peers of {name} on {topology.name}: preparing the data, the replicas and "
+          f"the step time ({'given' if args.step_ms else 'calibrated once per model, then cached'})",
+          file=sys.stderr, flush=True)
     try:
         run = VirtualTraining(options, settings, topology, mnist1d(args.samples), lambda: make_model(args), name)
-        result = run.run()
+        result = run.run(ProgressLine())
     except ValueError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -54,7 +54,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -196,6 +198,17 @@ def peer_batches(samples: int, batch_size: int, n: int, epoch: int, seed: int,
     return mine[:, :steps * batch_size].reshape(n, steps, batch_size).transpose(0, 1)
 
 
+class Progress(NamedTuple):
+    """Where a virtual run is, after a local step: steps done of all, rounds done, the slowest
+    peer's virtual time, and rank 0's accuracy at the last evaluation (None before the first)."""
+
+    step: int
+    steps: int
+    rounds: int
+    virtual_s: float
+    accuracy: float | None
+
+
 class VirtualTraining:
     """One virtual run; `run()` returns its result (a JSON-able dict)."""
 
@@ -260,16 +273,17 @@ class VirtualTraining:
 
     # --- the run --------------------------------------------------------------------------
 
-    def run(self) -> dict:
-        """The run, on `settings.threads` torch threads (restored after)."""
+    def run(self, progress: Callable[[Progress], None] | None = None) -> dict:
+        """The run, on `settings.threads` torch threads (restored after); `progress` is called after
+        every local step (`p2plearn-sim train` prints a line from it every few seconds)."""
         previous = torch.get_num_threads()
         torch.set_num_threads(self.settings.threads)
         try:
-            return self._run()
+            return self._run(progress or (lambda _: None))
         finally:
             torch.set_num_threads(previous)
 
-    def _run(self) -> dict:
+    def _run(self, progress: Callable[[Progress], None]) -> dict:
         s, o = self.settings, self.options
         wall0 = time.monotonic()
         staleness = o.staleness if o.sync == "ssp" else 0
@@ -308,6 +322,7 @@ class VirtualTraining:
             if (s.eval_every and step % s.eval_every == 0) or (not s.eval_every and step % per_epoch == 0):
                 history.append(self._evaluate(float(clock[0])))
                 clock += self.costs["eval_s"]
+            progress(Progress(step, total, rnd, float(clock.max()), history[-1][1] if history else None))
         result = self._result(history, rounds, clock, time.monotonic() - wall0)
         if self.messages is not None:
             result.update(self.messages.summary())

@@ -9,12 +9,14 @@ Files are networkx node-link JSON (see ``topology/`` at the repository root)::
                {"id": "p1", "uplink_mbit": 50, "downlink_mbit": 200}],
      "edges": []}
 
+``load`` also takes a shipped topology's name (``heterogeneous-4``), from any directory.
 ``python -m p2plearn.topology generate`` rewrites the standard files; ``check FILE...``
 validates files.
 """
 
 from p2plearn.topology.event import CHANGE_FIELDS, Event
 from p2plearn.topology.generators import STANDARD, heterogeneous, homogeneous, incast, microburst
+from p2plearn.topology.shipped import SHIPPED_DIR, nearest_shipped, resolve, shipped_names
 from p2plearn.topology.topology import DEFAULT_BUFFER_KB, Topology, load, save
 from p2plearn.topology.validate import TopologyError, validate
 
@@ -22,6 +24,7 @@ __all__ = [
     "CHANGE_FIELDS",
     "DEFAULT_BUFFER_KB",
     "Event",
+    "SHIPPED_DIR",
     "STANDARD",
     "Topology",
     "TopologyError",
@@ -30,6 +33,9 @@ __all__ = [
     "incast",
     "load",
     "microburst",
+    "nearest_shipped",
+    "resolve",
     "save",
+    "shipped_names",
     "validate",
 ]

@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 from p2plearn.topology.generators import STANDARD
+from p2plearn.topology.shipped import SHIPPED_DIR
 from p2plearn.topology.topology import load, save
 from p2plearn.topology.validate import TopologyError
 
-REPOSITORY_TOPOLOGY_DIR = Path(__file__).resolve().parents[2] / "topology"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
                                      description="Write the standard topology files, or validate topology files.")
     commands = parser.add_subparsers(dest="command", required=True)
     generate = commands.add_parser("generate", help="write the standard topology files")
-    generate.add_argument("--out", type=Path, default=REPOSITORY_TOPOLOGY_DIR,
+    generate.add_argument("--out", type=Path, default=SHIPPED_DIR,
                           help="directory to write them to (default: the repository's %(default)s)")
     check = commands.add_parser("check", help="validate topology files")
     check.add_argument("files", nargs="+", type=Path, help="topology files (node-link JSON); exit 2 at the first bad one")

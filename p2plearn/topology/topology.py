@@ -10,6 +10,7 @@ from typing import Any
 import networkx as nx
 
 from p2plearn.topology.event import Event
+from p2plearn.topology.shipped import nearest_shipped, resolve
 from p2plearn.topology.validate import TopologyError, validate
 
 # A switch port's queue where a node gives no buffer_kb: deep enough that only real
@@ -137,13 +138,14 @@ class Topology:
 
 
 def load(path: str | os.PathLike) -> Topology:
-    """Read and validate a node-link JSON topology file."""
+    """Read and validate a node-link JSON topology file: a path, or a shipped topology's name
+    (``heterogeneous-4``, ``topology/heterogeneous-4.json`` from any directory: see ``shipped.resolve``)."""
     source = os.fspath(path)
     try:
-        with open(path, encoding="utf-8") as file:
+        with open(resolve(path), encoding="utf-8") as file:
             data = json.load(file)
     except OSError as error:
-        raise TopologyError(f"{source}: cannot read: {error.strerror}") from None
+        raise TopologyError(f"{source}: cannot read: {error.strerror}{nearest_shipped(path)}") from None
     except json.JSONDecodeError as error:
         raise TopologyError(f"{source}: not JSON: {error}") from None
     return Topology.from_data(data, source)

@@ -90,7 +90,8 @@ class Job(PeerLines):
 
     def _pump(self, rank: int, proc: subprocess.Popen) -> None:
         for raw in iter(proc.stdout.readline, b""):
-            line = raw.decode(errors="replace").rstrip()
+            # under mpirun's variables a rank tags its lines itself (p2plearn.rank_output)
+            line = raw.decode(errors="replace").rstrip().removeprefix(f"[{rank}] ")
             self.lines[rank].append(line)
             if line.startswith("ready "):
                 _, r, pid, coordinator = line.split()

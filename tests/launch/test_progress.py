@@ -27,5 +27,33 @@ def test_the_last_progress_lines_come_in_order(capsys):
     finally:
         output.close()
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split(" | ")[0] for line in lines] == ["p2plearn-run: round 5", "p2plearn-run: round 9"]
-    assert all("4/4 alive" in line for line in lines)
+    assert [line.split(" | ")[0] for line in lines] == ["p2plearn-run: round 5", "p2plearn-run: round 9",
+                                                       "p2plearn-run: round 10"]
+    assert all("4/4 alive" in line for line in lines[:-1])  # the lines while the job ran
+    assert lines[-1] == "p2plearn-run: round 10 | loss 0.2000 | all ranks left"  # and how it ended
+
+
+def test_the_closing_line_is_the_end_not_the_last_line_shown(capsys):
+    """Issue 44: `round 3..4` after 14 rounds, and `2/4 alive` after a normal end."""
+    output = Output(live=False, plain_every=3600.0)
+    try:
+        output.progress(Progress(3, 4, 4, 0.9, 1), 1.0, 4)  # shown; the next ones come before the next plain line
+        output.progress(Progress(12, 13, 4, 0.5, 0), 1.0, 4)
+        output.progress(Progress(13, 14, 2, 0.4, 0), 1.0, 4)
+        output.progress(Progress(13, 14, 0, 0.4, None), None, 4, final=True)
+    finally:
+        output.close()
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("p2plearn-run: round 3..4 |")
+    assert lines[1:] == ["p2plearn-run: round 14 | loss 0.4000 | all ranks left"]
+
+
+def test_a_closing_line_with_members_that_never_left_says_so(capsys):
+    output = Output(live=False)
+    try:
+        output.progress(Progress(7, 8, 1, None, 3), None, 4, final=True)  # a killed rank, not yet declared dead
+        output.progress(Progress(0, 0, 0, None, None), None, 4, final=True)  # no round ever ran: nothing to say
+    finally:
+        output.close()
+    assert capsys.readouterr().out.splitlines() == [
+        "p2plearn-run: round 8 | loss - | 1 of 4 ranks stopped without leaving the job"]

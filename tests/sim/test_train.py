@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -190,3 +191,18 @@ def test_outer_optimizer_changes_the_models(tmp_path):
     outer = run_cli(tmp_path, "--outer-lr", "0.7", "--outer-momentum", "0.9", name="outer.json")
     assert outer["history"] != plain["history"]
     assert outer["virtual_s"] == plain["virtual_s"]  # the outer step changes values, not the schedule
+
+
+def test_the_run_shows_progress_and_takes_the_documented_path_from_anywhere(tmp_path, monkeypatch, capsys):
+    """Issue 44: `p2plearn-sim train` printed nothing until its result, and its documented
+    `topology/...` path worked from the repository's root only."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "-np", "4", "--topology", "topology/heterogeneous-4.json", *SMALL]) == 0
+    out, err = capsys.readouterr()
+    lines = err.splitlines()
+    assert lines[0].startswith("p2plearn-sim: 4 virtual peers of mlp-32 on heterogeneous-4: preparing"), err
+    assert lines[1].startswith("p2plearn-sim: step 1/48 | round 0 |"), err  # at once, not at the end
+    assert re.match(r"p2plearn-sim: step 48/48 \| round 6 \| virtual [\d.]+ s \| accuracy rank 0 [\d.]+ \|",
+                    lines[-1]), err
+    assert "4 virtual peers" in out  # the result stays on stdout
+    assert main(["train", "--topology", "heterogeneous-4", *SMALL]) == 0  # a shipped topology's name
