@@ -10,7 +10,8 @@ from p2plearn.examples.mnist1d import MLP
 from p2plearn.options import Options
 from p2plearn.selection import NetworkView
 from p2plearn.sim import WIRE_EFFICIENCY, Simulator
-from p2plearn.sim.train import LinkSchedule, Settings, VirtualTraining
+from p2plearn.sim.links import LinkSchedule
+from p2plearn.sim.train import Settings, VirtualTraining
 from p2plearn.topology import heterogeneous, microburst
 from p2plearn.train.data import mnist1d
 
