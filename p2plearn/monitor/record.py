@@ -114,12 +114,12 @@ class JobRecord:
                 continue  # a snapshot taken before its departure: still gone
             self._gone.pop(rank, None)  # back in the job since
             row = self.peers.get(rank)
-            if row is not None and row["state"] in ("alive", "suspected") and member.clock > row["clock"]:
-                self.reported_bytes += ((member.clock - row["clock"]) * float(view.message_bytes[rank])
+            if row is not None and row["state"] in ("alive", "suspected") and member["clock"] > row["clock"]:
+                self.reported_bytes += ((member["clock"] - row["clock"]) * float(view.message_bytes[rank])
                                         * len(snap["links"].get(rank, ())))
             self.peers[rank] = self._row(member, view, phi.get(rank, 0.0))
-            if member.loss is not None:
-                self._add_point(rank, member.clock, member.loss)
+            if member["loss"] is not None:
+                self._add_point(rank, member["clock"], member["loss"])
         for rank, row in self.peers.items():
             if rank not in members and row["state"] in ("alive", "suspected"):
                 row["state"] = "dead"  # gone without an event seen (one pushed out of a full inbox)
@@ -134,12 +134,12 @@ class JobRecord:
             self.events.appendleft((time.time(), f"new plan inputs: view version {view.version} "
                                                  f"from round {view.from_round}"))
 
-    def _row(self, member: Any, view: Any, phi: float) -> dict[str, Any]:
-        r = member.rank
-        return {"rank": r, "host": member.host, "state": "suspected" if phi >= self.suspect_phi else "alive",
-                "phi": round(min(phi, 300.0), 2), "clock": member.clock, "loss": member.loss,
+    def _row(self, member: dict[str, Any], view: Any, phi: float) -> dict[str, Any]:
+        r = member["rank"]
+        return {"rank": r, "host": member["host"], "state": "suspected" if phi >= self.suspect_phi else "alive",
+                "phi": round(min(phi, 300.0), 2), "clock": member["clock"], "loss": member["loss"],
                 "uplink": float(view.uplink[r]), "downlink": float(view.downlink[r]),
-                "compute_s": float(view.compute_s[r]), "comm_s": member.step_time, "merge_s": float(view.merge_s[r]),
+                "compute_s": float(view.compute_s[r]), "comm_s": member["step_time"], "merge_s": float(view.merge_s[r]),
                 "backlog": float(view.backlog[r]), "in_flight_bytes": float(view.in_flight_bytes[r]),
                 "message_bytes": float(view.message_bytes[r])}
 

@@ -5,8 +5,9 @@ It runs on a thread of its own and never takes the coordinator's lock: the coord
 is served at a time, each with ``REQUEST_TIMEOUT_S`` to arrive (a slow or idle client delays the
 page, never the coordinator), and what a client can make it allocate is bounded: the standard
 library caps a request line at 64 KiB and its headers at 100, no request body is read, the path
-is capped at ``MAX_PATH`` and every answer is cached per record version (many browsers polling
-cost one encoding per change).
+is capped at ``MAX_PATH``, every answer is cached per record version (many browsers polling
+cost one encoding per change), and at most ``MAX_REQUESTS_PER_S`` are served per second (this
+thread shares the interpreter with the coordinator's).
 
 Address: ``[HOST:]PORT``; the host defaults to 127.0.0.1 (this host only: open it elsewhere
 through an ssh tunnel, ``ssh -L PORT:127.0.0.1:PORT host``); port 0 takes a free port. Any
@@ -24,6 +25,7 @@ import json
 import logging
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -37,6 +39,7 @@ log = logging.getLogger("p2plearn.monitor")
 
 REQUEST_TIMEOUT_S = 2.0  # a client has this long to send its request and read the answer
 FOLD_EVERY_S = 0.25      # how often the record takes in the coordinator's latest snapshot
+MAX_REQUESTS_PER_S = 20  # served per second at most, by all clients together (a page polls once a second)
 MAX_PATH = 2048
 TOKEN_LABEL = b"p2plearn dashboard token"
 
@@ -95,9 +98,16 @@ class Dashboard:
         self._http.server_close()
 
     def _serve(self) -> None:
+        second, served = 0, 0
         while not self._stop.is_set():
             self._http.handle_request()  # returns after FOLD_EVERY_S without a request
             self.record.update()
+            now = time.monotonic()
+            second, served = (second, served + 1) if int(now) == second else (int(now), 1)
+            if served >= MAX_REQUESTS_PER_S:
+                # This thread shares the interpreter lock with the coordinator's: bound its share,
+                # whatever the clients ask (requests wait in the listen backlog meanwhile).
+                self._stop.wait(second + 1 - now)
 
     def answer(self, path: str, query: dict[str, list[str]]) -> tuple[int, str, bytes]:
         """(status, content type, body) of a GET (the monitor's thread)."""
