@@ -47,7 +47,7 @@ td:nth-child(2),th:nth-child(2),#settings td{text-align:left}
 .row{display:flex;flex-wrap:wrap;gap:2em}
 .alive{color:#2a9d3f}.suspected{color:#d08c00}.dead{color:#c0392b}.left{color:#888}
 #status.down{color:#c0392b;font-weight:bold}
-#events{max-height:300px;overflow:auto;padding-left:1.5em;margin:0}
+#events{max-height:300px;overflow:auto;padding-left:2.5em;margin:0}
 svg{border:1px solid #ddd;background:#fcfcfc}
 .edge{stroke:#4a6fa5;stroke-width:1.5}.edgelabel{font-size:9px;fill:#4a6fa5}
 .node text{font-size:11px;text-anchor:middle;dominant-baseline:central;fill:#fff}
@@ -87,6 +87,9 @@ function renderPeers(s) {
   }));
 }
 
+// The ACK-timed rate; a transfer too short to time has none: its pacing rate, if it was paced.
+const flowRate = e => e.rate > 0 ? si(e.rate, 'B/s') : e.paced > 0 ? 'paced ' + si(e.paced, 'B/s') : '';
+
 function renderPlan(s) {
   const plan = document.getElementById('plan');
   const live = s.peers.filter(p => p.state === 'alive' || p.state === 'suspected');
@@ -110,7 +113,7 @@ function renderPlan(s) {
     line.appendChild(svg('title', {}, `${e.src} -> ${e.dst}: ${si(e.rate, 'B/s')} (paced ${si(e.paced, 'B/s')})`));
     items.push(line);
     if (s.edges.length <= 32) {  // beyond, labels overlap: the rate is in each edge's tooltip
-      items.push(svg('text', {class: 'edgelabel', x: a[0] + dx * 0.6, y: a[1] + dy * 0.6}, si(e.rate, 'B/s')));
+      items.push(svg('text', {class: 'edgelabel', x: a[0] + dx * 0.6, y: a[1] + dy * 0.6}, flowRate(e)));
     }
   }
   for (const p of live) {

@@ -20,7 +20,8 @@ from typing import Any
 from ..control import protocol as p
 
 CURVE_POINTS = 512  # per peer; raise it for longer curves (each point is two numbers in every poll)
-EVENTS = 200        # the latest events kept (joins, deaths, leaves, donations, plans, failovers)
+EVENTS = 200        # the latest events kept (joins, deaths, leaves, donations, failovers; not each view:
+                    # its version may change every round, and the page's summary shows it)
 WATCHED = (p.MEMBER, p.DONATE, p.MOVED, p.ENDED)  # the broadcasts that are events
 
 
@@ -130,9 +131,6 @@ class JobRecord:
         self.progress = snap["progress"].to_dict()
         self.view = {"version": view.version, "from_round": view.from_round, "round": view.round,
                      "term": snap["term"], "epoch": snap["epoch"]}
-        if self._folded is not None and view.version != self._folded["view"].version:
-            self.events.appendleft((time.time(), f"new plan inputs: view version {view.version} "
-                                                 f"from round {view.from_round}"))
 
     def _row(self, member: dict[str, Any], view: Any, phi: float) -> dict[str, Any]:
         r = member["rank"]
