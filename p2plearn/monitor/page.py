@@ -112,7 +112,7 @@ function renderPlan(s) {
                               y1: a[1] + dy * k, x2: b[0] - dx * k, y2: b[1] - dy * k, 'marker-end': 'url(#arrow)'});
     line.appendChild(svg('title', {}, `${e.src} -> ${e.dst}: ${si(e.rate, 'B/s')} (paced ${si(e.paced, 'B/s')})`));
     items.push(line);
-    if (s.edges.length <= 32) {  // beyond, labels overlap: the rate is in each edge's tooltip
+    if (s.edges.length <= 16) {  // beyond, labels overlap: the rate is in each edge's tooltip
       items.push(svg('text', {class: 'edgelabel', x: a[0] + dx * 0.6, y: a[1] + dy * 0.6}, flowRate(e)));
     }
   }

@@ -23,6 +23,8 @@ CURVE_POINTS = 512  # per peer; raise it for longer curves (each point is two nu
 EVENTS = 200        # the latest events kept (joins, deaths, leaves, donations, failovers; not each view:
                     # its version may change every round, and the page's summary shows it)
 WATCHED = (p.MEMBER, p.DONATE, p.MOVED, p.ENDED)  # the broadcasts that are events
+MEMBER_EVENTS = {"join": "joined", "leave": "left", "dead": "declared dead",
+                 "update": "registered a new engine address"}
 
 
 class JobRecord:
@@ -96,7 +98,7 @@ class JobRecord:
         if kind == p.MEMBER:
             member = body.get("member", {})
             rank, event = member.get("rank"), body.get("event")
-            text = f"rank {rank} {'joined' if event == 'join' else {'leave': 'left', 'dead': 'declared dead'}.get(event, 'moved its engine')}"
+            text = f"rank {rank} {MEMBER_EVENTS.get(event, event)}"
             if event in ("leave", "dead") and rank in self.peers:
                 self.peers[rank]["state"] = "left" if event == "leave" else "dead"
                 self._gone[rank] = body.get("epoch", 0)

@@ -8,7 +8,7 @@ import pytest
 from p2plearn.control import Coordinator
 from p2plearn.monitor import attach, dashboard_token, parse_address
 
-from monitor_helpers import JOB, RawMembers, get, state, wait_state
+from monitor_helpers import JOB, RawMembers, get, wait_state
 
 
 @pytest.fixture
@@ -57,7 +57,8 @@ def test_the_page_shows_peers_plan_curves_and_events(served, key):
 
         members.request(3, {"type": "leave", "rank": 3, "session": "s3"})
         live_flows = {(0, 1), (0, 2), (1, 2), (2, 0)}  # the flows to ranks still in the job
-        s = wait_state(dashboard, lambda s: {(e["src"], e["dst"]) for e in s["edges"]} == live_flows, 5, "rank 3's flows gone")
+        s = wait_state(dashboard, lambda s: {(e["src"], e["dst"]) for e in s["edges"]} == live_flows, 5,
+                       "rank 3's flows gone")
         assert s["peers"][3]["state"] == "left" and s["peers"][3]["clock"] == 3
         assert any("rank 3 left" in text for _, text in s["events"])
 
