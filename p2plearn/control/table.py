@@ -137,8 +137,8 @@ class MembershipTable:
         """What a monitor shows (``p2plearn.monitor``), a copy: the members, each one's suspicion
         (phi) at ``now`` and its last reported flows, the view, the progress, epoch and term. Taken
         every tick, so each member is a shallow copy of its fields (values), a tenth of ``members()``'s cost."""
-        return {"members": {r: dict(vars(m)) for r, m in self._members.items()}, "phi": {r: d.phi(now) for r, d in self._detectors.items()},
-                "links": dict(self._links), "view": self.view(), "progress": self.progress(),
+        return {"members": {r: dict(vars(m)) for r, m in self._members.items()},
+                "phi": {r: d.phi(now) for r, d in self._detectors.items()}, "links": dict(self._links), "view": self.view(), "progress": self.progress(),
                 "epoch": self._epoch, "term": self.term}
 
     def tick(self) -> Publication:
