@@ -182,6 +182,14 @@ class Options:
                                      "false deaths on a loaded machine; a false death costs a state transfer; in "
                                      "(0, 300) (phi stops at 300: a higher threshold is never reached)",
                             valid=_within(0.0, 300.0, low_open=True, high_open=True))
+    dashboard: str | None = _opt(None, "[HOST:]PORT where the coordinator serves a live, read-only page of the job and "
+                                       "its Prometheus /metrics (see docs/monitor.md); HOST defaults to 127.0.0.1 "
+                                       "(open it from elsewhere through an ssh tunnel), any other HOST asks for a token "
+                                       "derived from the job's secret, carried by the URL printed at start; port 0: a "
+                                       "free one. Off by default: a job opens no port nobody asked for, and concurrent "
+                                       "jobs on one host do not contend for one",
+                                 valid=(lambda v: v.rpartition(":")[2].isdigit() and int(v.rpartition(":")[2]) < 65536,
+                                        "must be [HOST:]PORT with a port in 0..65535"))
 
     def __post_init__(self) -> None:
         for f in fields(self):

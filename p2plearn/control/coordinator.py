@@ -96,6 +96,9 @@ class Coordinator:
         self._successor_check: _SuccessorCheck | None = None  # a step_down's successor, asked to confirm
         self.moved_to: str | None = None  # set when a successor took over
         self._announce_end = False  # tell the clients that the job ended as it stops (``end``)
+        # A monitor (``p2plearn.monitor.JobRecord``), fed on the serving thread with the lock held:
+        # every broadcast, and the table's snapshot every tick. Set before start(); None: none.
+        self.watcher: Any = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._ctx = zmq.Context.instance()
@@ -234,6 +237,8 @@ class Coordinator:
                     self._publish(*self._table.reap(now))
                 if now >= self._next_tick:
                     self._publish(self._table.tick())
+                    if self.watcher is not None:
+                        self.watcher.observe(self._table.watch(now))
                     # Tick faster for a moment after a hello: a new client waits for its first tick
                     # to know that its subscription is live.
                     self._next_tick = now + (check if now < self._fast_ticks_until else self.heartbeat)
@@ -280,6 +285,8 @@ class Coordinator:
     def _publish(self, *publications: Publication) -> None:
         """Broadcast, in order (serving thread, lock held: the table's changes go out as made)."""
         for publication in publications:
+            if self.watcher is not None:
+                self.watcher.published(publication)
             self._pub.send_multipart(p.pack(self._key, self.job_id, {"type": publication.kind, **publication.body},
                                             publication.blobs))
 

@@ -35,6 +35,7 @@ from .coordinator import Coordinator
 from .estimator import rates_from_file
 
 KEY_VAR = "P2PLEARN_JOB_KEY"
+DASHBOARD_VAR = "P2PLEARN_DASHBOARD"
 
 
 @dataclass
@@ -62,19 +63,22 @@ class ServerProcess:
 def spawn(job_id: str, key: str | bytes, *, bind: str, advertise: str | None = None, world_size: int = 0,
           heartbeat: float = 0.5, phi_threshold: float = 8.0, startup_grace: float = 60.0,
           topology: str | None = None, term: int = 0, previous: str | None = None, linger: float = 10.0,
-          startup_timeout: float = 120.0, timeout: float = 30.0) -> ServerProcess:
+          startup_timeout: float = 120.0, dashboard: str | None = None, timeout: float = 30.0) -> ServerProcess:
     """Start a coordinator process and wait (up to ``timeout`` s) until it is bound.
 
     ``previous``: the endpoint of the coordinator it succeeds, told to step down. ``linger`` /
     ``startup_timeout``: it exits once the job has had no registered member for ``linger`` s, or
     when none registered within ``startup_timeout`` s. Raises RuntimeError with the process's own
-    error when it fails to start (a port in use, say).
+    error when it fails to start (a port in use, say). ``dashboard``: ``[HOST:]PORT`` of the job's
+    page (``p2plearn.monitor``); None: ``P2PLEARN_DASHBOARD`` if set (a successor started by a
+    peer inherits the peer's), else no page.
     """
     argv = [sys.executable, "-m", "p2plearn.control", "--job-id", job_id, "--bind", bind,
             "--world-size", str(world_size), "--heartbeat", str(heartbeat), "--phi-threshold", str(phi_threshold),
             "--startup-grace", str(startup_grace), "--term", str(term), "--linger", str(linger),
             "--startup-timeout", str(startup_timeout)]
-    for flag, value in (("--advertise", advertise), ("--topology", topology), ("--previous", previous)):
+    for flag, value in (("--advertise", advertise), ("--topology", topology), ("--previous", previous),
+                        ("--dashboard", dashboard)):
         if value:
             argv += [flag, value]
     env = {**os.environ, KEY_VAR: key.hex() if isinstance(key, bytes) else key}
@@ -116,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--previous", help="endpoint of the coordinator this one succeeds (told to step down)")
     parser.add_argument("--linger", type=float, default=10.0, help="exit after this long without any member")
     parser.add_argument("--startup-timeout", type=float, default=120.0, help="exit if nobody registers in this long")
+    parser.add_argument("--dashboard", default=os.environ.get(DASHBOARD_VAR) or None, metavar="[HOST:]PORT",
+                        help=f"serve the job's page and /metrics there (default: ${DASHBOARD_VAR}, else none)")
     args = parser.parse_args(argv)
     logging.basicConfig(format="%(message)s", level=logging.WARNING)  # deaths and hand-overs, on stderr
     key = os.environ.get(KEY_VAR)
@@ -129,8 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    dashboard = _dashboard(coordinator, args.dashboard, key, args.advertise) if args.dashboard else None
     coordinator.start()
     print(json.dumps({"address": coordinator.address, "pub": coordinator.pub_address}), flush=True)
+    if dashboard is not None:
+        print(f"p2plearn dashboard of job {args.job_id} (term {args.term}): {dashboard.url}", file=sys.stderr, flush=True)
     if args.previous:
         _step_down(args.previous, args.job_id, key, args.term, coordinator.address)
         coordinator.take_over(args.previous)
@@ -138,7 +147,21 @@ def main(argv: list[str] | None = None) -> int:
         serve_while_needed(coordinator, stop, linger=args.linger, startup_timeout=args.startup_timeout)
     finally:
         coordinator.end()
+        if dashboard is not None:
+            dashboard.stop()
     return 0
+
+
+def _dashboard(coordinator: Coordinator, address: str, key: str, advertise: str | None):
+    """The job's page (``p2plearn.monitor``), imported only when asked for; a bad address is said
+    and the job goes on without a page (the coordinator matters more than its page)."""
+    from ..monitor import attach
+
+    try:
+        return attach(coordinator, address, key, advertise=advertise)
+    except (ValueError, OSError) as exc:
+        print(f"p2plearn dashboard: not served: {exc}", file=sys.stderr, flush=True)
+        return None
 
 
 def serve_while_needed(coordinator: Coordinator, stop: threading.Event, *, linger: float,

@@ -80,6 +80,7 @@ class MembershipTable:
         self._message_bytes: dict[int, float] = {}
         self._load: dict[int, dict[str, float]] = {}  # rank -> its latest reported load (fields.LOAD)
         self._reach: dict[int, set[int]] = {}  # rank -> the ranks its multicast probe reached
+        self._links: dict[int, dict[int, dict[str, Any]]] = {}  # rank -> its last report's flows (for a monitor)
         self._last_loss: float | None = None
         self._published: GlobalView | None = None
         self._view_version = 0
@@ -131,6 +132,14 @@ class MembershipTable:
                           mcast_domain=domains_from_reach(reach, self._size), term=self.term,
                           version=self._view_version, from_round=self._view_from,
                           **self._estimator.arrays(self._size), **load)
+
+    def watch(self, now: float) -> dict[str, Any]:
+        """What a monitor shows (``p2plearn.monitor``), a copy: the members, each one's suspicion
+        (phi) at ``now`` and its last reported flows, the view, the progress, epoch and term. Taken
+        every tick, so each member is a shallow copy of its fields (values), a tenth of ``members()``'s cost."""
+        return {"members": {r: dict(vars(m)) for r, m in self._members.items()},
+                "phi": {r: d.phi(now) for r, d in self._detectors.items()}, "links": dict(self._links), "view": self.view(), "progress": self.progress(),
+                "epoch": self._epoch, "term": self.term}
 
     def tick(self) -> Publication:
         """The coordinator's heartbeat to its clients, with the job's progress."""
@@ -220,6 +229,7 @@ class MembershipTable:
         if message_bytes:
             self._message_bytes[rank] = message_bytes
         self._estimator.observe(member.rank, clock, links)
+        self._links[rank] = links
         self._load[rank] = load
         self._advance_clock()
         return self._done(None)
@@ -302,6 +312,7 @@ class MembershipTable:
         self._awaiting_state.discard(rank)
         self.connections = {i: r for i, r in self.connections.items() if r != rank}
         self._load.pop(rank, None)  # what it computed and received no longer loads anyone
+        self._links.pop(rank, None)
         self._forget_reach(rank)
         self._epoch += 1
         self._emit(p.MEMBER, event=event, epoch=self._epoch, member=member.to_dict())

@@ -280,7 +280,8 @@ class Launcher:
             bind = "tcp://0.0.0.0:0"
         server = spawn(self.job_id, self.key, bind=bind, advertise=self.args.advertise or os.uname().nodename,
                        world_size=len(slots), heartbeat=self.options.heartbeat,
-                       phi_threshold=self.options.phi_threshold, topology=self.options.topology)
+                       phi_threshold=self.options.phi_threshold, topology=self.options.topology,
+                       dashboard=self.options.dashboard)
         return _ControlPlane(server, self.job_id, self.key)
 
     def _testbed(self, stack: ExitStack) -> Any:

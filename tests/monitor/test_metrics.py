@@ -1,0 +1,46 @@
+"""``/metrics`` parses with the Prometheus client's own parser and says what the coordinator knows."""
+
+import secrets
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from p2plearn.control import Coordinator
+from p2plearn.monitor import attach
+
+from monitor_helpers import JOB, RawMembers, get, wait_state
+
+
+def test_metrics_parse_and_count():
+    key = secrets.token_hex(32)
+    coordinator = Coordinator(JOB, key, world_size=3, heartbeat=0.1)
+    dashboard = attach(coordinator, "127.0.0.1:0", key)
+    coordinator.start()
+    members = RawMembers(coordinator.address, key, 3)
+    try:
+        # Bytes are counted from the rounds a peer completes after the monitor first saw it.
+        wait_state(dashboard, lambda s: len(s["peers"]) == 3, 5, "three peers")
+        for clock in (1, 2):
+            for rank in range(3):
+                members.report(rank, clock, loss=1.0 / clock)
+            wait_state(dashboard, lambda s: s["progress"].get("min_clock") == clock, 5, f"round {clock}")
+        members.request(2, {"type": "leave", "rank": 2, "session": "s2"})
+        wait_state(dashboard, lambda s: s["peers"][2]["state"] == "left" and len(s["edges"]) == 2, 5, "rank 2 left")
+        status, body = get(f"http://127.0.0.1:{dashboard.port}/metrics")
+        assert status == 200
+        families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+        value = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+        assert value[("p2plearn_members", (("state", "alive"),))] == 2
+        assert value[("p2plearn_members", (("state", "left"),))] == 1
+        assert value[("p2plearn_members", (("state", "dead"),))] == 0
+        assert value[("p2plearn_min_clock", ())] == 2 and value[("p2plearn_max_clock", ())] == 2
+        assert value[("p2plearn_events_total", (("kind", "join"),))] == 3
+        assert value[("p2plearn_events_total", (("kind", "leave"),))] == 1
+        assert value[("p2plearn_peer_loss", (("host", "sim"), ("rank", "1")))] == 0.5
+        assert ("p2plearn_peer_clock", (("host", "sim"), ("rank", "2"))) not in value  # gone
+        # Each of 3 peers completed 2 rounds of a 4096-byte message to 2 receivers.
+        assert value[("p2plearn_reported_bytes_total", ())] == 2 * 3 * 4096 * 2
+        assert families["p2plearn_members"].type == "gauge" and families["p2plearn_events"].type == "counter"
+    finally:
+        members.close()
+        coordinator.stop()
+        dashboard.stop()
