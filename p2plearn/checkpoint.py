@@ -27,8 +27,8 @@ DIR``, which checks DIR has a complete step saved by a job of this size before a
 scratch; rank 0 says so when its runtime closes.
 
 `load` refuses a file it cannot resume from with one `CheckpointError` line naming the file and
-what is wrong (uncaught, that line alone ends the process with exit code 2: ``p2plearn.errors``): empty, truncated or not a checkpoint; saved by a job of another size; not fitting
-the model or optimizer; NaN or inf in the model or optimizer state (``allow_nonfinite=True``
+what is wrong (uncaught, that line alone ends the process, exit code 2: ``p2plearn.rendezvous.errors``):
+empty, truncated or not a checkpoint; saved by a job of another size; not fitting the model or optimizer; NaN or inf in the model or optimizer state (``allow_nonfinite=True``
 loads those anyway: a job that diverged resumes diverged).
 
 What a checkpoint holds, per rank: the model's state dict, the optimizer's (the wrapped
@@ -50,7 +50,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .errors import SetupError
+from .rendezvous.errors import SetupError
 from .rendezvous.variables import RESUME_VAR
 
 _STEP = re.compile(r"step-(\d+)$")

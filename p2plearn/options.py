@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from .errors import SetupError
+from .rendezvous.errors import SetupError
 from .rendezvous.variables import OTHER_VARS
 
 ENV_PREFIX = "P2PLEARN_"

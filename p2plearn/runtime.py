@@ -25,7 +25,7 @@ for torch's intra-op threads, as p2plearn-run and torchrun do for theirs; local 
 one line (``p2plearn.threads``).
 
 Mistakes in the setup (an option, a variable, a port, the secret, a checkpoint) raise a
-``p2plearn.errors.SetupError``; importing this module installs the hook that reports one uncaught
+``p2plearn.rendezvous.SetupError``; importing this module installs the hook that reports one uncaught
 as one line with exit code 2, under any launcher. Rank 0 also says, once, what is likely a mistake
 but not an error: a ``P2PLEARN_*`` variable that nothing reads (with the nearest known name), no
 launcher's variables at all (a job of one), a ``p2plearn-run --resume`` the script never loaded.
@@ -53,7 +53,7 @@ from typing import Any
 
 from .control import Client, ControlError, Member, Refused
 from .control.server import ServerProcess, spawn
-from .errors import SetupError, install_excepthook
+from .rendezvous.errors import SetupError, install_excepthook
 from .options import Options, unknown_variables
 from .protocols import ControlClient
 from .rendezvous.coordinator import coordinator_host, coordinator_port

@@ -50,7 +50,7 @@ would read its program from stdin), ssh to each remote host, --resume's checkpoi
 saved by a job of -np ranks), and -np against the topology's peer slots with --emulate or --testbed
 (without them, one line says when -np and the topology's peers differ). A P2PLEARN_* variable that
 nothing reads is named, with the nearest known one. The same mistakes found inside a peer (say by
-its own checkpoint.load) end it with one line and exit code 2 under any launcher (p2plearn.errors).
+its own checkpoint.load) end it with one line and exit code 2 under any launcher (p2plearn.rendezvous.errors).
 
 Exit codes: 0 every rank finished; the first failed rank's code (128 + N for signal N) when one
 failed; 2 bad usage (bad flags, a bad hostfile, an unreachable host or a missing script: one line
@@ -72,8 +72,6 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
-import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -87,19 +85,15 @@ from typing import IO, Any
 from .. import checkpoint
 from .. import options as opts
 from ..control import Client, Progress
-from ..control.estimator import rates_from_file
 from ..control.server import ServerProcess, spawn
 from ..rendezvous.variables import ENGINE_HOST_VAR, KEY_VAR, LAUNCHER_FD_VAR, LAUNCHER_PID_VAR
+from .checks import UsageError, check_command, check_testbed, topology_rates
 from .env import THREADS_VAR, check_reachable, peer_env, ssh_command, threads_per_peer
 from .hosts import Host, HostError, Slot, parse_host_list, parse_hostfile, place
 from .rate import RoundRate
 
 STOP_GRACE = 2.5  # seconds between SIGTERM and SIGKILL: the 5 s bound covers both and the reaping
 ELASTIC_PARTIAL = 3  # --elastic: some ranks failed, the others finished
-
-
-class UsageError(Exception):
-    """A mistake on the command line; printed as one line, exit code 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -164,35 +158,6 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, opts.Options, list[str]]
             raise UsageError(f"--topology {options.topology}: no such file")
         options = options.replace(topology=os.path.abspath(options.topology))
     return args, options, command
-
-
-def check_command(command: list[str], local: bool) -> None:
-    """A missing program or script is reported before anything starts (local peers only)."""
-    if not local:
-        return
-    if shutil.which(command[0]) is None:
-        raise UsageError(f"command not found: {command[0]!r}")
-    if os.path.basename(command[0]).startswith("python"):
-        script = _python_script(command[1:])
-        if script is None:
-            raise UsageError(f"{shlex.join(command)}: no script (python would read its program from stdin), "
-                             f"e.g. -- {command[0]} train.py")
-        if script and not os.path.isfile(script):
-            raise UsageError(f"script not found: {script!r} (in {os.getcwd()})")
-
-
-def _python_script(args: list[str]) -> str | None:
-    """The script python runs with ``args``: its path, "" for ``-m``/``-c``/``-`` (nothing to check),
-    None when there is none (python would read its program from stdin)."""
-    words = iter(args)
-    for word in words:
-        if word in ("-m", "-c", "-") or word.startswith(("-m", "-c")) and not word.startswith("--"):
-            return ""
-        if word in ("-W", "-X", "--check-hash-based-pycs"):
-            next(words, None)  # the option's value
-        elif not word.startswith("-"):
-            return word
-    return None
 
 
 class _ControlPlane:
@@ -438,8 +403,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise UsageError(f"--resume: {exc}") from None
             args.resume = os.path.abspath(args.resume)
         if args.testbed:
-            _check_testbed()
-        rates = _topology_rates(options.topology) if options.topology else None
+            check_testbed()
+        rates = topology_rates(options.topology) if options.topology else None
         if (args.testbed or options.emulate) and len(slots) > len(rates or {}):
             # Each rank takes the topology's peer slot of its number: found here, not in 8 tracebacks.
             flag, have = "--testbed" if args.testbed else "--emulate", len(rates or {})
@@ -455,19 +420,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"p2plearn-run: note: -np {len(slots)} but {options.topology} has {len(rates)} peers: the coordinator's "
               f"view takes each rank's rates from the peer of its number", file=sys.stderr)
     return Launcher(args, options, command, rates).run(slots)
-
-
-def _topology_rates(path: str) -> dict[int, tuple[float, float]]:
-    try:
-        return rates_from_file(path)
-    except Exception as exc:  # any failure to read it is the user's file or setup: say which
-        raise UsageError(f"--topology {path}: {type(exc).__name__}: {exc}") from None
-
-
-def _check_testbed() -> None:
-    if os.geteuid() != 0:
-        raise UsageError("--testbed needs root (network namespaces); --emulate does not")
-    try:
-        import p2plearn.testbed  # noqa: F401
-    except ImportError as exc:
-        raise UsageError(f"--testbed: p2plearn.testbed is not available ({exc})") from None

@@ -30,7 +30,7 @@ import re
 import socket
 from collections.abc import Mapping
 
-from ..errors import SetupError
+from .errors import SetupError
 from .variables import COORDINATOR_HOST_VAR
 
 SLURM_NODELISTS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")

@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from ..errors import SetupError
+from .errors import SetupError
 from .variables import COORDINATOR_VAR, KEY_VAR
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from ..errors import SetupError
+from .errors import SetupError
 from .variables import JOB_ID_VAR
 
 # (rank, size, local rank, local size) variables of each launcher, in order of precedence.

@@ -23,7 +23,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..errors import SetupError
+from .errors import SetupError
 from .jobfiles import JobFiles, JobFilesError
 from .variables import KEY_VAR
 

@@ -6,7 +6,8 @@ Its message says what and how to fix it in one line, so a traceback adds only no
 or torchrun, one per rank, around the launcher's own report). ``p2plearn-run`` checks what it can
 before anything starts and exits with code 2; the same mistakes found inside a peer (under mpirun,
 torchrun or srun, or a script's own ``init()``, optimizer or ``checkpoint.load``) end that process
-the same way once `install_excepthook` is in place (``p2plearn.runtime`` installs it on import):
+the same way once `install_excepthook` is in place (``p2plearn.runtime`` installs it on import). It lives with
+the rendezvous, the bottom of runtime and launch, so that options and checkpoints can use it too:
 
     p2plearn: error: --sync: must be one of bsp, ssp, partitioned (got 'bogus' from P2PLEARN_SYNC)
 
