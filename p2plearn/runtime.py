@@ -53,9 +53,9 @@ from typing import Any
 
 from .control import Client, ControlError, Member, Refused
 from .control.server import ServerProcess, spawn
-from .rendezvous.errors import SetupError, install_excepthook
 from .options import Options, unknown_variables
 from .protocols import ControlClient
+from .rendezvous.errors import SetupError, install_excepthook
 from .rendezvous.coordinator import coordinator_host, coordinator_port
 from .rendezvous.jobfiles import JobFiles, shared_on_this_host
 from .rendezvous.ranks import detect_job_id, detect_rank, launcher_found
