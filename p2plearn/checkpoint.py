@@ -10,7 +10,8 @@ in one round with ``--period``), each file written to a temporary name and renam
 exists is whole. A step is complete when every rank of the job has its file there; `load` takes
 the newest complete step, so a job stopped while some ranks had saved step S and others not
 resumes from the step before. After saving, a rank removes its own files of steps older than the
-newest complete one (never that one).
+newest complete one (never that one). A newer step that only some ranks saved is named when it is
+skipped (``p2plearn: ckpt/step-S was saved by ranks 0, 1 of 4 only ...``), as p2plearn-run does.
 
 Resuming and starting afresh, with the loop above (under any launcher)::
 
@@ -21,12 +22,13 @@ On resuming, rank 0 prints ``p2plearn: resuming from ckpt/step-S (epoch=E)``. A 
 that had finished resumes from its last checkpoint, trains no step, and says so when the
 optimizer closes: ``p2plearn: nothing left to train: the checkpoint at step S is the end``.
 A script that calls ``load(None, ...)`` resumes only when launched with ``p2plearn-run --resume
-DIR``, which checks DIR has a complete step for the job's size before anything starts and sets
-``P2PLEARN_RESUME=DIR``.
+DIR``, which checks DIR has a complete step saved by a job of this size before anything starts
+(`resumable`) and sets ``P2PLEARN_RESUME=DIR``. A script that never calls `load` trains from
+scratch; rank 0 says so when its runtime closes.
 
 `load` refuses a file it cannot resume from with one `CheckpointError` line naming the file and
-what is wrong: empty, truncated or not a checkpoint; saved by a job of another size; not fitting
-the model or optimizer; NaN or inf in the model or optimizer state (``allow_nonfinite=True``
+what is wrong (uncaught, that line alone ends the process, exit code 2: ``p2plearn.rendezvous.errors``):
+empty, truncated or not a checkpoint; saved by a job of another size; not fitting the model or optimizer; NaN or inf in the model or optimizer state (``allow_nonfinite=True``
 loads those anyway: a job that diverged resumes diverged).
 
 What a checkpoint holds, per rank: the model's state dict, the optimizer's (the wrapped
@@ -48,14 +50,16 @@ import re
 from pathlib import Path
 from typing import Any
 
-RESUME_VAR = "P2PLEARN_RESUME"
+from .rendezvous.errors import SetupError
+from .rendezvous.variables import RESUME_VAR
+
 _STEP = re.compile(r"step-(\d+)$")
 _RANK = re.compile(r"rank-(\d+)\.pt$")
 _SAVED = ("model", "optimizer", "rng", "world_size")  # what every checkpoint file holds
 _RESERVED = (*_SAVED, "allow_nonfinite")
 
 
-class CheckpointError(Exception):
+class CheckpointError(SetupError):
     """A checkpoint directory that cannot be resumed from (which, and why)."""
 
 
@@ -89,6 +93,34 @@ def describe(directory: str | os.PathLike, world_size: int) -> str:
     missing = sorted(set(range(world_size)) - found[newest])
     return (f"no step in {directory} was saved by all {world_size} ranks (newest: step {newest}, "
             f"missing ranks {', '.join(map(str, missing))})")
+
+
+def resumable(directory: str | os.PathLike, world_size: int) -> int:
+    """The step a job of ``world_size`` ranks resumes from in ``directory`` (the newest complete
+    one), or `CheckpointError` saying why there is none: no complete step, or a newest complete
+    step saved by a job of more ranks (its files say so without being read)."""
+    found = steps(directory)
+    newest = newest_complete(directory, world_size)
+    if newest is None:
+        raise CheckpointError(describe(directory, world_size))
+    if max(found[newest]) >= world_size:
+        saved = max(found[newest]) + 1
+        raise CheckpointError(f"{Path(directory) / f'step-{newest}'} was saved by a job of {saved} ranks, this one "
+                              f"has {world_size} (run {saved} ranks, or resume from a checkpoint of {world_size})")
+    return newest
+
+
+def skipped(directory: str | os.PathLike, world_size: int, newest: int) -> str | None:
+    """One line naming the steps newer than ``newest`` that only some ranks saved (a job stopped
+    while saving), which resuming from ``newest`` skips; None when there are none."""
+    partial = {step: ranks for step, ranks in steps(directory).items() if step > newest}
+    if not partial:
+        return None
+    step = max(partial)
+    ranks = ", ".join(map(str, sorted(partial[step])))
+    more = f" (and {len(partial) - 1} older partial steps)" if len(partial) > 1 else ""
+    return (f"{Path(directory) / f'step-{step}'} was saved by ranks {ranks} of {world_size} only{more} (a job "
+            f"stopped while saving): skipped, resuming from step {newest}")
 
 
 def save(directory: str | os.PathLike, model: Any, optimizer: Any, /, **objects: Any) -> Path:
@@ -139,6 +171,8 @@ def load(directory: str | os.PathLike | None, model: Any, optimizer: Any, /, *, 
         if required:
             raise CheckpointError(describe(directory, runtime.world_size))
         return None
+    if runtime.rank == 0 and (partial := skipped(directory, runtime.world_size, newest)):
+        print(f"p2plearn: {partial}", flush=True)
     folder = Path(directory) / f"step-{newest}"
     path = folder / f"rank-{runtime.rank}.pt"
     state = _read(path)
@@ -172,6 +206,7 @@ def load(directory: str | os.PathLike | None, model: Any, optimizer: Any, /, *, 
         raise CheckpointError(f"{path}: does not fit what it is loaded into ({_one_line(error)})") from error
     if not optimizer.joined:
         optimizer.resumed_step = newest  # close() says when the job had nothing left to train
+    runtime.resumed_step = newest  # its close() says when p2plearn-run --resume was never loaded
     if runtime.rank == 0:
         values = ", ".join(f"{name}={value}" for name, value in plain.items())
         print(f"p2plearn: resuming from {folder}" + (f" ({values})" if values else ""), flush=True)

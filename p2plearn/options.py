@@ -16,6 +16,7 @@ upper-case field name (``loss_bound`` -> ``P2PLEARN_LOSS_BOUND``).
 from __future__ import annotations
 
 import argparse
+import difflib
 import ipaddress
 import math
 import os
@@ -23,11 +24,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from .rendezvous.errors import SetupError
+from .rendezvous.variables import OTHER_VARS
+
 ENV_PREFIX = "P2PLEARN_"
 MAX_RANKS = 1 << 16  # the wire's sender id is 16 bits: a job has at most this many ranks
 
 
-class OptionsError(ValueError):
+class OptionsError(SetupError, ValueError):
     """An option has a value it cannot take; the message names the flag or variable."""
 
 
@@ -246,6 +250,19 @@ class Options:
 
     def replace(self, **changes: Any) -> Options:
         return replace(self, **changes)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """One line per ``P2PLEARN_*`` variable in ``environ`` that nothing reads (a typo, most often:
+    ``P2PLEARN_SYNCH``), naming the nearest known one; ``init()`` and p2plearn-run say them."""
+    known = [name[len(ENV_PREFIX):] for name in (*(_env(f.name) for f in fields(Options)), *OTHER_VARS)]
+    lines = []
+    for name in sorted(environ):
+        if name.startswith(ENV_PREFIX) and name[len(ENV_PREFIX):] not in known:
+            near = difflib.get_close_matches(name[len(ENV_PREFIX):], known, n=1)
+            hint = f"; did you mean {ENV_PREFIX}{near[0]}?" if near else ""
+            lines.append(f"p2plearn: {name} is not a p2plearn variable, ignored{hint}")
+    return lines
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

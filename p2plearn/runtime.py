@@ -20,8 +20,15 @@ The job's secret (control-plane HMAC and data-plane tags, each under its own der
 ``P2PLEARN_JOB_KEY``; without it, the ranks of a job on one host share a key file private to
 this user, and mpi4py carries rank 0's key across hosts (``p2plearn.rendezvous.secret``).
 
-Threads: the local rank 0 of each host warns (one line) when the host's ranks run more torch
-intra-op threads than it has cores; ``p2plearn-run`` sets ``OMP_NUM_THREADS`` to avoid it.
+Threads: unless the user chose (``OMP_NUM_THREADS``), each rank takes its share of the host's cores
+for torch's intra-op threads, as p2plearn-run and torchrun do for theirs; local rank 0 says so in
+one line (``p2plearn.threads``).
+
+Mistakes in the setup (an option, a variable, a port, the secret, a checkpoint) raise a
+``p2plearn.rendezvous.SetupError``; importing this module installs the hook that reports one uncaught
+as one line with exit code 2, under any launcher. Rank 0 also says, once, what is likely a mistake
+but not an error: a ``P2PLEARN_*`` variable that nothing reads (with the nearest known name), no
+launcher's variables at all (a job of one), a ``p2plearn-run --resume`` the script never loaded.
 
 Under p2plearn-run a peer stops (one line on the launcher's terminal, exit code 129) when its
 launcher dies, as mpirun's ranks stop with their daemon.
@@ -34,10 +41,10 @@ either now (``init(engine_address=(host, port))``) or once it exists
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -46,14 +53,19 @@ from typing import Any
 
 from .control import Client, ControlError, Member, Refused
 from .control.server import ServerProcess, spawn
-from .options import Options
+from .options import Options, unknown_variables
 from .protocols import ControlClient
 from .rank_output import tag_under_mpirun
+from .rendezvous.errors import SetupError, install_excepthook
 from .rendezvous.coordinator import coordinator_host, coordinator_port
 from .rendezvous.jobfiles import JobFiles, shared_on_this_host
-from .rendezvous.ranks import detect_job_id, detect_rank
+from .rendezvous.ranks import detect_job_id, detect_rank, launcher_found
 from .rendezvous.secret import JobSecret, job_secret
-from .rendezvous.variables import COORDINATOR_VAR, ENGINE_HOST_VAR, KEY_VAR, LAUNCHER_FD_VAR, LAUNCHER_PID_VAR
+from .rendezvous.variables import (COORDINATOR_VAR, ENGINE_HOST_VAR, KEY_VAR, LAUNCHER_FD_VAR, LAUNCHER_PID_VAR,
+                                   RESUME_VAR)
+from .threads import fit_threads, oversubscription
+
+__all__ = ["PortInUse", "Runtime", "init", "oversubscription"]
 
 log = logging.getLogger("p2plearn")
 
@@ -62,7 +74,10 @@ LAUNCHER_GONE = 129  # a peer's exit code when its launcher died (as on a hang-u
 LAUNCHER_POLL_S = 0.5
 
 
-class PortInUse(ControlError):
+install_excepthook()  # a training script imports this (through p2plearn) before anything can go wrong
+
+
+class PortInUse(ControlError, SetupError):
     """The coordinator's port is held by something other than this job's coordinator; the message
     names the port, what holds it, and how to choose another."""
 
@@ -86,6 +101,8 @@ class Runtime:
     coordinator: ServerProcess | None = None
     secret: JobSecret | None = None  # None: data-plane tags off (in-process tests)
     files: JobFiles | None = None
+    resume: str | None = None  # p2plearn-run --resume's directory (P2PLEARN_RESUME), for close() to check
+    resumed_step: int | None = None  # set by p2plearn.checkpoint.load when this peer restored a checkpoint
 
     def engine_host(self) -> str:
         """Where this peer's engine listens: the launcher's choice (testbed namespaces), loopback when
@@ -114,6 +131,9 @@ class Runtime:
         The rank that started the coordinator first waits up to ``linger`` seconds for the others
         to leave or be declared dead, so that a peer finishing a moment later still finds it.
         """
+        if self.resume and self.resumed_step is None and self.rank == 0:
+            log.warning(f"p2plearn: p2plearn-run --resume {self.resume}: this script never called "
+                        f"p2plearn.checkpoint.load(None, ...), so it trained from scratch")
         try:
             if leave:
                 self.client.leave()
@@ -156,9 +176,12 @@ def init(engine_address: tuple[str, int] | None = None, *, join: bool = False, t
         tag_under_mpirun(env, rank)  # whole lines tagged "[rank] ", as p2plearn-run shows them
     _watch_launcher(env, rank)  # from the start: a launcher may die while this peer waits for the others
     options = Options.from_env(env, **overrides)
+    if rank == 0:
+        _notices(env)
     job_id = detect_job_id(env)
-    if local_rank == 0:
-        _warn_oversubscribed(local_world_size)
+    threads = fit_threads(env, local_world_size)
+    if threads and local_rank == 0:
+        _say_once(threads)
     files = JobFiles(env, job_id) if shared_on_this_host(env, world_size, local_world_size) else None
     runtime = None
     try:
@@ -167,7 +190,7 @@ def init(engine_address: tuple[str, int] | None = None, *, join: bool = False, t
                                        join, timeout, files)
         runtime = Runtime(rank=rank, world_size=world_size, local_rank=local_rank, local_world_size=local_world_size,
                           options=options, job_id=job_id, client=client, coordinator=coordinator, secret=secret,
-                          files=files)
+                          files=files, resume=env.get(RESUME_VAR) or None)
         client.register(engine_address, join=join)
         runtime.rank = client.rank
         if not join:
@@ -267,26 +290,20 @@ def _port_taken(port: int) -> bool:
     return False
 
 
-def oversubscription(threads: int, local_ranks: int, cores: int) -> str | None:
-    """The warning for ``local_ranks`` ranks of ``threads`` intra-op threads each on ``cores``
-    cores, or None when they fit (or each rank has one thread already: then the ranks alone
-    outnumber the cores, which fewer threads cannot fix)."""
-    if threads <= 1 or threads * local_ranks <= cores:
-        return None
-    share = max(1, cores // local_ranks)
-    return (f"p2plearn: {local_ranks} ranks on this host run {threads} torch threads each on {cores} cores: set "
-            f"OMP_NUM_THREADS={share} for every rank (p2plearn-run does), or torch.set_num_threads({share})")
+def _notices(env: Mapping[str, str]) -> None:
+    """Rank 0's lines on what is likely a mistake but not an error (see the module's docstring)."""
+    if not env.get(LAUNCHER_PID_VAR):  # p2plearn-run said these itself, once for the job
+        for line in unknown_variables(env):
+            _say_once(line)
+    if not launcher_found(env):
+        _say_once("p2plearn: no launcher's variables found (p2plearn-run, torchrun, mpirun, srun): this process "
+                  "trains alone, as rank 0 of 1")
 
 
-def _warn_oversubscribed(local_ranks: int) -> None:
-    """Warn once per host when its ranks run more torch intra-op threads than it has cores
-    (checked when torch is imported before ``init()``, as the training API does)."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return
-    warning = oversubscription(torch.get_num_threads(), local_ranks, len(os.sched_getaffinity(0)))
-    if warning:
-        log.warning(warning)
+@functools.cache
+def _say_once(line: str) -> None:
+    """Log ``line`` the first time only: a process may call ``init()`` more than once (tests, restarts)."""
+    log.warning(line)
 
 
 def _watch_launcher(env: Mapping[str, str], rank: int) -> None:

@@ -45,8 +45,12 @@ OMP_NUM_THREADS = its cores / its peers (at least 1), and each remote host's pee
 host's cores the same way; one line says so. torch takes its intra-op threads from it.
 
 Launch-time checks (one line each, exit code 2, nothing started): flags and option values, the
-hostfile and its slots against -np, the command and script, ssh to each remote host, --resume's
-checkpoint, and -np against the topology's peer slots with --emulate or --testbed.
+hostfile and its slots against -np, the command and script (python with no script is refused: it
+would read its program from stdin), ssh to each remote host, --resume's checkpoint (a complete step,
+saved by a job of -np ranks), and -np against the topology's peer slots with --emulate or --testbed
+(without them, one line says when -np and the topology's peers differ). A P2PLEARN_* variable that
+nothing reads is named, with the nearest known one. The same mistakes found inside a peer (say by
+its own checkpoint.load) end it with one line and exit code 2 under any launcher (p2plearn.rendezvous.errors).
 
 Exit codes: 0 every rank finished; the first failed rank's code (128 + N for signal N) when one
 failed; 2 bad usage (bad flags, a bad hostfile, an unreachable host or a missing script: one line
@@ -68,7 +72,6 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -82,19 +85,15 @@ from typing import IO, Any
 from .. import checkpoint
 from .. import options as opts
 from ..control import Client, Progress
-from ..control.estimator import rates_from_file
 from ..control.server import ServerProcess, spawn
 from ..rendezvous.variables import ENGINE_HOST_VAR, KEY_VAR, LAUNCHER_FD_VAR, LAUNCHER_PID_VAR
+from .checks import UsageError, check_command, check_testbed, topology_rates
 from .env import THREADS_VAR, check_reachable, peer_env, ssh_command, threads_per_peer
 from .hosts import Host, HostError, Slot, parse_host_list, parse_hostfile, place
 from .rate import RoundRate
 
 STOP_GRACE = 2.5  # seconds between SIGTERM and SIGKILL: the 5 s bound covers both and the reaping
 ELASTIC_PARTIAL = 3  # --elastic: some ranks failed, the others finished
-
-
-class UsageError(Exception):
-    """A mistake on the command line; printed as one line, exit code 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -162,18 +161,6 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, opts.Options, list[str]]
             raise UsageError(f"--topology {options.topology}: no such file{nearest_shipped(options.topology)}")
         options = options.replace(topology=os.path.abspath(found))
     return args, options, command
-
-
-def check_command(command: list[str], local: bool) -> None:
-    """A missing program or script is reported before anything starts (local peers only)."""
-    if not local:
-        return
-    if shutil.which(command[0]) is None:
-        raise UsageError(f"command not found: {command[0]!r}")
-    if os.path.basename(command[0]).startswith("python") and len(command) > 1:
-        script = command[1]
-        if not script.startswith("-") and not os.path.isfile(script):
-            raise UsageError(f"script not found: {script!r} (in {os.getcwd()})")
 
 
 class _ControlPlane:
@@ -246,8 +233,9 @@ class Launcher:
             testbed = self._testbed(stack) if self.args.testbed else None
             stack.callback(self._stop_all)  # runs first: peers stop before their namespaces go
             if self.args.resume:
-                self.output.message(f"resuming from step {checkpoint.newest_complete(self.args.resume, len(slots))} "
-                                    f"of {self.args.resume}")
+                newest = checkpoint.resumable(self.args.resume, len(slots))
+                partial = checkpoint.skipped(self.args.resume, len(slots), newest)
+                self.output.message(partial or f"resuming from step {newest} of {self.args.resume}")
             chosen = os.environ.get(THREADS_VAR)  # the user's choice, for every host
             local_threads = chosen or self._share_threads(slots)
             for slot in slots:
@@ -414,12 +402,14 @@ def main(argv: list[str] | None = None) -> int:
             raise UsageError("--testbed runs every peer on this machine: drop -H/--hostfile")
         check_command(command, local=any(h.local for h in used))
         if args.resume:
-            if checkpoint.newest_complete(args.resume, len(slots)) is None:
-                raise UsageError(f"--resume: {checkpoint.describe(args.resume, len(slots))}")
+            try:
+                checkpoint.resumable(args.resume, len(slots))
+            except checkpoint.CheckpointError as exc:
+                raise UsageError(f"--resume: {exc}") from None
             args.resume = os.path.abspath(args.resume)
         if args.testbed:
-            _check_testbed()
-        rates = _topology_rates(options.topology) if options.topology else None
+            check_testbed()
+        rates = topology_rates(options.topology) if options.topology else None
         if (args.testbed or options.emulate) and len(slots) > len(rates or {}):
             # Each rank takes the topology's peer slot of its number: found here, not in 8 tracebacks.
             flag, have = "--testbed" if args.testbed else "--emulate", len(rates or {})
@@ -429,20 +419,9 @@ def main(argv: list[str] | None = None) -> int:
     except (UsageError, HostError) as exc:
         print(f"p2plearn-run: error: {exc}", file=sys.stderr)
         return 2
+    for line in opts.unknown_variables(os.environ):
+        print(line, file=sys.stderr)
+    if rates is not None and len(slots) != len(rates):  # allowed (the topology seeds the view), yet seldom meant
+        print(f"p2plearn-run: note: -np {len(slots)} but {options.topology} has {len(rates)} peers: the coordinator's "
+              f"view takes each rank's rates from the peer of its number", file=sys.stderr)
     return Launcher(args, options, command, rates).run(slots)
-
-
-def _topology_rates(path: str) -> dict[int, tuple[float, float]]:
-    try:
-        return rates_from_file(path)
-    except Exception as exc:  # any failure to read it is the user's file or setup: say which
-        raise UsageError(f"--topology {path}: {type(exc).__name__}: {exc}") from None
-
-
-def _check_testbed() -> None:
-    if os.geteuid() != 0:
-        raise UsageError("--testbed needs root (network namespaces); --emulate does not")
-    try:
-        import p2plearn.testbed  # noqa: F401
-    except ImportError as exc:
-        raise UsageError(f"--testbed: p2plearn.testbed is not available ({exc})") from None

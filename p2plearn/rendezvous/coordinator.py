@@ -30,19 +30,22 @@ import re
 import socket
 from collections.abc import Mapping
 
+from .errors import SetupError
+from .variables import COORDINATOR_HOST_VAR
+
 SLURM_NODELISTS = ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
 # Ports derived from the job id when the ranks span hosts and MASTER_PORT is not set: below
 # Linux's ephemeral range (32768-60999), where outgoing connections could hold one.
 COORDINATOR_PORTS = range(30000, 32768)
 
 
-class DiscoveryError(ValueError):
-    """Rank 0's address cannot be found; the message says which variable to set."""
+class DiscoveryError(SetupError, ValueError):
+    """Rank 0's address or port cannot be found; the message says which variable to set."""
 
 
 def coordinator_host(environ: Mapping[str, str], rank: int, world_size: int, local_world_size: int) -> str:
     """The address at which every rank reaches rank 0's host."""
-    for var in ("P2PLEARN_COORDINATOR_HOST", "MASTER_ADDR"):
+    for var in (COORDINATOR_HOST_VAR, "MASTER_ADDR"):
         if environ.get(var):
             return environ[var]
     for var in SLURM_NODELISTS:
@@ -66,7 +69,7 @@ def coordinator_port(env: Mapping[str, str], job_id: str, os_chooses: bool) -> i
         try:
             return int(env["MASTER_PORT"]) + 1
         except ValueError:
-            raise ValueError(f"MASTER_PORT={env['MASTER_PORT']!r} is not an integer") from None
+            raise DiscoveryError(f"MASTER_PORT={env['MASTER_PORT']!r} is not an integer") from None
     if os_chooses:
         return None
     digest = int.from_bytes(hashlib.sha256(job_id.encode()).digest()[:8], "big")

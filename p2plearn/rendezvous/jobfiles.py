@@ -27,10 +27,11 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from .errors import SetupError
 from .variables import COORDINATOR_VAR, KEY_VAR
 
 
-class JobFilesError(ValueError):
+class JobFilesError(SetupError, ValueError):
     """The shared directory is not private to this user, or holds something else; the message says what to do."""
 
 

@@ -7,7 +7,8 @@ Rank and size come from the first launcher whose variables are set:
 3. ``PMI_RANK`` / ``PMI_SIZE`` (MPICH, Intel MPI; ``MPI_LOCALRANKID`` when set)
 4. ``SLURM_PROCID`` / ``SLURM_NTASKS`` / ``SLURM_LOCALID`` (srun)
 
-otherwise a single peer (rank 0 of 1). The job id is the first of ``P2PLEARN_JOB_ID``,
+otherwise a single peer (rank 0 of 1): ``launcher_found`` tells the two apart. A variable that is
+not an integer, or a rank outside the size, raises `RankError`. The job id is the first of ``P2PLEARN_JOB_ID``,
 ``TORCHELASTIC_RUN_ID``, ``OMPI_MCA_ess_base_jobid``, ``PMIX_NAMESPACE``, ``SLURM_JOB_ID`` that is
 set (else ``local``).
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from .errors import SetupError
 from .variables import JOB_ID_VAR
 
 # (rank, size, local rank, local size) variables of each launcher, in order of precedence.
@@ -30,6 +32,15 @@ _LAUNCHERS = [
 _JOB_IDS = [JOB_ID_VAR, "TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "SLURM_JOB_ID"]
 
 
+class RankError(SetupError, ValueError):
+    """A launcher's rank or size variable that cannot be read; the message names it."""
+
+
+def launcher_found(environ: Mapping[str, str]) -> bool:
+    """Whether any launcher's rank and size variables are set (else this process runs alone)."""
+    return any(environ.get(rank_var) and environ.get(size_var) for rank_var, size_var, _, _ in _LAUNCHERS)
+
+
 def detect_rank(environ: Mapping[str, str]) -> tuple[int, int, int, int]:
     """(rank, world size, local rank, local world size) from the first launcher's variables."""
     for rank_var, size_var, local_var, local_size_var in _LAUNCHERS:
@@ -40,7 +51,7 @@ def detect_rank(environ: Mapping[str, str]) -> tuple[int, int, int, int]:
             match = re.match(r"\d+", environ.get(local_size_var, ""))
             local_size = int(match.group()) if match else size
             if not 0 <= rank < size:
-                raise ValueError(f"{rank_var}={rank} is not in [0, {size_var}={size})")
+                raise RankError(f"{rank_var}={rank} is not in [0, {size_var}={size})")
             return rank, size, local, local_size
     return 0, 1, 0, 1
 
@@ -54,4 +65,4 @@ def _int(environ: Mapping[str, str], name: str) -> int:
     try:
         return int(environ[name])
     except ValueError:
-        raise ValueError(f"{name}={environ[name]!r} is not an integer") from None
+        raise RankError(f"{name}={environ[name]!r} is not an integer") from None

@@ -18,3 +18,12 @@ ENGINE_HOST_VAR = "P2PLEARN_ENGINE_HOST"
 # stderr, inherited as this descriptor (p2plearn.runtime).
 LAUNCHER_PID_VAR = "P2PLEARN_LAUNCHER_PID"
 LAUNCHER_FD_VAR = "P2PLEARN_LAUNCHER_FD"
+# Under p2plearn-run --resume DIR: the checkpoint directory p2plearn.checkpoint.load(None, ...) resumes from.
+RESUME_VAR = "P2PLEARN_RESUME"
+# Set by the user: rank 0's address, where no launcher gives one (p2plearn.rendezvous.coordinator).
+COORDINATOR_HOST_VAR = "P2PLEARN_COORDINATOR_HOST"
+
+# Every P2PLEARN_* variable that is not a training option (those are p2plearn.options'), with the
+# data cache (p2plearn.train.data) and the tests' device: a name outside both is a typo, and is warned.
+OTHER_VARS = (KEY_VAR, COORDINATOR_VAR, JOB_ID_VAR, ENGINE_HOST_VAR, LAUNCHER_PID_VAR, LAUNCHER_FD_VAR, RESUME_VAR,
+              COORDINATOR_HOST_VAR, "P2PLEARN_CACHE", "P2PLEARN_TEST_DEVICE")

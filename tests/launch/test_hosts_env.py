@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from p2plearn.launch import run
+from p2plearn.launch import checks, run
 from p2plearn.launch.env import peer_env, ssh_command
 from p2plearn.launch.hosts import Host, HostError, parse_host_list, parse_hostfile, place
 from p2plearn.options import Options
@@ -107,7 +107,7 @@ def test_topology_rates_seed_the_coordinator():
     path = os.path.join(os.path.dirname(__file__), "..", "..", "topology", "heterogeneous-4.json")
     if not os.path.exists(path):
         pytest.skip("topology/heterogeneous-4.json is not there yet")
-    rates = run._topology_rates(path)
+    rates = checks.topology_rates(path)
     topo = topology.load(path)
     assert rates[0] == (topo.uplink_bytes_per_s(topo.peers[0]), topo.downlink_bytes_per_s(topo.peers[0]))
 

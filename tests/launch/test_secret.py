@@ -38,9 +38,18 @@ def test_control_and_data_keys_are_distinct_and_not_the_secret():
 
 
 def test_a_set_key_wins_and_one_peer_draws_its_own():
-    assert job_secret({"P2PLEARN_JOB_KEY": "cafe"}, 1, 8, 4).value == "cafe"
+    assert job_secret({"P2PLEARN_JOB_KEY": "cafe" * 8}, 1, 8, 4).value == "cafe" * 8  # 16 bytes: the least taken
     one, other = job_secret({}, 0, 1, 1).value, job_secret({}, 0, 1, 1).value
     assert len(one) == 64 and one != other
+
+
+def test_a_key_shorter_than_16_bytes_is_refused_in_one_line():
+    """Issue 44: a one-byte P2PLEARN_JOB_KEY keyed every frame and datagram of the job."""
+    for short in ("k", "cafe" * 7 + "ca", "fifteen-bytes!!"):  # text, hex (15 bytes), text (15 bytes)
+        with pytest.raises(SecretError, match=r"^P2PLEARN_JOB_KEY has \d+ bytes, fewer than 16") as error:
+            job_secret({"P2PLEARN_JOB_KEY": short}, 1, 8, 4)
+        assert "\n" not in str(error.value) and "openssl rand -hex 32" in str(error.value)
+    assert job_secret({"P2PLEARN_JOB_KEY": "sixteen-bytes!!!"}, 1, 8, 4).value == "sixteen-bytes!!!"
 
 
 def test_ranks_on_one_host_share_a_private_key_file(tmp_path):

@@ -1,4 +1,5 @@
-"""Threads: p2plearn.init() says when a host's ranks run more torch threads than it has cores."""
+"""Threads: p2plearn.init() says when a host's ranks run more torch threads than it has cores and the
+user chose them (it shares the cores out itself otherwise: tests/launch/test_one_line_errors.py)."""
 
 import logging
 import os
@@ -21,8 +22,9 @@ def test_oversubscription_says_how_many_threads_fit():
 def test_init_warns_once_on_local_rank_0_when_torch_threads_oversubscribe(caplog):
     torch = pytest.importorskip("torch")
     cores = len(os.sched_getaffinity(0))
-    # A job of one peer that says its host runs `cores` ranks: 2 threads each cannot fit.
-    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": str(cores)}
+    # A job of one peer that says its host runs `cores` ranks: 2 threads each cannot fit. The user chose
+    # them (OMP_NUM_THREADS): init() leaves them, and warns.
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": str(cores), "OMP_NUM_THREADS": "2"}
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:

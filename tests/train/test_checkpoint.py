@@ -38,6 +38,25 @@ def test_the_newest_complete_step_is_the_newest_every_rank_saved(tmp_path):
     assert "holds no checkpoint" in checkpoint.describe(tmp_path / "absent", 1)
 
 
+def test_resumable_refuses_another_jobs_size_and_skipped_names_a_partial_step(tmp_path):
+    """Issue 44: a 4-rank checkpoint under -np 2 was 'complete' (ranks 0 and 1 are there), and a step
+    only some ranks saved (Ctrl-C while saving) was skipped without a word."""
+    touch(tmp_path, 225, 0, 1, 2, 3)
+    assert checkpoint.resumable(tmp_path, 4) == 225
+    with pytest.raises(checkpoint.CheckpointError) as error:
+        checkpoint.resumable(tmp_path, 2)
+    assert str(error.value) == (f"{tmp_path}/step-225 was saved by a job of 4 ranks, this one has 2 (run 4 ranks, or "
+                                f"resume from a checkpoint of 2)")
+    with pytest.raises(checkpoint.CheckpointError, match="no step in .* was saved by all 8 ranks"):
+        checkpoint.resumable(tmp_path, 8)
+    assert checkpoint.skipped(tmp_path, 4, 225) is None
+    touch(tmp_path, 240, 0, 2)
+    touch(tmp_path, 250, 1)
+    assert checkpoint.skipped(tmp_path, 4, 225) == (f"{tmp_path}/step-250 was saved by ranks 1 of 4 only (and 1 older "
+                                                    f"partial steps) (a job stopped while saving): skipped, resuming "
+                                                    f"from step 225")
+
+
 def test_a_step_folder_another_rank_prunes_while_this_one_lists_is_skipped(tmp_path, monkeypatch):
     """Ranks prune on their own: the last one removes an emptied folder, maybe between another
     rank's listing of the checkpoint directory and of that folder (it crashed a rank's save)."""
@@ -98,6 +117,26 @@ def test_save_then_load_restores_model_optimizer_and_objects_and_prunes(job, tmp
         assert last_epoch == 3
     assert sorted(p.name for p in tmp_path.iterdir())[-1] == "step-6"
     assert "step-2" not in {p.name for p in tmp_path.iterdir()}
+
+
+def test_load_names_the_partial_step_it_skips_and_marks_the_runtime_resumed(job, tmp_path, monkeypatch, capsys):
+    monkeypatch.delenv(checkpoint.RESUME_VAR, raising=False)
+    saved = threading.Barrier(2)
+
+    def body(rank, opt):
+        train(opt, 2)
+        checkpoint.save(tmp_path, opt.model, opt)
+        before = opt.runtime.resumed_step
+        if saved.wait(30) == 0:
+            touch(tmp_path, 9, 0)  # only rank 0 saved step 9
+        saved.wait(30)
+        checkpoint.load(tmp_path, opt.model, opt)
+        return before, opt.runtime.resumed_step
+
+    assert on_peers(job, [mlp(), mlp()], body) == [(None, 2), (None, 2)]
+    said = capsys.readouterr().out.splitlines()
+    assert said == [f"p2plearn: {tmp_path}/step-9 was saved by ranks 0 of 2 only (a job stopped while saving): "
+                    f"skipped, resuming from step 2", f"p2plearn: resuming from {tmp_path}/step-2"]  # rank 0 only
 
 
 def test_resume_var_promises_a_complete_step(job, tmp_path, monkeypatch):
