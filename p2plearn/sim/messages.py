@@ -30,6 +30,7 @@ one is kept whole here, and the merge's time is the calibrated float32 merge's (
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -40,6 +41,10 @@ from p2plearn.sync.codec import MessageCodec
 from p2plearn.sync.compress import Compressor
 from p2plearn.sync.merge import merge_parameter
 from p2plearn.transport.delivery import Delivery, Reason
+
+# what a receiver's engine hands over of a flow's message: (sender, receiver, message id, arrays, which
+# arrays must arrive whole, the fraction of chunks delivered) -> the delivery, or None for nothing
+Deliver = Callable[[int, int, int, list[np.ndarray], list[bool], float], "Delivery | None"]
 
 ALIGN = 8  # the engine places each segment on an 8-byte boundary, and chunk boundaries fall on them
 LOSSY = 1.0  # a loss bound for every layer: what the codec then bounds at 0 is what must arrive whole
@@ -115,11 +120,14 @@ class Messages:
         arrays, bounds = self.codecs[i].wire(message, [LOSSY] * len(self.layer_ranges))
         return arrays, [bound == 0.0 for bound in bounds]
 
+    def sent(self, rnd: int, sender: int) -> tuple[list[np.ndarray], list[bool]]:
+        """`sender`'s round-`rnd` message: its arrays, and per array whether it must arrive whole."""
+        return self._sent[rnd][sender]
+
     def delivery(self, rnd: int, sender: int, delivered: float, rng: np.random.Generator) -> Delivery:
         """What a receiver of `sender`'s round-`rnd` message gets when `delivered` (a fraction) of its
         chunks arrived, the missing ones drawn with `rng` (`virtual_delivery`)."""
-        arrays, exact = self._sent[rnd][sender]
-        return virtual_delivery(sender, rnd, arrays, exact, delivered, rng, self.scale)
+        return virtual_delivery(sender, rnd, *self.sent(rnd, sender), delivered, rng, self.scale)
 
     def merge(self, row: np.ndarray, deliveries: list[Delivery]) -> None:
         """Average the deliveries into a receiver's replica (its row, in place), as its synchronizer

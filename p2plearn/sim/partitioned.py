@@ -18,36 +18,25 @@ with this mode); the deadline and the slow close apply to each phase.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 from p2plearn.selection import NetworkView
-from p2plearn.sim.messages import virtual_delivery
 from p2plearn.sim.simulator import PlannedSimulator
 from p2plearn.sync.compress import Compressor
 from p2plearn.sync.exchange import PartExchange
 from p2plearn.sync.layout import PartLayout, Slices
 from p2plearn.sync.merge import Contribution
 from p2plearn.sync.partitioned import RESYNC_ROUNDS
-from p2plearn.transport.delivery import Delivery
-
-Deliver = Callable[[int, int, int, list[np.ndarray], list[bool], float], Delivery | None]
 
 
 class VirtualPartitioned:
     """The partitioned rounds of a `VirtualTraining` (its replicas, view, links, clocks and policies).
     ``anchors``: every peer's model after the last round ([n, P], kept current by the caller after each
     round's outer step); needed with compression (rounds exchange changes from it), else may be None.
-    ``deliver(sender, receiver, msg_id, arrays, exact, delivered)``: what the receiver's engine hands
-    over of a flow's message (None: nothing); by default a `virtual_delivery` drawn with the run's
-    mask generator (a test replays what real engines delivered)."""
+    What arrives of a flow's message is the run's `VirtualTraining.deliver`."""
 
-    def __init__(self, training, anchors: np.ndarray | None, deliver: Deliver | None = None):
+    def __init__(self, training, anchors: np.ndarray | None):
         self.training = training
-        self.deliver: Deliver = deliver or (
-            lambda sender, receiver, msg_id, arrays, exact, delivered:
-            virtual_delivery(sender, msg_id, arrays, exact, delivered, training.mask_rng, self.scale))
         o = training.options
         rows = training.replicas.numpy()
         mode = None if o.compress == "none" else o.compress
@@ -139,7 +128,7 @@ class VirtualPartitioned:
                  fmt: Compressor | None, delivered: float) -> list[Contribution] | None:
         """What the receiver reads of the sender's message when `delivered` of its chunks arrived."""
         exact = [b == 0.0 for b in (fmt.loss_bounds([1.0] * len(slices)) if fmt is not None else [1.0] * len(arrays))]
-        d = self.deliver(sender, receiver, msg_id, arrays, exact, delivered)
+        d = self.training.deliver(sender, receiver, msg_id, arrays, exact, delivered)
         return None if d is None else self.exchanges[receiver].contributions(d, slices, fmt)
 
     def _phase(self, flows: list[tuple[int, int, float, float]], start: np.ndarray, sizes: np.ndarray,

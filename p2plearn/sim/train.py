@@ -68,7 +68,7 @@ from p2plearn.selection.view import DATAGRAM_DATA
 from p2plearn.sim.calibrate import costs
 from p2plearn.sim.control import VirtualControl, round_load
 from p2plearn.sim.links import LinkSchedule
-from p2plearn.sim.messages import Messages
+from p2plearn.sim.messages import Deliver, Messages, virtual_delivery
 from p2plearn.sim.partitioned import VirtualPartitioned
 from p2plearn.sim.replicas import Replicas
 from p2plearn.sim.simulator import PlannedSimulator
@@ -163,6 +163,10 @@ class VirtualTraining:
             else np.ones(self.n)
         self.step_s = self.costs["step_s"] * self.speed
         self.mask_rng = np.random.default_rng(settings.seed + 1)
+        # what a receiver's engine hands over of a flow's encoded message (compressed, filtered or
+        # partitioned): drawn with the mask generator; a test replays what real engines delivered
+        self.deliver: Deliver = lambda sender, receiver, msg_id, arrays, exact, delivered: virtual_delivery(
+            sender, msg_id, arrays, exact, delivered, self.mask_rng, self.message_bytes / self.replica_bytes)
         self.control = VirtualControl(self.n, seed_rates(topology))
         policy = {"max_fanout": options.max_fanout or None, "max_fanin": options.max_fanin or None,
                   "mixing_slack": options.mixing_slack} if options.selection == "selmcast" else {}
@@ -401,11 +405,15 @@ class VirtualTraining:
         each receiver's outer update."""
         own = self.replicas.numpy()
         by_receiver: dict[int, list] = {}
-        for k in np.flatnonzero(taken).tolist():
-            rnd, src, delivered = int(pending["round"][k]), int(pending["src"][k]), float(pending["delivered"][k])
-            by_receiver.setdefault(int(pending["dst"][k]), []).append(
-                Contribution(messages[rnd][src], chunks=self._mask(pending["layer_delivered"][k])) if self.messages is None
-                else self.messages.delivery(rnd, src, delivered, self.mask_rng))
+        taken = np.flatnonzero(taken)
+        for k in taken[np.lexsort((pending["src"][taken], pending["round"][taken]))].tolist():  # as the inbox: by
+            rnd, src, delivered = int(pending["round"][k]), int(pending["src"][k]), float(pending["delivered"][k])  # round, sender
+            dst = int(pending["dst"][k])
+            if self.messages is None:
+                got = Contribution(messages[rnd][src], chunks=self._mask(pending["layer_delivered"][k]))
+            elif (got := self.deliver(src, dst, rnd, *self.messages.sent(rnd, src), delivered)) is None:
+                continue
+            by_receiver.setdefault(dst, []).append(got)
         for i, contributions in sorted(by_receiver.items()):
             if self.messages is None:
                 merge_parameter(own[i], contributions)

@@ -122,7 +122,7 @@ def test_training_and_the_simulator_end_rounds_with_the_same_bits(job, compress,
         d = received.get((receiver, sender, msg_id))
         return None if d is None else replace(d, arrays=arrays)
 
-    sim.partitioned.deliver = replay
+    sim.deliver = replay
     masks_with_losses = 0
     for rnd in range(3):
         run_threads(peers, 1)
