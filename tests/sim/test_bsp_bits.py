@@ -3,8 +3,6 @@ to every other (`--selection all`, so the plan does not depend on the view), mes
 int8 and int4 formats, exact or with the chunk masks real engines delivered."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 import torch
@@ -16,7 +14,7 @@ from p2plearn.sync import BSP
 from p2plearn.tolerance import make_tolerance
 from p2plearn.topology import homogeneous
 from p2plearn.train.data import mnist1d
-from p2plearn.transport.delivery import Delivery
+from tests.sync.recording import record_deliveries, replayer
 from tests.sync.test_rounds import job, run_threads  # noqa: F401 - job is the fixture
 
 ROUNDS = 3
@@ -43,24 +41,10 @@ def test_training_and_the_simulator_end_bsp_rounds_with_the_same_bits(job, compr
     loss = {"channel_kw": {"drop_prob": 0.2, "seed": 5, "max_datagram": 1400},
             "tolerance": make_tolerance("fixed", loss_bound=0.3)} if lossy else {}
     peers = job(4, BSP, params=lambda rank: [models[rank].copy()], compress=compress, selection="all", **loss)
-    received: dict[tuple[int, int, int], Delivery] = {}  # (receiver, sender, round) -> what its engine gave
-
-    def recording(rank, recv):
-        def recv_and_record(timeout=None):
-            d = recv(timeout)
-            if d is not None:
-                received[(rank, d.sender, d.msg_id)] = d
-            return d
-        return recv_and_record
-
-    for rank, peer in enumerate(peers):
-        peer.channel.recv = recording(rank, peer.channel.recv)
+    received = record_deliveries(peers)
     run_threads(peers, ROUNDS)
     if compress != "none":
-        def replay(sender, receiver, msg_id, arrays, exact, delivered):
-            d = received.get((receiver, sender, msg_id))
-            return None if d is None else replace(d, arrays=arrays)
-        sim.deliver = replay
+        sim.deliver = replayer(received)
     sim.run()
     for i, peer in enumerate(peers):
         assert np.array_equal(peer.params[0], rows[i]), f"rank {i}'s model differs"

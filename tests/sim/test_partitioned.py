@@ -5,11 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from dataclasses import replace
-
 from p2plearn.sync.partitioned import FILTER_REFUSED, Partitioned
 from p2plearn.tolerance import make_tolerance
-from p2plearn.transport.delivery import Delivery
+from tests.sync.recording import record_deliveries, replayer
 from tests.sync.test_rounds import job, run_threads  # noqa: F401 - job is the fixture
 
 from p2plearn.examples.mnist1d import MLP
@@ -105,24 +103,9 @@ def test_training_and_the_simulator_end_rounds_with_the_same_bits(job, compress,
     loss = {"channel_kw": {"drop_prob": 0.2, "seed": 5, "max_datagram": 1400}, "tolerance": make_tolerance("fixed", loss_bound=0.3)} \
         if lossy else {}
     peers = job(4, Partitioned, params=lambda rank: [models[rank].copy()], compress=compress, **loss)
-    received: dict[tuple[int, int, int], Delivery] = {}  # (receiver, sender, message id) -> what its engine gave
+    received = record_deliveries(peers)
 
-    def recording(rank, recv):
-        def recv_and_record(timeout=None):
-            d = recv(timeout)
-            if d is not None:
-                received[(rank, d.sender, d.msg_id)] = d
-            return d
-        return recv_and_record
-
-    for rank, peer in enumerate(peers):
-        peer.channel.recv = recording(rank, peer.channel.recv)
-
-    def replay(sender, receiver, msg_id, arrays, exact, delivered):
-        d = received.get((receiver, sender, msg_id))
-        return None if d is None else replace(d, arrays=arrays)
-
-    sim.deliver = replay
+    sim.deliver = replayer(received)
     masks_with_losses = 0
     for rnd in range(3):
         run_threads(peers, 1)
