@@ -3,6 +3,10 @@
 import glob
 import json
 import os
+import signal
+import socket
+import subprocess
+import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -38,3 +42,23 @@ def wait_for(predicate, timeout, step=0.05):
     return predicate()
 
 
+def run_peers_under_mpirun(tmp_path, job_id: str) -> tuple[int, str]:
+    """4 ranks of the test peer (2 rounds) under real mpirun, writing to ``tmp_path``: its exit code
+    and its output (stdout and stderr together); the process group is killed if it outlives 60 s."""
+    with socket.socket() as s:  # rank 0 hosts the coordinator on MASTER_PORT + 1
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": ROOT, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port - 1),
+           "P2PLEARN_JOB_KEY": os.urandom(32).hex(), "P2PLEARN_JOB_ID": job_id}
+    argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4",
+            "-x", "PYTHONPATH", "-x", "MASTER_ADDR", "-x", "MASTER_PORT", "-x", "P2PLEARN_JOB_KEY",
+            "-x", "P2PLEARN_JOB_ID", sys.executable, PEER, "--rounds", "2", "--out", str(tmp_path)]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, out

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from launch_helpers import PEER, ROOT, group_alive, peers_seen, wait_for
+from launch_helpers import PEER, ROOT, group_alive, peers_seen, run_peers_under_mpirun, wait_for
 from p2plearn.launch.run import build_parser
 
 
@@ -123,25 +123,8 @@ def test_help_is_the_whole_manual():
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun (Open MPI) is not installed")
 def test_the_same_script_runs_under_mpirun(tmp_path):
-    import socket
-
-    with socket.socket() as s:  # rank 0 hosts the coordinator on MASTER_PORT + 1
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": ROOT, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port - 1),
-           "P2PLEARN_JOB_KEY": os.urandom(32).hex(), "P2PLEARN_JOB_ID": "mpi-test"}
-    argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4",
-            "-x", "PYTHONPATH", "-x", "MASTER_ADDR", "-x", "MASTER_PORT", "-x", "P2PLEARN_JOB_KEY",
-            "-x", "P2PLEARN_JOB_ID", sys.executable, PEER, "--rounds", "2", "--out", str(tmp_path)]
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, out
+    returncode, out = run_peers_under_mpirun(tmp_path, "mpi-test")
+    assert returncode == 0, out
     seen = peers_seen(str(tmp_path))
     assert sorted(seen) == [0, 1, 2, 3]
     assert all(info["members"] == [0, 1, 2, 3] and info["world_size"] == 4 for info in seen.values())

@@ -2,17 +2,13 @@
 rank: issue 44's "mpirun's ranks' lines run together"."""
 
 import io
-import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import threading
 
 import pytest
 
-from launch_helpers import PEER, ROOT
+from launch_helpers import run_peers_under_mpirun
 from p2plearn.rank_output import TaggedLines, tag_under_mpirun
 
 
@@ -71,22 +67,7 @@ def test_only_mpirun_ranks_are_tagged(monkeypatch):
 
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun (Open MPI) is not installed")
 def test_every_line_of_an_mpirun_job_names_its_rank(tmp_path):
-    with socket.socket() as s:  # rank 0 hosts the coordinator on MASTER_PORT + 1
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": ROOT, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port - 1),
-           "P2PLEARN_JOB_KEY": os.urandom(32).hex(), "P2PLEARN_JOB_ID": "mpi-lines"}
-    argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4", "-x", "PYTHONPATH", "-x", "MASTER_ADDR",
-            "-x", "MASTER_PORT", "-x", "P2PLEARN_JOB_KEY", "-x", "P2PLEARN_JOB_ID",
-            sys.executable, PEER, "--rounds", "2", "--out", str(tmp_path)]
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, out
+    returncode, out = run_peers_under_mpirun(tmp_path, "mpi-lines")
+    assert returncode == 0, out
     for r in range(4):
         assert out.count(f"[{r}] rank {r} of 4 ") == 1, out
