@@ -1,8 +1,9 @@
 """The ``p2plearn`` torch.distributed backend: a ProcessGroup whose collectives run over the engine.
 
     import torch.distributed as dist
-    import p2plearn                      # registers the backend
     dist.init_process_group("p2plearn")  # under torchrun, mpirun, srun or p2plearn-run
+
+(torch registers the backend as it starts: `p2plearn.distributed.plugin`.)
 
 Rendezvous is ``p2plearn.init()``'s (rank and size from the launcher's variables, or from
 ``init_process_group(rank=, world_size=)``; the coordinator at ``MASTER_PORT + 1``; the job's
@@ -34,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from p2plearn.distributed.collectives import SEQS, CollectiveError, Collectives, CollectiveTimeout, Links
+from p2plearn.distributed.plugin import BACKEND
 from p2plearn.distributed.staging import CollectiveStaging
 from p2plearn.keys import data_key
 from p2plearn.control import ControlError
@@ -41,7 +43,6 @@ from p2plearn.runtime import Runtime, detect_rank, init
 from p2plearn.tolerance import RoundRecord
 from p2plearn.transport import CHUNK_CLAIM, Channel
 
-BACKEND = "p2plearn"
 DEFAULT_RATE = 1.25e8  # bytes/s of a link the view has no figure for (the bandwidth estimator's default)
 _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.PRODUCT: "product",
         dist.ReduceOp.MIN: "min", dist.ReduceOp.MAX: "max"}
@@ -388,9 +389,3 @@ def _links(store: Any, runtime: Runtime, size: int) -> Links:
         store.set("p2plearn/links", json.dumps(links.tolist()))
     uplink, downlink = json.loads(store.get("p2plearn/links"))
     return Links(uplink, downlink)
-
-
-def register() -> None:
-    """Make ``init_process_group("p2plearn")`` build a ProcessGroupP2P (idempotent)."""
-    if BACKEND.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(BACKEND, create, extended_api=True, devices=["cpu"])
