@@ -17,32 +17,33 @@ The layers, top to bottom (nothing imports upward):
 - ``p2plearn.rendezvous`` finding the job (rank, size, secret, coordinator address), for ``init()`` and the launcher
 - ``p2plearn.protocols``  the data channel and control client as the code handed one uses them (typing only)
 - ``p2plearn.topology`` / ``p2plearn.testbed`` / ``p2plearn.sim``  networks: described, built, simulated
+
+Importing the package imports none of them: each name below, and each subpackage, is imported at
+its first use. torch imports ``p2plearn.distributed.plugin`` as it starts (to register the
+``p2plearn`` backend), so every torch program pays for what this file imports.
 """
 
+import importlib
+import importlib.util
 import sys
 
-from p2plearn.options import Options, add_arguments
-from p2plearn.runtime import Runtime, init
+if "torch" in sys.modules:  # torch without p2plearn's entry point (a source tree never installed): register here
+    from p2plearn.distributed.plugin import register
 
-if "torch" in sys.modules:  # a training program: init_process_group("p2plearn") works (the launcher skips torch)
-    import p2plearn.distributed  # noqa: F401  (registers the backend)
+    register()
 
 __version__ = "0.1.0"
 __all__ = ["init", "Runtime", "Options", "add_arguments", "DecentralizedOptimizer", "JobEnded", "data", "checkpoint"]
 
+# name -> the module that defines it (torch is imported only by programs that train)
+_EXPORTS = {"Options": "p2plearn.options", "add_arguments": "p2plearn.options", "Runtime": "p2plearn.runtime",
+            "init": "p2plearn.runtime", "DecentralizedOptimizer": "p2plearn.train", "JobEnded": "p2plearn.train",
+            "data": "p2plearn.train"}
+
 
 def __getattr__(name: str):
-    if name == "checkpoint":
-        import p2plearn.checkpoint as checkpoint
-
-        return checkpoint
-    # torch is imported only by programs that train, not by the launcher or the control plane
-    if name in ("ddp", "distributed"):
-        import importlib
-
-        return importlib.import_module(f"p2plearn.{name}")
-    if name in ("DecentralizedOptimizer", "JobEnded", "data"):
-        import p2plearn.train as train
-
-        return getattr(train, name)
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    if not name.startswith("_") and importlib.util.find_spec(f"p2plearn.{name}") is not None:
+        return importlib.import_module(f"p2plearn.{name}")  # a subpackage, as after ``import p2plearn.<name>``
     raise AttributeError(f"module 'p2plearn' has no attribute {name!r}")

@@ -219,11 +219,12 @@ class Client:
         Raises ControlError if the coordinator refuses it."""
         self._requester.request({"type": p.REACH, "rank": self.rank, "reached": sorted(int(j) for j in reached)})
 
-    def leave(self) -> None:
+    def leave(self, timeout: float | None = None) -> None:
         """Deregister cleanly; the others are told at once. From now on this client starts no
-        successor, should the coordinator go quiet (it stops at the end of the job)."""
+        successor, should the coordinator go quiet (it stops at the end of the job). ``timeout``:
+        how long to wait for the coordinator's reply (default: the client's)."""
         if self._life.leave():
-            self._requester.request({"type": p.LEAVE, "rank": self.rank})
+            self._requester.request({"type": p.LEAVE, "rank": self.rank}, timeout)
 
     def fetch_view(self, timeout: float | None = None) -> GlobalView:
         """Ask for the current GlobalView (``view`` holds the newest one pushed)."""

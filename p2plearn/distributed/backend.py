@@ -1,8 +1,9 @@
 """The ``p2plearn`` torch.distributed backend: a ProcessGroup whose collectives run over the engine.
 
     import torch.distributed as dist
-    import p2plearn                      # registers the backend
     dist.init_process_group("p2plearn")  # under torchrun, mpirun, srun or p2plearn-run
+
+(torch registers the backend as it starts: `p2plearn.distributed.plugin`.)
 
 Rendezvous is ``p2plearn.init()``'s (rank and size from the launcher's variables, or from
 ``init_process_group(rank=, world_size=)``; the coordinator at ``MASTER_PORT + 1``; the job's
@@ -21,6 +22,7 @@ a pinned host copy, as gloo's does (`CollectiveStaging`).
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import queue
@@ -34,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from p2plearn.distributed.collectives import SEQS, CollectiveError, Collectives, CollectiveTimeout, Links
+from p2plearn.distributed.plugin import BACKEND
 from p2plearn.distributed.staging import CollectiveStaging
 from p2plearn.keys import data_key
 from p2plearn.control import ControlError
@@ -41,7 +44,7 @@ from p2plearn.runtime import Runtime, detect_rank, init
 from p2plearn.tolerance import RoundRecord
 from p2plearn.transport import CHUNK_CLAIM, Channel
 
-BACKEND = "p2plearn"
+STOP_S = 2.0  # at exit: how long the group's thread may take to see its collective fail, and leaving the job
 DEFAULT_RATE = 1.25e8  # bytes/s of a link the view has no figure for (the bandwidth estimator's default)
 _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.PRODUCT: "product",
         dist.ReduceOp.MIN: "min", dist.ReduceOp.MAX: "max"}
@@ -72,6 +75,7 @@ class ProcessGroupP2P(dist.ProcessGroup):
         self._queue: queue.Queue = queue.Queue()
         self._worker = threading.Thread(target=self._run, name="p2plearn-collectives", daemon=True)
         self._worker.start()
+        atexit.register(self._stop_at_exit)
 
     def _on_event(self, event: Any) -> None:
         """A rank that leaves or is declared dead fails the collectives waiting for it (and every
@@ -142,10 +146,27 @@ class ProcessGroupP2P(dist.ProcessGroup):
 
     def shutdown(self) -> None:
         """Finish the queued collectives, stop the engine, leave the job (``destroy_process_group``)."""
+        atexit.unregister(self._stop_at_exit)
         self._queue.put(None)
         self._worker.join()
         self.channel.close()
         self.runtime.close()
+
+    def _stop_at_exit(self) -> None:
+        """The interpreter exits with the group alive (Ctrl-C, SIGTERM's exception, an error, or no
+        ``destroy_process_group``): stop the engine, which fails the collective the group's thread
+        waits in, and leave the job at once, so that no thread of the group holds the exit up and
+        the other ranks' collectives fail now rather than once the membership declares this rank
+        dead. Queued collectives are not run (gloo's are not either)."""
+        self._failure = self._failure or CollectiveError("p2plearn: the process is exiting")
+        self._queue.put(None)
+        self.channel.close()
+        self._worker.join(STOP_S)
+        try:
+            self.runtime.client.leave(timeout=STOP_S)  # (a coordinator that is gone would hold it for 5 s)
+        except ControlError:
+            pass  # none answered: the others learn it from this rank's exit
+        self.runtime.close(leave=False, linger=0.0)  # rank 0 stops the coordinator now: the others are told the job ended
 
     def getBackendName(self) -> str:
         return BACKEND
@@ -246,7 +267,8 @@ class ProcessGroupP2P(dist.ProcessGroup):
 
 class _Work(dist.Work):
     """A queued collective, as gloo's work: ``wait()`` (and the synchronous call) and the future
-    raise the collective's error; ``wait(timeout)`` raises once ``timeout`` passes first."""
+    raise the collective's error; ``wait(timeout)`` raises once ``timeout`` passes first; SIGINT
+    interrupts ``wait()`` (KeyboardInterrupt)."""
 
     def __init__(self, future: torch.futures.Future) -> None:
         super().__init__()
@@ -256,7 +278,8 @@ class _Work(dist.Work):
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         seconds = timeout.total_seconds() if timeout else 0.0
-        if seconds > 0 and not self._done.wait(seconds):
+        # in Python, not in the future's C++ wait: Ctrl-C interrupts a synchronous collective or barrier
+        if not self._done.wait(seconds if seconds > 0 else None):
             raise CollectiveTimeout(f"p2plearn: a collective did not complete within wait()'s {seconds:g} s")
         self._future.wait()  # raises the collective's error
         return True
@@ -388,9 +411,3 @@ def _links(store: Any, runtime: Runtime, size: int) -> Links:
         store.set("p2plearn/links", json.dumps(links.tolist()))
     uplink, downlink = json.loads(store.get("p2plearn/links"))
     return Links(uplink, downlink)
-
-
-def register() -> None:
-    """Make ``init_process_group("p2plearn")`` build a ProcessGroupP2P (idempotent)."""
-    if BACKEND.upper() not in dist.Backend._plugins:
-        dist.Backend.register_backend(BACKEND, create, extended_api=True, devices=["cpu"])

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import socket
 import subprocess
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -32,9 +33,13 @@ def ssh_argv(ssh: str, host: str) -> list[str]:
     return [*words, *SSH_OPTIONS, host]
 
 
-def peer_env(slot: Slot, world_size: int, coordinator: str, job_id: str, options: Options) -> dict[str, str]:
-    """The variables that place one peer in the job (everything but the key)."""
+def peer_env(slot: Slot, world_size: int, coordinator: str, job_id: str, options: Options,
+             store: tuple[str, int] | None = None) -> dict[str, str]:
+    """The variables that place one peer in the job (everything but the key); with ``store``
+    (`torch_store`), also torch.distributed's ``MASTER_ADDR`` and ``MASTER_PORT``, as torchrun
+    exports them."""
     return {
+        **({"MASTER_ADDR": store[0], "MASTER_PORT": str(store[1])} if store else {}),
         "RANK": str(slot.rank),
         "WORLD_SIZE": str(world_size),
         "LOCAL_RANK": str(slot.local_rank),
@@ -44,6 +49,27 @@ def peer_env(slot: Slot, world_size: int, coordinator: str, job_id: str, options
         "PYTHONUNBUFFERED": "1",  # lines reach the launcher as they are printed
         **options.to_env(),
     }
+
+
+def torch_store(slots: list[Slot], advertise: str | None = None, rank0_address: str | None = None) -> tuple[str, int]:
+    """Where torch.distributed's store listens (rank 0 starts it), so that a DDP script's
+    ``init_process_group()`` (``env://``) runs under p2plearn-run as under torchrun.
+
+    The user's ``MASTER_ADDR`` / ``MASTER_PORT`` when set; else rank 0's host: loopback when every
+    peer runs here, ``rank0_address`` (its testbed namespace's), ``advertise`` or this host's name
+    when it runs here, its host's name when remote; and a port free on this host (for a remote
+    rank 0 a guess: set ``MASTER_PORT`` to choose)."""
+    first = slots[0].host
+    if all(s.host.local for s in slots):
+        host = "127.0.0.1"
+    else:
+        host = (advertise or os.uname().nodename) if first.local else first.name
+    host = os.environ.get("MASTER_ADDR") or rank0_address or host
+    if os.environ.get("MASTER_PORT"):
+        return host, int(os.environ["MASTER_PORT"])
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return host, s.getsockname()[1]
 
 
 def ssh_command(host: str, env: Mapping[str, str], argv: list[str], cwd: str, ssh: str = "ssh") -> list[str]:

@@ -88,7 +88,7 @@ from ..control import Client, Progress
 from ..control.server import ServerProcess, spawn
 from ..rendezvous.variables import ENGINE_HOST_VAR, KEY_VAR, LAUNCHER_FD_VAR, LAUNCHER_PID_VAR
 from .checks import UsageError, check_command, check_testbed, topology_rates
-from .env import THREADS_VAR, check_reachable, peer_env, ssh_command, threads_per_peer
+from .env import THREADS_VAR, check_reachable, peer_env, ssh_command, threads_per_peer, torch_store
 from .hosts import Host, HostError, Slot, parse_host_list, parse_hostfile, place
 from .rate import RoundRate
 
@@ -238,8 +238,9 @@ class Launcher:
                 self.output.message(partial or f"resuming from step {newest} of {self.args.resume}")
             chosen = os.environ.get(THREADS_VAR)  # the user's choice, for every host
             local_threads = chosen or self._share_threads(slots)
+            store = torch_store(slots, self.args.advertise, testbed.address(0) if testbed else None)
             for slot in slots:
-                env = peer_env(slot, len(slots), coordinator.address, self.job_id, self.options)
+                env = peer_env(slot, len(slots), coordinator.address, self.job_id, self.options, store)
                 if slot.host.local or chosen:  # without a choice, a remote host computes its own share
                     env[THREADS_VAR] = local_threads
                 if self.args.resume:

@@ -1,0 +1,58 @@
+"""A DDP script runs under p2plearn-run as under torchrun: each peer gets what torch.distributed's
+``env://`` rendezvous reads (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK)."""
+
+import os
+import sys
+
+import pytest
+
+from p2plearn.launch.env import peer_env, torch_store
+from p2plearn.launch.hosts import Host, place
+from p2plearn.options import Options
+
+SCRIPT = """
+import os
+import sys
+import torch
+import torch.distributed as dist
+
+import p2plearn  # noqa: F401  (after torch: registers the backend without the installed entry point)
+
+dist.init_process_group("p2plearn")
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+model(torch.ones(3, 4)).sum().backward()
+total = torch.tensor([float(dist.get_rank())])
+dist.all_reduce(total)
+print("rank", dist.get_rank(), "of", dist.get_world_size(), "local", os.environ["LOCAL_RANK"], "sum", total.item(),
+      "grad equal", bool(torch.equal(model.module.weight.grad, torch.full((2, 4), 3.0))))
+dist.destroy_process_group()
+"""
+
+
+def test_every_peer_gets_the_torch_store_of_rank_0(monkeypatch):
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    local = place([Host("localhost", 2, "-H")], 2)
+    store = torch_store(local)
+    assert store[0] == "127.0.0.1" and 0 < store[1] < 65536
+    envs = [peer_env(slot, 2, "tcp://127.0.0.1:5000", "job1", Options(), store) for slot in local]
+    assert {(e["MASTER_ADDR"], e["MASTER_PORT"]) for e in envs} == {("127.0.0.1", str(store[1]))}
+    assert [(e["RANK"], e["WORLD_SIZE"], e["LOCAL_RANK"]) for e in envs] == [("0", "2", "0"), ("1", "2", "1")]
+    # across hosts: rank 0's host as the others reach it
+    assert torch_store(place([Host("node1", 1, "-H"), Host("localhost", 1, "-H")], 2))[0] == "node1"
+    assert torch_store(place([Host("localhost", 1, "-H"), Host("node1", 1, "-H")], 2), advertise="10.0.0.5")[0] == "10.0.0.5"
+    monkeypatch.setenv("MASTER_ADDR", "10.1.1.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert torch_store(local) == ("10.1.1.1", 29500)  # the user's choice
+
+
+@pytest.mark.slow  # two peers import torch
+def test_a_ddp_script_runs_under_p2plearn_run(launch, tmp_path):
+    script = tmp_path / "ddp.py"
+    script.write_text(SCRIPT)
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    proc = launch("-np", "2", command=[sys.executable, str(script)],
+                  env=env, timeout=180)
+    assert proc.returncode == 0, proc.stdout_text + proc.stderr_text
+    for rank in (0, 1):
+        assert f"rank {rank} of 2 local {rank} sum 1.0 grad equal True" in proc.stdout_text, proc.stdout_text
