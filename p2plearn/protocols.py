@@ -180,8 +180,8 @@ class ControlClient(Protocol):
         """Call `callback(event)` on the client's thread for each event."""
         ...
 
-    def leave(self) -> None:
-        """Deregister cleanly."""
+    def leave(self, timeout: float | None = None) -> None:
+        """Deregister cleanly; ``timeout``: how long to wait for the reply (None: the client's own)."""
         ...
 
     def wait_alone(self, timeout: float) -> bool:

@@ -56,7 +56,7 @@ from .control.server import ServerProcess, spawn
 from .options import Options, unknown_variables
 from .protocols import ControlClient
 from .rank_output import tag_under_mpirun
-from .rendezvous.errors import SetupError, install_excepthook
+from .rendezvous.errors import SetupError
 from .rendezvous.coordinator import coordinator_host, coordinator_port
 from .rendezvous.jobfiles import JobFiles, shared_on_this_host
 from .rendezvous.ranks import detect_job_id, detect_rank, launcher_found
@@ -72,9 +72,6 @@ log = logging.getLogger("p2plearn")
 PROBE_S = 5.0  # a live coordinator of this job on a taken port answers well within this, even on a busy host
 LAUNCHER_GONE = 129  # a peer's exit code when its launcher died (as on a hang-up)
 LAUNCHER_POLL_S = 0.5
-
-
-install_excepthook()  # a training script imports this (through p2plearn) before anything can go wrong
 
 
 class PortInUse(ControlError, SetupError):

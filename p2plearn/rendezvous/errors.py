@@ -6,7 +6,8 @@ Its message says what and how to fix it in one line, so a traceback adds only no
 or torchrun, one per rank, around the launcher's own report). ``p2plearn-run`` checks what it can
 before anything starts and exits with code 2; the same mistakes found inside a peer (under mpirun,
 torchrun or srun, or a script's own ``init()``, optimizer or ``checkpoint.load``) end that process
-the same way once `install_excepthook` is in place (``p2plearn.runtime`` installs it on import). It lives with
+the same way: importing this module installs `install_excepthook`'s hook, so every module that can
+raise a `SetupError` has it in place (``import p2plearn`` alone imports nothing). It lives with
 the rendezvous, the bottom of runtime and launch, so that options and checkpoints can use it too:
 
     p2plearn: error: --sync: must be one of bsp, ssp, partitioned (got 'bogus' from P2PLEARN_SYNC)
@@ -72,3 +73,6 @@ def _tell_torchrun(line: str) -> None:
                                                                   "timestamp": str(int(time.time()))}}}, f)
     except OSError:
         pass  # the summary keeps torchrun's own words
+
+
+install_excepthook()  # whoever can raise a SetupError imports this module first
