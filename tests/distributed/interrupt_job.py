@@ -30,6 +30,7 @@ from tests.distributed.job import free_port
 READY_STEPS = 3
 STUCK_S = 10.0  # then its stacks go to its log
 GIVE_UP_S = 60.0  # then it is killed (torchrun's SIGKILL comes after 30 s)
+LINGER_S = 5.0  # what is left of a try's process group (the coordinator) after its ranks exited, at most
 
 
 def rank_main(backend: str, rank: int, world_size: int, ready_fd: int, log: str) -> None:
@@ -88,13 +89,18 @@ def one_try(backend: str, world_size: int, log: str) -> dict:
                 os.kill(pid, signal.SIGUSR1)
         time.sleep(0.05)
     seconds = time.monotonic() - start
-    time.sleep(1.0)
-    lingering = _alive(group)  # the coordinator rank 0 started, if it outlived its signal by a second
+    gone_by = time.monotonic() + LINGER_S
+    while _alive(group) and time.monotonic() < gone_by:
+        time.sleep(0.1)
+    lingering = _alive(group)  # the coordinator rank 0 started, if it outlived the ranks by LINGER_S
     for pid in left:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
     if lingering:
-        os.killpg(group, signal.SIGKILL)
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass  # it ended meanwhile
     return {"seconds": seconds, "ready": ready == b"r" * world_size, "ready_s": start - forked, "stuck": len(left), "lingering": lingering}
 
 
