@@ -26,6 +26,7 @@ def interrupted(tmp_path: Path, backend: str, tries: int) -> list[dict]:
     return json.loads(result.read_text())
 
 
+@pytest.mark.timeout(1200)  # 23 jobs of 4 ranks: ~2.5 min alone, several times that on a busy 2-core machine
 def test_ctrl_c_stops_a_ddp_job_as_promptly_as_over_gloo(tmp_path):
     gloo = interrupted(tmp_path, "gloo", BASELINE_TRIES)
     ours = interrupted(tmp_path, "p2plearn", TRIES)
