@@ -3,6 +3,7 @@ rank sits in a wait the signal cannot end (torchrun would SIGKILL it after 30 s)
 coordinator rank 0 started goes with the job."""
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,9 +19,17 @@ MARGIN_S = 5.0  # over gloo's slowest stop: a busy 2-core machine's scheduling, 
 
 def interrupted(tmp_path: Path, backend: str, tries: int) -> list[dict]:
     result = tmp_path / f"{backend}.json"
-    done = subprocess.run([sys.executable, str(ROOT / "tests" / "distributed" / "interrupt_job.py"), backend,
-                           str(WORLD_SIZE), str(tries), str(result)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=60 + tries * 90, env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "distributed" / "interrupt_job.py"), backend,
+                             str(WORLD_SIZE), str(tries), str(result)], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    try:  # the harness, its ranks and their coordinator go with the test, also when it times out
+        _, stderr = proc.communicate(timeout=60 + tries * 40)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, "", stderr)
     log = Path(f"{result}.log")
     assert done.returncode == 0 and result.exists(), done.stderr[-3000:] + (log.read_text()[-3000:] if log.exists() else "")
     return json.loads(result.read_text())
