@@ -21,10 +21,10 @@ def _cdef_text(header: str = "p2pcast.h") -> str:
 
 
 def _compile_args() -> tuple[list[str], list[str]]:
-    cflags = ["-O2", "-std=gnu11", "-Wall", "-Wextra", "-pthread", "-fvisibility=hidden"]
+    cflags = ["-O3", "-std=gnu11", "-Wall", "-Wextra", "-pthread", "-fvisibility=hidden"]
     ldflags = ["-pthread"]
     if os.environ.get("P2PCAST_SANITIZE"):
-        cflags = [f for f in cflags if f != "-O2"] + ["-O1", "-g", "-fno-omit-frame-pointer",
+        cflags = [f for f in cflags if f != "-O3"] + ["-O1", "-g", "-fno-omit-frame-pointer",
                                                       "-fsanitize=address,undefined"]
         ldflags += ["-fsanitize=address,undefined"]
     return cflags, ldflags

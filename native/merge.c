@@ -1,10 +1,13 @@
 /* Mask-aware merging: one tensor averaged in place with what senders sent for it.
  *
- * The tensor is walked in blocks small enough to stay in L1 (a sum and a count per element); each
- * contribution adds its arrived runs to the block (a run is the part of a chunk inside the block, or
- * single elements under an element mask), and the block is written back once. Sums are in double:
- * exact for every dtype that travels, float64 included, and the merge is bound by reading the
- * contributions, not by the adds.
+ * The tensor is walked in blocks small enough to stay in L1 (a sum per element); each contribution
+ * adds its arrived runs to the block (a run is the part of a chunk inside the block, or single
+ * elements under an element mask), and the block is written back once. A contribution that brings
+ * every element of a block (the common case: nothing lost there, nothing to check one by one) is
+ * added in one vectorised loop and counted once for the block; only the others keep a count per
+ * element. Sums are in double: exact for every dtype that travels, float64 included, and the merge
+ * is bound by reading the contributions, not by the adds. The counts are small integers, exact in
+ * double, so the result does not depend on which contributions took which path.
  *
  * A contribution marked finite_only refuses, in the same pass, what would make a merge non-finite
  * (a member's NaN or inf): a value that is not finite, and every value of an int8 or int4 block
@@ -20,6 +23,14 @@
 #include "error.h"
 
 #define BLOCK 2048
+
+/* The merge's loops are built for AVX2 too, picked at load time where the CPU has it (ifunc): a
+ * plain x86-64 build reads floats into doubles two at a time. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define VECTOR_CLONES
+#endif
 
 /* Bytes per element; P2P_I4 packs two elements in a byte (see byte_of, first_at, value_bytes). */
 static const uint32_t ITEM_SIZE[] = {[P2P_F32] = 4, [P2P_F64] = 8, [P2P_F16] = 2, [P2P_BF16] = 2, [P2P_I8] = 1};
@@ -127,8 +138,44 @@ static int scale_fits(const p2p_contribution *c, uint64_t b) {
     return fabs((double)c->scales[b]) * (c->dtype == P2P_I8 ? 128.0 : 8.0) <= FLT_MAX;
 }
 
-/* sum[i] += value of element from + i, for i < len; returns how many it added (all but the values
- * checks_values refuses). The common dtypes in their own loops, so that the compiler vectorises them. */
+/* sum[i] += value of element from + i of c, for i < len (no checks: the caller made them). The
+ * common dtypes in loops of their own, so that the compiler vectorises them. */
+VECTOR_CLONES static void add_values(double *restrict sum, const p2p_contribution *c, uint64_t from, uint64_t len) {
+    if (c->dtype == P2P_F32) {
+        const float *restrict v = (const float *)c->values + from;
+        for (uint64_t i = 0; i < len; i++) sum[i] += v[i];
+    } else {
+        for (uint64_t i = 0; i < len; i++) sum[i] += load(c->values, c->dtype, c->scales, c->block, from + i);
+    }
+}
+
+VECTOR_CLONES static void load_f32(double *restrict sum, const float *restrict v, uint64_t len) {
+    for (uint64_t i = 0; i < len; i++) sum[i] = v[i];
+}
+
+VECTOR_CLONES static void divide(double *restrict sum, uint64_t len, double by) {
+    for (uint64_t i = 0; i < len; i++) sum[i] /= by;
+}
+
+VECTOR_CLONES static void store_f32(float *restrict out, const double *restrict sum, uint64_t len) {
+    for (uint64_t i = 0; i < len; i++) out[i] = (float)sum[i];
+}
+
+/* Whether c brings every element of [start, end) and none needs a check of its own: no element
+ * mask, no value checked one by one, every block's scale fits, every chunk there arrived. */
+static int brings_all(const p2p_contribution *c, uint64_t start, uint64_t end) {
+    if (c->element_arrived || checks_values(c)) return 0;
+    if (checks_scales(c))
+        for (uint64_t b = start / c->block; b <= (end - 1) / c->block; b++)
+            if (!scale_fits(c, b)) return 0;
+    if (!c->chunk_arrived) return 1;
+    uint64_t first = (c->first_byte + byte_of(c->dtype, start)) / c->chunk_size;
+    uint64_t last = (c->first_byte + byte_of(c->dtype, end - 1)) / c->chunk_size;
+    return memchr(c->chunk_arrived + first, 0, last - first + 1) == NULL;
+}
+
+/* sum[i] += value of element from + i, for i < len, and count[i] += 1 for each; returns how many
+ * it added (all but the values checks_values refuses). */
 static uint64_t add_run(double *sum, double *count, const p2p_contribution *c, uint64_t from, uint64_t len) {
     if (checks_values(c)) {
         uint64_t added = 0;
@@ -141,12 +188,7 @@ static uint64_t add_run(double *sum, double *count, const p2p_contribution *c, u
         }
         return added;
     }
-    if (c->dtype == P2P_F32) {
-        const float *v = (const float *)c->values + from;
-        for (uint64_t i = 0; i < len; i++) sum[i] += v[i];
-    } else {
-        for (uint64_t i = 0; i < len; i++) sum[i] += load(c->values, c->dtype, c->scales, c->block, from + i);
-    }
+    add_values(sum, c, from, len);
     for (uint64_t i = 0; i < len; i++) count[i] += 1.0;
     return len;
 }
@@ -234,25 +276,38 @@ int p2p_merge(void *own, int own_dtype, uint64_t n, const p2p_contribution *cont
     if (arrived_out) *arrived_out = 1.0;
     if (refused_out) memset(refused_out, 0, (size_t)k * sizeof *refused_out);
     if (!k || !n) return 0;
-    double sum[BLOCK], count[BLOCK];
+    double sum[BLOCK], partial[BLOCK];  /* partial: per element, how many of the others brought it */
     uint64_t arrived = 0, refused_here = 0;
     for (uint64_t start = 0; start < n; start += BLOCK) {
         uint64_t end = n - start < BLOCK ? n : start + BLOCK;
         uint64_t len = end - start;
         if (own_dtype == P2P_F32) {
-            const float *v = (const float *)own + start;
-            for (uint64_t i = 0; i < len; i++) sum[i] = v[i];
+            load_f32(sum, (const float *)own + start, len);
         } else {
             for (uint64_t i = 0; i < len; i++) sum[i] = load(own, own_dtype, NULL, 0, start + i);
         }
-        for (uint64_t i = 0; i < len; i++) count[i] = 1.0;
-        for (uint32_t i = 0; i < k; i++)
-            arrived += add_block(sum, count, &contribs[i], start, end, refused_out ? &refused_out[i] : &refused_here);
+        double whole = 1.0;  /* the own value and every contribution that brought the whole block */
+        int counted = 0;     /* whether partial holds counts yet */
+        for (uint32_t i = 0; i < k; i++) {
+            const p2p_contribution *c = &contribs[i];
+            if (brings_all(c, start, end)) {
+                add_values(sum, c, start, len);
+                whole += 1.0;
+                arrived += len;
+                continue;
+            }
+            if (!counted) memset(partial, 0, (size_t)len * sizeof *partial);
+            counted = 1;
+            arrived += add_block(sum, partial, c, start, end, refused_out ? &refused_out[i] : &refused_here);
+        }
+        if (counted)
+            for (uint64_t i = 0; i < len; i++) sum[i] /= whole + partial[i];
+        else
+            divide(sum, len, whole);
         if (own_dtype == P2P_F32) {
-            float *v = (float *)own + start;
-            for (uint64_t i = 0; i < len; i++) v[i] = (float)(sum[i] / count[i]);
+            store_f32((float *)own + start, sum, len);
         } else {
-            for (uint64_t i = 0; i < len; i++) store(own, own_dtype, start + i, sum[i] / count[i]);
+            for (uint64_t i = 0; i < len; i++) store(own, own_dtype, start + i, sum[i]);
         }
     }
     if (arrived_out) *arrived_out = (double)arrived / ((double)n * k);

@@ -69,6 +69,28 @@ def test_chunk_masks_say_which_elements_arrived():
     assert fraction == pytest.approx(np.mean(arrived))
 
 
+def test_whole_blocks_and_partial_blocks_merge_bit_for_bit_as_the_reference():
+    """A contribution that brings a whole block is added without per-element counts, the others
+    with them (lost chunks, values checked one by one): both give exactly the float64 reference,
+    whichever contributions take which path in which block."""
+    rng = np.random.default_rng(7)
+    n, chunk_size = 5 * 2048 + 17, 4096  # blocks of 2048 elements, chunks of 1024
+    own = rng.standard_normal(n).astype(np.float32)
+    contributions, values, arrived = [], [], []
+    for i, first_byte in enumerate((0, 100, 8192)):
+        v = rng.standard_normal(n).astype(np.float32)
+        nchunks = (first_byte + 4 * n + chunk_size - 1) // chunk_size
+        chunk_arrived = rng.random(nchunks) < (1.0 if i == 0 else 0.8)
+        contributions.append(Contribution(v, chunks=ChunkMask(chunk_arrived, first_byte, chunk_size),
+                                          finite_only=i == 2))
+        values.append(v)
+        arrived.append(chunk_arrived[(first_byte + 4 * np.arange(n)) // chunk_size])
+    assert not all(a.all() for a in arrived[1:])  # some blocks take the per-element path
+    expected = _expected_mean(own, values, arrived).astype(np.float32)
+    merge_parameter(own, contributions)
+    np.testing.assert_array_equal(own, expected)
+
+
 def test_chunk_and_element_masks_together():
     own = np.zeros(8, dtype=np.float32)
     chunks = ChunkMask(np.array([True, False]), 0, 16)  # elements 0-3 in chunk 0, 4-7 in chunk 1
