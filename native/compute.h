@@ -95,3 +95,9 @@ typedef struct {
 int p2p_merge(void *own, int own_dtype, uint64_t n, const p2p_contribution *contribs, uint32_t k,
               double *arrived_out, uint64_t *refused_out);
 int p2p_decode(const p2p_contribution *c, uint64_t n, float *out, uint8_t *usable, uint64_t *refused_out);
+
+/* ---- The size of a change (change.c) ----
+ * p2p_change_sumsq: *out = the sum over e < n of (now[e] - before[e])^2, both of dtype (P2P_F32,
+ * P2P_F64, P2P_F16 or P2P_BF16 bits), in double; the tracking of update norms, in one read-only pass. */
+int p2p_change_sumsq(const void *now, const void *before, int dtype, uint64_t n, double *out);
+

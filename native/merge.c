@@ -21,16 +21,9 @@
 
 #include "compute.h"
 #include "error.h"
+#include "kernels.h"
 
 #define BLOCK 2048
-
-/* The merge's loops are built for AVX2 too, picked at load time where the CPU has it (ifunc): a
- * plain x86-64 build reads floats into doubles two at a time. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define VECTOR_CLONES
-#endif
 
 /* Bytes per element; P2P_I4 packs two elements in a byte (see byte_of, first_at, value_bytes). */
 static const uint32_t ITEM_SIZE[] = {[P2P_F32] = 4, [P2P_F64] = 8, [P2P_F16] = 2, [P2P_BF16] = 2, [P2P_I8] = 1};
@@ -48,28 +41,6 @@ static uint64_t first_at(int dtype, uint64_t b) {
 /* The bytes that n elements take. */
 static uint64_t value_bytes(int dtype, uint64_t n) {
     return dtype == P2P_I4 ? n / 2 + (n & 1) : n * ITEM_SIZE[dtype];
-}
-
-static float f16_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (mant << 13);           /* inf, NaN */
-    } else if (exp) {
-        bits = sign | ((exp + 112) << 23) | (mant << 13);   /* normal: rebias 15 -> 127 */
-    } else {
-        float f = ldexpf((float)mant, -24);                 /* subnormal (or zero) */
-        return sign ? -f : f;
-    }
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
-}
-
-static float bf16_to_float(uint16_t b) {
-    uint32_t bits = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &bits, 4);
-    return f;
 }
 
 /* float -> bfloat16, round to nearest even, NaN kept NaN (as torch does). */

@@ -16,11 +16,9 @@ The engine reads the parameters in place, so merging waits until this peer's own
 from __future__ import annotations
 
 import logging
-import math
 import time
 from abc import ABC, abstractmethod
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -29,6 +27,7 @@ import numpy as np
 from p2plearn.filter import UpdateFilter
 from p2plearn.protocols import ControlClient, DataChannel
 from p2plearn.sync.bfloat16 import values
+from p2plearn.sync.change import change_norm
 from p2plearn.sync.codec import Contributions, MessageCodec, filtered_arrays, filtered_contributions
 from p2plearn.sync.compress import Compressor
 from p2plearn.sync.fragments import Fragments
@@ -44,7 +43,6 @@ __all__ = ["AHEAD_ROUNDS", "RoundStats", "Synchronizer", "filtered_arrays", "fil
 
 log = logging.getLogger("p2plearn.sync")
 
-NORM_BLOCK = 1 << 18  # elements of the model's change measured at once: 1 MiB, a buffer that stays in cache
 
 GRACE_S = 0.25        # after a sender's deadline, time for its CLOSE to reach us
 LATE_SENDER = 3.0     # deadlines (or typical rounds) a receiver waits for a sender that started late
@@ -161,7 +159,6 @@ class Synchronizer(ABC):
         self.network = NetworkState()
         self.training = TrainingState()
         self._previous = [p.copy() for p in self.params]
-        self._scratch = np.empty(NORM_BLOCK, np.float32)  # a block of the change being measured
         # This peer's load, reported every round (see GlobalView): its compute between rounds,
         # merge time per message, and messages kept for a later round's merge.
         self._round_end: float | None = None
@@ -375,30 +372,13 @@ class Synchronizer(ABC):
 
     def _track_updates(self, loss: float | None) -> list[np.ndarray] | None:
         """The model's change since the last round, when the filter reads it (else None), and its
-        norms (for the tolerance policies). Without a filter the change is measured block by block
-        in a buffer that stays in cache: no array of the model's size per round."""
-        if self.filter is not None:
-            deltas = [values(p) - values(q) for p, q in zip(self.params, self._previous)]
-            self.training.record_update(self._layer_norms(lambda a, lo, hi: deltas[a][lo:hi]))
-        else:
-            deltas = None
-            self.training.record_update(self._layer_norms(lambda a, lo, hi: np.subtract(
-                values(self.params[a][lo:hi]), values(self._previous[a][lo:hi]), out=self._scratch[:hi - lo])))
+        norms per layer (for the tolerance policies), measured in C without a copy of the model."""
+        deltas = [values(p) - values(q) for p, q in zip(self.params, self._previous)] if self.filter is not None else None
+        self.training.record_update([change_norm(self.params[a][lo:hi], self._previous[a][lo:hi])
+                                     for a, lo, hi in self.layer_ranges])
         if loss is not None:
             self.training.record_loss(loss)
         return deltas
-
-    def _layer_norms(self, change: Callable[[int, int, int], np.ndarray]) -> list[float]:
-        """Each layer's update norm, from its change read NORM_BLOCK elements at a time
-        (``change(array, first, end)``, float32): a dot product per block."""
-        norms = []
-        for a, lo, hi in self.layer_ranges:
-            total = 0.0
-            for first in range(lo, hi, NORM_BLOCK):
-                d = change(a, first, min(first + NORM_BLOCK, hi))
-                total += float(np.dot(d, d))
-            norms.append(math.sqrt(total))
-        return norms
 
     def _report(self, rnd: int, receivers: list[tuple[int, float]], sent: list, comm_s: float,
                 loss: float | None, deadline: float | None) -> None:

@@ -13,6 +13,7 @@ from p2plearn.sync.bfloat16 import store, values
 from p2plearn.tolerance import Layer, make_tolerance
 from p2plearn.train.buckets import Buckets
 from p2plearn.train.optimizer import describe_layers, exchanged_tensors
+from p2plearn.train.staging import numpy_view
 from tests.train.conftest import in_process_job, on_peers
 from tests.train.test_staging import assert_close
 
@@ -159,33 +160,12 @@ def test_a_layers_bound_covers_exactly_its_bytes_in_the_bucket():
     assert sync.array_bounds(bounds) == [0.0]  # a part of a bucket keeps to its smallest layer bound
 
 
-def test_layer_norms_from_buckets_are_each_tensors_norm():
-    model = many(0, n=5, bf16=1)
-    tensors = exchanged_tensors(model)
-    buckets = Buckets(tensors, cap_bytes=2**20)
-    arrays = [f.view(torch.int16).numpy().view(np.uint16) if f.dtype == torch.bfloat16 else f.numpy()
-              for f in buckets.flats]
-    layers = describe_layers(model)
-    sync = BSP([a.copy() for a in arrays], layers, _NoChannel(), None, selection="all", fanout=1, seed=0,
-               tolerance=make_tolerance("fixed"), layer_ranges=buckets.ranges())
-    deltas = [np.random.default_rng(0).standard_normal(a.size).astype(np.float32) for a in arrays]
-    norms = sync._layer_norms(lambda b, lo, hi: deltas[b][lo:hi])
-    for norm, (b, lo, hi) in zip(norms, buckets.ranges()):
-        assert norm == pytest.approx(float(np.linalg.norm(deltas[b][lo:hi])), rel=1e-6)
-    assert len(norms) == len(layers) == len(tensors)
-
-
-def test_update_norms_read_in_blocks_are_each_tensors_change(monkeypatch):
-    import p2plearn.sync.base as base
-
-    monkeypatch.setattr(base, "NORM_BLOCK", 7)  # blocks that cut every layer, and end inside one
+def test_update_norms_from_buckets_are_each_tensors_change():
     model = many(0, n=5, bf16=1)
     buckets = Buckets(exchanged_tensors(model), cap_bytes=2**20)
-    arrays = [f.view(torch.int16).numpy().view(np.uint16) if f.dtype == torch.bfloat16 else f.numpy()
-              for f in buckets.flats]
+    arrays = [numpy_view(f) for f in buckets.flats]  # bfloat16 buckets as a BF16Array, as training has them
     sync = BSP([a.copy() for a in arrays], describe_layers(model), _NoChannel(), None, selection="all", fanout=1,
                seed=0, tolerance=make_tolerance("fixed"), layer_ranges=buckets.ranges())
-    sync._scratch = np.empty(7, np.float32)
     before = [values(p).copy() for p in sync.params]
     rng = np.random.default_rng(1)
     for p in sync.params:
@@ -194,6 +174,7 @@ def test_update_norms_read_in_blocks_are_each_tensors_change(monkeypatch):
     for norm, (b, lo, hi) in zip(sync.training.layer_update_norms[-1], buckets.ranges()):
         change = values(sync.params[b])[lo:hi] - before[b][lo:hi]
         assert norm == pytest.approx(float(np.linalg.norm(change)), rel=1e-5)
+    assert len(sync.training.layer_update_norms[-1]) == len(describe_layers(model))
 
 
 def test_layer_ranges_must_match_the_layers():
