@@ -142,8 +142,10 @@ class PartExchange:
         for (t, a, b), c in zip(slices, arrived):
             own = self.flat[t][a:b]
             if fmt is None:
-                where = True if c.chunks is None else c.chunks.elements(own.size, c.values.itemsize)
-                np.copyto(own, c.values, where=where)
+                if c.chunks is None or c.chunks.whole(own.size, c.values.itemsize):
+                    np.copyto(own, c.values)  # (no mask the size of the part where nothing was lost)
+                else:
+                    np.copyto(own, c.values, where=c.chunks.elements(own.size, c.values.itemsize))
             elif resync:
                 got, usable = fmt.decode(c, own)
                 np.copyto(own, got, where=usable)

@@ -16,6 +16,15 @@ class ChunkMask:
     first_byte: int
     chunk_size: int
 
+    def whole(self, count: int, itemsize: int) -> bool:
+        """Whether every chunk that holds an array of `count` elements of `itemsize` bytes at
+        `first_byte` arrived."""
+        nbytes = count * itemsize
+        if nbytes == 0:
+            return True
+        first, last = self.first_byte // self.chunk_size, (self.first_byte + nbytes - 1) // self.chunk_size
+        return bool(self.arrived[first:last + 1].all())
+
     def elements(self, count: int, itemsize: int) -> np.ndarray:
         """Bool per element of an array of `count` elements of `itemsize` bytes at `first_byte`:
         True where its chunk arrived."""
