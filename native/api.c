@@ -115,7 +115,8 @@ int p2p_engine_open(const p2p_config *cfg_in, p2p_engine **out) {
 
     eng->rbuf = malloc((size_t)32 * 65536);
     eng->sbuf = malloc((size_t)64 * 65536);
-    if (!eng->rbuf || !eng->sbuf || io_init(eng)) { rc = set_error(ENOMEM, "out of memory"); goto fail; }
+    eng->rxpool = bufpool_new(cfg.max_partial_bytes);
+    if (!eng->rbuf || !eng->sbuf || !eng->rxpool || io_init(eng)) { rc = set_error(ENOMEM, "out of memory"); goto fail; }
     eng->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     eng->epfd = epoll_create1(EPOLL_CLOEXEC);
     if (eng->evfd < 0 || eng->epfd < 0) { rc = set_error(errno, "eventfd/epoll: %s", strerror(errno)); goto fail; }
@@ -149,6 +150,7 @@ fail:
     if (eng->epfd >= 0) close(eng->epfd);
     free(eng->rbuf);
     free(eng->sbuf);
+    bufpool_close(eng->rxpool);
     batch_free(eng);
     auth_free(&eng->auth);
     replay_free(&eng->replay);
@@ -197,6 +199,7 @@ void p2p_engine_close(p2p_engine *eng) {
     close(eng->epfd);
     free(eng->rbuf);
     free(eng->sbuf);
+    bufpool_close(eng->rxpool); /* deliveries still held hand their buffers back to it later */
     batch_free(eng);
     auth_free(&eng->auth);
     replay_free(&eng->replay);

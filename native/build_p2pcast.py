@@ -9,7 +9,7 @@ import re
 from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SOURCES = ["api.c", "send.c", "delivery.c", "io.c", "datagram.c", "tx.c", "txr.c", "group.c", "batch.c", "pacer.c",
+SOURCES = ["api.c", "send.c", "delivery.c", "bufpool.c", "io.c", "datagram.c", "tx.c", "txr.c", "group.c", "batch.c", "pacer.c",
            "rx.c", "wire.c", "auth.c", "replay.c", "mcast.c", "error.c"]
 
 

@@ -104,7 +104,7 @@ int p2p_recv(p2p_engine *eng, int timeout_ms, p2p_delivery **out) {
 void p2p_delivery_free(p2p_delivery *pub) {
     if (!pub) return;
     struct delivery_priv *d = (struct delivery_priv *)pub;
-    free(d->base);
+    bufpool_give(d->base);
     free(d->bitmap);
     free(d->segs);
     free(d);

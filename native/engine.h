@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "auth.h"
+#include "bufpool.h"
 #include "error.h"
 #include "p2pcast.h"
 #include "mcast.h"
@@ -29,7 +30,7 @@ struct rx {
     struct sockaddr_in src;
     uint32_t nchunks, chunk, meta_len, meta_chunks, meta_received, received;
     uint64_t cap, total;          /* cap = nchunks * chunk; total known once the end arrived */
-    uint8_t *base, *flat, *bitmap;
+    uint8_t *base, *flat, *bitmap; /* owned; base from eng->rxpool, written where chunks arrived */
     uint32_t pass_high, pass_count, dgrams, unacked;
     uint64_t last_ack_ns, last_seen_ns;
     uint64_t bytes_in, bytes_out; /* datagram bytes received for it, control bytes sent about it */
@@ -57,7 +58,7 @@ struct queued_source {
 struct delivery_priv {
     p2p_delivery pub;             /* first: the public view */
     struct delivery_priv *next;
-    uint8_t *base, *bitmap;
+    uint8_t *base, *bitmap;       /* owned; base from the engine's rxpool (bufpool_give) */
     uint64_t *segs;
     /* While on the queue (under eng->mu): its source's record, and the bytes it claims (its whole chunks). */
     struct queued_source *from;
@@ -86,6 +87,7 @@ struct p2p_engine {
     struct pacer uplink;          /* the whole engine's sending (cfg.uplink_rate; 0: unpaced) */
     uint64_t last_sweep_ns, rng;
     uint8_t *rbuf, *sbuf;         /* owned: receive slots (datagram.c), staging copies (batch.c) */
+    struct bufpool *rxpool;       /* a reference: received messages' buffers, reused across rounds */
     struct batch *batch;          /* owned: sendmmsg scratch (batch.c) */
     struct auth auth;             /* tags on what it sends and receives */
     struct auth_stream group_stream; /* IVs of what it sends to its multicast group (auth.h) */

@@ -102,7 +102,7 @@ static void rx_unlink_free(p2p_engine *eng, struct rx *m) {
     if (m->group >= 0) mcast_release(&eng->mc, m->group, now_ns());
     CNT(eng, receiving_messages, -1);
     CNT(eng, receiving_bytes, -(m->cap - (uint64_t)m->received * m->chunk));
-    free(m->base);
+    bufpool_give(m->base);
     free(m->bitmap);
     free(m);
 }
@@ -132,6 +132,13 @@ static int bounds_met(const struct rx *m) {
     for (uint32_t i = 0; i < nseg && ok; i++) ok = seg[3 * nseg + i] >= seg[2 * nseg + i];
     free(seg);
     return ok;
+}
+
+/* Missing chunks read as zeros (the buffer is reused, so they hold an older message's bytes). */
+static void zero_holes(struct rx *m) {
+    if (m->received == m->nchunks) return;
+    for (uint32_t k = 0; k < m->nchunks; k++)
+        if (!BIT_GET(m->bitmap, k)) memset(m->flat + (uint64_t)k * m->chunk, 0, m->chunk);
 }
 
 static void deliver(p2p_engine *eng, struct rx *m, int reason, uint64_t now) {
@@ -168,6 +175,7 @@ static void deliver(p2p_engine *eng, struct rx *m, int reason, uint64_t now) {
             p->data_len = meta.data_len;
         }
     }
+    zero_holes(m);
     p->data = m->flat + m->meta_len;
     d->base = m->base;
     d->bitmap = m->bitmap;
@@ -238,13 +246,14 @@ static struct rx *rx_create(p2p_engine *eng, const struct wire_hdr *h, const str
     m->meta_chunks = (h->meta_len + h->chunk_size - 1) / h->chunk_size;
     m->cap = (uint64_t)h->nchunks * h->chunk_size;
     m->bitmap = calloc(1, (h->nchunks + 7) / 8 + 1);
-    /* The data region starts 64-byte aligned so that arrays over it are aligned too. */
+    /* The data region starts 64-byte aligned (the pool's buffers are) so that arrays over it are
+     * aligned too. The buffer is not zeroed: only what arrived is read, and a delivery zeroes its holes. */
     size_t pad = (64 - h->meta_len % 64) % 64;
-    m->base = calloc(1, pad + m->cap + 64);
+    m->base = bufpool_take(eng->rxpool, pad + m->cap + 64);
     m->flat = m->base ? m->base + pad : NULL;
     if (!m->bitmap || !m->base) {
         free(m->bitmap);
-        free(m->base);
+        bufpool_give(m->base);
         free(m);
         return NULL;
     }
@@ -318,6 +327,7 @@ void rx_on_data(p2p_engine *eng, const struct wire_hdr *h, const struct sockaddr
             m->total = total;
         }
         memcpy(m->flat + off, payload, len);
+        if (last) memset(m->flat + off + len, 0, h->chunk_size - len); /* past the end: read as zeros */
         BIT_SET(m->bitmap, h->chunk);
         m->received++;
         CNT(eng, receiving_bytes, -(uint64_t)m->chunk);
