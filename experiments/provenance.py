@@ -90,7 +90,7 @@ def current(name: str, rows: Iterable[dict[str, Any]], argv: list[str] | None = 
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
     dirty = git("status", "--porcelain", "--", *entry(name).measures)
     script = Path(argv[0]).resolve()
-    shown = str(script.relative_to(ROOT)) if script.is_relative_to(ROOT) else argv[0]
+    shown = str(script.relative_to(ROOT)) if script.is_file() and script.is_relative_to(ROOT) else argv[0]
     command = ("sudo " if os.geteuid() == 0 else "") + shlex.join(["python", shown, *argv[1:]])
     return Provenance(commit, True, "dirty" if dirty else "clean", load_summary(rows, os.cpu_count()), seeds_of(rows),
                       command)
