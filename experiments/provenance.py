@@ -11,11 +11,13 @@
 - command: what reproduces the file, from the repository root.
 
 `write_results` (experiments/common.py) writes the line for every experiment; files written by the
-library's own tools (p2plearn.bench, p2plearn.sim.validate, experiments/gpu_charlm.sh) get theirs with
+library's own tools or from their output (p2plearn.bench, p2plearn.sim.validate/unequal/tracking,
+experiments/gpu_charlm.sh, selmcast_16_diagnosis) get theirs with
 
     python experiments/provenance.py stamp NAME [--seeds 0,1,2]
 
-right after the run (commit and tree as they are now; the load was not recorded), and
+once the file holds that run's figures (commit and tree as they are now; the load was not recorded:
+stamping an unchanged file would date old figures), and
 `stamp NAME --from-history` writes the honest bound for a file stored before the line existed.
 """
 from __future__ import annotations
