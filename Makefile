@@ -64,14 +64,24 @@ asan: $(STAMP)
 clean:
 	rm -rf $(VENV) build *.egg-info p2plearn/_p2pcast*.so p2plearn/_p2pcast.c p2plearn/_p2pcompute*.so p2plearn/_p2pcompute.c
 
-# Experiments (experiments/*.py, one claim each; results in experiments/results/). Full mode takes
-# hours on 2 cores; testbed ones need root (they say so and skip, or fall back, otherwise).
-EXPERIMENTS := selmcast_vs_random loss_tolerance_vs_tcp layerwise_bounds phase_aware value_filter time_to_accuracy scale faults \
-               rate_classes multicast_16
+# Experiments (experiments/*.py, one claim each; results in experiments/results/, each .md starting
+# with its Measured: line). `experiments` re-runs every stored result with the command
+# experiments/registry.py gives it (hours on 2 cores; testbed ones need root: they say so and skip,
+# or fall back, otherwise; gpu_charlm needs CUDA) and lists the commands that failed;
+# `experiments-stale` lists the results whose measured code changed since the commit they name;
+# `experiments-quick` runs each script once in --quick mode (a smoke test, results in /tmp).
+EXPERIMENTS := time_to_accuracy charlm_time_to_loss selmcast_vs_random multicast_16 rate_classes loss_tolerance_vs_tcp \
+               layerwise_bounds phase_aware value_filter faults ddp_vs_gloo scale sim_budget sim_tolerance \
+               sim_value_filter sim_train_validation sim_scale sim_slow_close
 
-.PHONY: experiments experiments-quick
+.PHONY: experiments experiments-quick experiments-stale
 experiments: $(STAMP)
-	cd experiments && for e in $(EXPERIMENTS); do ../$(VPY) $$e.py || exit 1; done
+	$(VPY) experiments/stale.py --all --commands | sed 's|^sudo ||; s|python |$(VPY) |' | \
+	{ failed=""; while IFS= read -r cmd; do echo "== $$cmd"; PY=$(VPY) sh -c "$$cmd" || failed="$$failed  $$cmd\n"; done; \
+	  if [ -n "$$failed" ]; then printf "failed:\n$$failed"; exit 1; fi; }
 
 experiments-quick: $(STAMP)
-	cd experiments && for e in $(EXPERIMENTS); do ../$(VPY) $$e.py --quick || exit 1; done
+	for e in $(EXPERIMENTS); do $(VPY) experiments/$$e.py --quick --out /tmp/p2plearn-quick || exit 1; done
+
+experiments-stale: $(STAMP)
+	$(VPY) experiments/stale.py

@@ -3,7 +3,8 @@
 Every script calls `parse_args`, runs its configurations with `repeat` (each run through `train`,
 which starts `p2plearn.launch` around the MNIST-1D example and reads rank 0's JSON), and hands its
 rows to `write_results`, which writes `<out>/<name>.csv` (raw rows), `<name>.md` (setup + table)
-and `<name>.png` (the figure the script draws).
+and `<name>.png` (the figure the script draws). The .md starts with the run's `Measured:` line
+(commit, tree, load, seeds, command: experiments/provenance.py), which the .png carries too.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import provenance  # noqa: E402  (experiments/ is the script's directory: on sys.path)
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"
@@ -215,20 +217,22 @@ STREAMING_METRICS = {"peak uplink MB/s": metric("peak_uplink_mb_s"), "wall / bou
 
 def write_results(out: Path, name: str, rows: list[Row], title: str, setup: str, tables: str,
                   draw: Callable[[plt.Axes], None], notes: str = "") -> None:
-    """Write <out>/<name>.csv (every row, list-valued fields as JSON), <name>.md and <name>.png."""
+    """Write <out>/<name>.csv (every row, list-valued fields as JSON), <name>.md and <name>.png; the
+    .md's first line after the title, and the .png's Description, say what the rows measured."""
     fields = list(dict.fromkeys(k for r in rows for k in r))
     with open(out / f"{name}.csv", "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         for r in rows:
             writer.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in r.items()})
-    md = f"# {title}\n\n{setup.strip()}\n\n{tables.strip()}\n\n![{name}]({name}.png)\n"
+    measured = provenance.current(name, rows).line()
+    md = f"# {title}\n\n{measured}\n\n{setup.strip()}\n\n{tables.strip()}\n\n![{name}]({name}.png)\n"
     (out / f"{name}.md").write_text(md + (f"\n{notes.strip()}\n" if notes else ""))
     fig, ax = plt.subplots(figsize=(7, 4.5))
     draw(ax)
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out / f"{name}.png", dpi=110)
+    fig.savefig(out / f"{name}.png", dpi=110, metadata={"Description": measured})
     plt.close(fig)
     print(f"wrote {out / name}.csv/.md/.png", file=sys.stderr)
     print(md)

@@ -14,6 +14,7 @@ import csv
 import time
 from pathlib import Path
 
+import provenance  # experiments/ is the script's directory: on sys.path
 from p2plearn.sim import Simulator
 from p2plearn.topology import heterogeneous
 
@@ -42,7 +43,7 @@ def write(rows: list[dict], out: Path) -> None:
         w.writerows({k: f"{v:.4f}" if isinstance(v, float) else v for k, v in r.items()} for r in rows)
     by = {(r["peers"], r["policy"]): r for r in rows}
     sizes = sorted({r["peers"] for r in rows})
-    lines = ["# Round time and average p at scale (simulated)", "",
+    lines = ["# Round time and average p at scale (simulated)", "", provenance.current("scale", rows).line(), "",
              f"Setup: `p2plearn.sim.Simulator`, BSP, paced flows, exact delivery, no compute; peers from "
              f"`heterogeneous(n)` (downlinks 50/100/200/500 Mbit/s, uplinks x1, x1/2 or x1/4); {MESSAGE_BYTES / 1e6:g} MB "
              f"per message, p = {P}; mean over {rows[0]['rounds']} rounds (`python experiments/scale.py`).", "",
