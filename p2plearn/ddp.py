@@ -103,8 +103,8 @@ def loss_tolerant_hook(state: LossTolerantState, bucket: dist.GradBucket) -> tor
     """DDP comm hook: the bucket's gradients averaged within the state's loss bounds (see the module)."""
     group = state.group()
     b = state._bucket(bucket)
-    grads = bucket.gradients()
-    b.training.record_update([float(g.norm()) for g in grads])
+    if b.policy.reads_update_norms:
+        b.training.record_update([float(g.norm()) for g in bucket.gradients()])
     buffer = bucket.buffer()
     b.network.expected_bytes = buffer.numel() * buffer.element_size() // max(group.size(), 1)
     bounds, deadline = b.policy.bounds(b.round, b.layers, b.network, b.training)

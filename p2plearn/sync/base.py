@@ -372,10 +372,11 @@ class Synchronizer(ABC):
 
     def _track_updates(self, loss: float | None) -> list[np.ndarray] | None:
         """The model's change since the last round, when the filter reads it (else None), and its
-        norms per layer (for the tolerance policies), measured in C without a copy of the model."""
+        norms per layer when the tolerance policy reads them, measured in C without a copy of the model."""
         deltas = [values(p) - values(q) for p, q in zip(self.params, self._previous)] if self.filter is not None else None
-        self.training.record_update([change_norm(self.params[a][lo:hi], self._previous[a][lo:hi])
-                                     for a, lo, hi in self.layer_ranges])
+        if self.tolerance.reads_update_norms:
+            self.training.record_update([change_norm(self.params[a][lo:hi], self._previous[a][lo:hi])
+                                         for a, lo, hi in self.layer_ranges])
         if loss is not None:
             self.training.record_loss(loss)
         return deltas

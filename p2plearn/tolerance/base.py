@@ -95,9 +95,12 @@ class TolerancePolicy(Stateful, ABC):
     """Decides, each round, the loss bound of each layer and the round's transfer deadline.
 
     bounds(...) -> (per-layer bounds in [0, 1), deadline in seconds or None for none).
+    reads_update_norms: whether `bounds` reads the training state's update norms; the callers
+    measure them (a pass over the whole model per round) only for a policy that does.
     """
 
     name: str = ""
+    reads_update_norms: bool = False
 
     @abstractmethod
     def bounds(self, round: int, layers: list[Layer], network: NetworkState,

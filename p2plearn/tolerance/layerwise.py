@@ -41,6 +41,7 @@ class LayerwisePolicy(TolerancePolicy):
     """
 
     name = "layerwise"
+    reads_update_norms = True
 
     def __init__(self, target_loss: float = 0.05, max_bound: float = 0.2, depth_weight: float = 0.5,
                  window: int = 5, deadline_s: float | None = None):

@@ -40,6 +40,7 @@ class PhasePolicy(TolerancePolicy):
     """
 
     name = "phase"
+    reads_update_norms = True  # (the critical-regime guard)
     STATE = ("phase", "_accuracies_seen", "_losses_seen", "_ema", "_window_start", "_in_window")
 
     def __init__(self, beginning_bound: float = 0.0, middle_bound: float = 0.1, final_bound: float = 0.0,

@@ -165,7 +165,7 @@ def test_update_norms_from_buckets_are_each_tensors_change():
     buckets = Buckets(exchanged_tensors(model), cap_bytes=2**20)
     arrays = [numpy_view(f) for f in buckets.flats]  # bfloat16 buckets as a BF16Array, as training has them
     sync = BSP([a.copy() for a in arrays], describe_layers(model), _NoChannel(), None, selection="all", fanout=1,
-               seed=0, tolerance=make_tolerance("fixed"), layer_ranges=buckets.ranges())
+               seed=0, tolerance=make_tolerance("layerwise"), layer_ranges=buckets.ranges())  # a policy that reads them
     before = [values(p).copy() for p in sync.params]
     rng = np.random.default_rng(1)
     for p in sync.params:
@@ -175,6 +175,16 @@ def test_update_norms_from_buckets_are_each_tensors_change():
         change = values(sync.params[b])[lo:hi] - before[b][lo:hi]
         assert norm == pytest.approx(float(np.linalg.norm(change)), rel=1e-5)
     assert len(sync.training.layer_update_norms[-1]) == len(describe_layers(model))
+
+
+def test_update_norms_are_measured_only_for_a_policy_that_reads_them():
+    model = many(0, n=3)
+    buckets = Buckets(exchanged_tensors(model), cap_bytes=2**20)
+    for policy, measured in (("fixed", 0), ("adaptive", 0), ("layerwise", 1), ("phase", 1)):
+        sync = BSP([numpy_view(f).copy() for f in buckets.flats], describe_layers(model), _NoChannel(), None,
+                   selection="all", fanout=1, seed=0, tolerance=make_tolerance(policy), layer_ranges=buckets.ranges())
+        sync._track_updates(None)
+        assert len(sync.training.layer_update_norms) == measured, policy
 
 
 def test_layer_ranges_must_match_the_layers():
