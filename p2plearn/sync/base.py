@@ -158,7 +158,12 @@ class Synchronizer(ABC):
         self._interrupted = False
         self.network = NetworkState()
         self.training = TrainingState()
-        self._previous = [p.copy() for p in self.params]
+        # The model as last merged (the anchor), kept only where something reads it: the outer step,
+        # compressed changes, the filter, a policy that reads update norms. Else no copy of the model
+        # (its memory) and no copy into it each round (its time).
+        anchored = outer is not None or self.compressor is not None or value_filter is not None \
+            or tolerance.reads_update_norms
+        self._previous: list[np.ndarray] | None = [p.copy() for p in self.params] if anchored else None
         # This peer's load, reported every round (see GlobalView): its compute between rounds,
         # merge time per message, and messages kept for a later round's merge.
         self._round_end: float | None = None
@@ -214,6 +219,8 @@ class Synchronizer(ABC):
     def _outer_step(self, carried: list[int]) -> None:
         """The outer update of the arrays the round carried, from their anchors (the model as last
         merged), which then become these arrays' values; the other arrays keep theirs."""
+        if self._previous is None:
+            return
         if self.outer is not None:
             self.outer.step(self.params, self._previous, carried)
         for i in carried:
@@ -223,7 +230,7 @@ class Synchronizer(ABC):
         """The arrays now hold another peer's model, sent before its round `clock` (a joiner's or a
         rejoiner's state): this peer goes on from that round, with that model as the anchor."""
         self.clock = clock
-        for anchor, p in zip(self._previous, self.params):
+        for anchor, p in zip(self._previous or [], self.params):
             np.copyto(anchor, p)
 
     def take_state(self, sender: int | None, until: float) -> Delivery | None:
@@ -243,8 +250,10 @@ class Synchronizer(ABC):
     def state_dict(self) -> dict[str, Any]:
         """What resuming exactly needs: the round clock, the model as last merged (the filter's
         and policies' updates are measured from it), the histories the policies read, and the
-        policy's and filter's own state. Plain values and numpy arrays."""
-        return {"clock": self.clock, "previous": [p.copy() for p in self._previous],
+        policy's and filter's own state. Plain values and numpy arrays. Without an anchor (nothing
+        reads one) the model itself is saved as "previous": a resume with options that read it
+        measures changes from there."""
+        return {"clock": self.clock, "previous": [p.copy() for p in self._previous or self.params],
                 "history": [asdict(r) for r in self.network.history], "training": asdict(self.training),
                 "tolerance": self.tolerance.state_dict(),
                 "filter": self.filter.state_dict() if self.filter is not None else None,
@@ -257,7 +266,8 @@ class Synchronizer(ABC):
             raise ValueError(f"the state is of a model with tensors {[p.shape for p in previous]}, not this one's "
                              f"{[p.shape for p in self.params]}")
         self.clock = int(state["clock"])
-        self._previous = [np.array(p, dtype=own.dtype).view(type(own)) for p, own in zip(previous, self.params)]
+        if self._previous is not None:
+            self._previous = [np.array(p, dtype=own.dtype).view(type(own)) for p, own in zip(previous, self.params)]
         self.network.history = [RoundRecord(**r) for r in state["history"]]
         self.training = TrainingState(**state["training"])
         self.tolerance.load_state_dict(state["tolerance"])

@@ -123,16 +123,18 @@ def fragment_params(rank: int) -> list[np.ndarray]:
 
 @pytest.fixture
 def jobs():
-    """jobs(n, cls, **kw) -> n peers of a new in-process job (each call its own coordinator);
-    everything is closed after the test, also on failure."""
+    """jobs(n, cls, outer=(lr, momentum) or None, **kw) -> n peers of a new in-process job (each call
+    its own coordinator), each with an outer optimizer of its own; everything is closed after the
+    test, also on failure."""
     made: list[tuple[Coordinator, list[Peer]]] = []
 
-    def make(n: int, cls, **kw) -> list[Peer]:
+    def make(n: int, cls, outer: tuple[float, float] | None = None, **kw) -> list[Peer]:
         key = secrets.token_hex(16)
         coord = Coordinator(JOB, key, heartbeat=0.2, startup_grace=1.0).start()
         peers: list[Peer] = []
         made.append((coord, peers))
-        peers.extend(Peer(r, coord, key, cls, params=fragment_params(r), **dict(kw)) for r in range(n))
+        peers.extend(Peer(r, coord, key, cls, params=fragment_params(r), outer=OuterOptimizer(*outer) if outer else None,
+                          **dict(kw)) for r in range(n))
         for p in peers:
             p.client.wait_members(n, 5.0, receiving=True)
         return peers
@@ -179,9 +181,7 @@ def reference(models: list[list[np.ndarray]], rounds: int, groups: list[list[int
 def test_each_round_averages_its_fragment_and_leaves_the_others_local(jobs, cls, kw, count):
     """Three peers, 5 rounds with local changes between them and DiLoCo's outer step: the same bits
     as the reference, F = 1 (every array every round, as without fragments) and F = 2."""
-    peers = jobs(3, cls, fragments=count, **kw)
-    for p in peers:
-        p.sync.outer = OuterOptimizer(0.7, 0.9)
+    peers = jobs(3, cls, fragments=count, outer=(0.7, 0.9), **kw)
     starts = [[a.copy() for a in p.params] for p in peers]
     sent: dict[int, list[int]] = {}
     run_threads(peers, 5, before_step=lambda p: local_change(p.client.rank, p.sync.clock, p.params),
@@ -199,9 +199,7 @@ def test_each_round_averages_its_fragment_and_leaves_the_others_local(jobs, cls,
 
 
 def test_a_round_touches_only_its_fragments_anchors_momentum_and_compression_residuals(jobs):
-    peers = jobs(2, BSP, fragments=2, compress="int8")
-    for p in peers:
-        p.sync.outer = OuterOptimizer(0.7, 0.9)
+    peers = jobs(2, BSP, fragments=2, compress="int8", outer=(0.7, 0.9))
     before = [[a.copy() for a in p.sync._previous] for p in peers]
     run_threads(peers, 1, before_step=lambda p: local_change(p.client.rank, p.sync.clock, p.params))
     for p, anchors in zip(peers, before):
@@ -242,12 +240,9 @@ def test_several_rounds_merged_at_once_each_go_into_their_own_fragment(jobs):
 def test_resume_from_state_dict_mid_period_continues_bit_for_bit(jobs, compress):
     """Three rounds (F = 2: the period's second half is next), state_dict, a new job of new peers
     that load it: after three more rounds they hold what an uninterrupted job's peers hold."""
-    kw = {"fragments": 2, "compress": compress}
+    kw = {"fragments": 2, "compress": compress, "outer": (0.7, 0.9)}
 
     def run(peers, rounds):
-        for p in peers:
-            if p.sync.outer is None:
-                p.sync.outer = OuterOptimizer(0.7, 0.9)
         run_threads(peers, rounds, before_step=lambda p: local_change(p.client.rank, p.sync.clock, p.params))
 
     whole = jobs(2, BSP, **kw)
@@ -257,7 +252,6 @@ def test_resume_from_state_dict_mid_period_continues_bit_for_bit(jobs, compress)
     saved = [(p.sync.state_dict(), [a.copy() for a in p.params]) for p in first]
     resumed = jobs(2, BSP, **kw)
     for p, (state, model) in zip(resumed, saved):
-        p.sync.outer = OuterOptimizer(0.7, 0.9)
         for own, a in zip(p.params, model):
             own[...] = a
         p.sync.load_state_dict(state)
