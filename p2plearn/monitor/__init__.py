@@ -22,10 +22,11 @@ from .record import JobRecord
 from .report import write_report
 from .round_log import RoundLog
 from .server import Dashboard, dashboard_token, parse_address
+from .sim_log import SimLog
 from .watchers import watch
 
-__all__ = ["Dashboard", "JobRecord", "PlanLog", "RoundLog", "attach", "dashboard_token", "log_plans", "parse_address",
-           "write_report"]
+__all__ = ["Dashboard", "JobRecord", "PlanLog", "RoundLog", "SimLog", "attach", "dashboard_token", "log_plans",
+           "parse_address", "write_report"]
 
 
 def attach(coordinator: Any, address: str, secret: str | bytes, *, advertise: str | None = None) -> Dashboard:

@@ -87,7 +87,7 @@ function renderPlans() {
     const box = svg('svg', {id: 'plan-' + i, width: 240, height: 240});
     fig.appendChild(box);
     fig.appendChild(node('figcaption', {}, `${seconds(p.time)}: rounds ${p.min_clock}..${p.max_clock}, ` +
-                                           `${p.edges.length} flows, view ${p.view_version}`));
+                                           `${p.edges.length} flows` + (p.view_version === null ? '' : ', view ' + p.view_version)));
     drawPlan(box, p.members, p.edges.map(([src, dst, rate]) => ({src, dst, rate, paced: 0})), hue);
     return fig;
   }));
