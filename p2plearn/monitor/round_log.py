@@ -7,7 +7,8 @@ same figures as scalars to ``DIR/rank-N/`` (``tensorboard --logdir DIR`` shows a
 Without it, the JSON lines alone are written and rank 0 says so in one line.
 
 The round pays one append to a bounded buffer (``add``, under a lock held for that append only);
-a thread of its own writes the buffer every ``FLUSH_S`` seconds and at ``close()``. A buffer
+a thread of its own writes the buffer every ``FLUSH_S`` seconds and at ``close()`` (or at the
+interpreter's exit, for a script that never closes its optimizer). A buffer
 full (``MAX_PENDING`` rounds unwritten: a stalled disk) drops its oldest round, counted and said
 at close: the training never waits on the log. ``p2plearn.monitor.write_report(DIR, "job.html")``
 reads these files back (``read_rounds``).
@@ -15,6 +16,7 @@ reads these files back (``read_rounds``).
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import json
 import os
@@ -71,6 +73,7 @@ class RoundLog:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"p2plearn-log-{rank}", daemon=True)
         self._thread.start()
+        atexit.register(self.close)
 
     def add(self, rs: Any, *, loss: float | None, compute_total: float) -> None:
         """A finished round (``RoundStats``), the loss it started with, and this peer's compute so
@@ -90,6 +93,7 @@ class RoundLog:
             return
         self._stop.set()
         self._thread.join()
+        atexit.unregister(self.close)
         if self.dropped:
             print(f"p2plearn rank {self.rank}: --log-dir: {self.dropped} rounds were not logged (the disk did not keep "
                   f"up)", file=sys.stderr, flush=True)

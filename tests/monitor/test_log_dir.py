@@ -99,3 +99,15 @@ def test_a_job_writes_its_log_dir_and_its_report(tmp_path):
     assert any(line["kind"] == "plan" and line["edges"] for line in lines)
     assert sum(line["kind"] == "event" and line["text"].endswith("joined") for line in lines) == 3
     assert "p2plearn-run: report of 3 ranks, 30 rounds" in done.stderr and page.stat().st_size > 0
+
+
+def test_rounds_not_closed_are_written_at_exit(tmp_path):
+    """A script that never closes its optimizer still leaves its last rounds (within FLUSH_S) on disk."""
+    script = (f"from p2plearn.monitor.round_log import RoundLog\nfrom test_log_dir import round_stats\n"
+              f"log = RoundLog({str(tmp_path)!r}, 0, tensorboard=False)\n"
+              f"for r in range(3):\n    log.add(round_stats(r), loss=1.0, compute_total=0.0)\n")
+    here = os.path.dirname(os.path.abspath(__file__))
+    done = subprocess.run([sys.executable, "-c", script], cwd=here, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, here])})
+    assert done.returncode == 0, done.stderr
+    assert [r["round"] for r in read_rounds(str(tmp_path / "rank-0.jsonl"))] == [0, 1, 2]
