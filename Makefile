@@ -18,7 +18,7 @@ $(VPY):
 # torch first and pinned, so that the project's own requirement finds it installed.
 $(STAMP): $(VPY) pyproject.toml setup.py native/*.c native/*.h native/build_p2pcast.py native/build_compute.py
 	$(VPY) -m pip install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(TORCH)
-	$(VPY) -m pip install -q -e '.[train,test,experiments]'
+	$(VPY) -m pip install -q -e '.[train,test,experiments,tensorboard]'
 	touch $@
 
 # 4 peers train MNIST-1D over an emulated heterogeneous network (no root needed).

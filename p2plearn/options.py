@@ -194,6 +194,13 @@ class Options:
                                        "jobs on one host do not contend for one",
                                  valid=(lambda v: v.rpartition(":")[2].isdigit() and int(v.rpartition(":")[2]) < 65536,
                                         "must be [HOST:]PORT with a port in 0..65535"))
+    log_dir: str | None = _opt(None, "directory where each rank writes its per-round statistics (loss, compute, "
+                                     "communication and send seconds, bytes, delivered, merged, deadline hits, slow "
+                                     "closes) as rank-N.jsonl and, with the tensorboard package, TensorBoard event "
+                                     "files (tensorboard --logdir DIR), and the coordinator its plans and events; "
+                                     "p2plearn-run also keeps each rank's output there (rank-N.log) and --report "
+                                     "reads it (see docs/monitor.md). Buffered and written every 2 s by a thread "
+                                     "of its own: rounds do not wait on it")
 
     def __post_init__(self) -> None:
         for f in fields(self):

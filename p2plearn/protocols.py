@@ -155,7 +155,7 @@ class ControlClient(Protocol):
 
     def report(self, clock: int, *, loss: float | None = None, step_time: float | None = None,
                links: Mapping[int, Mapping[str, float]] | None = None, load: Mapping[str, float] | None = None,
-               message_bytes: int | None = None) -> None:
+               message_bytes: int | None = None, counts: Mapping[str, int] | None = None) -> None:
         """Report a finished round (one-way, never waits)."""
         ...
 

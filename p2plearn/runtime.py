@@ -216,7 +216,7 @@ def _connect(env: Mapping[str, str], rank: int, world_size: int, local_world_siz
     def start(bind_port: int) -> ServerProcess:
         return spawn(job_id, key, bind=f"tcp://0.0.0.0:{bind_port}", advertise=host, world_size=world_size,
                      heartbeat=options.heartbeat, phi_threshold=options.phi_threshold, topology=options.topology,
-                     dashboard=options.dashboard, timeout=timeout)
+                     dashboard=options.dashboard, log_dir=options.log_dir, timeout=timeout)
 
     coordinator = None
     if port is None:

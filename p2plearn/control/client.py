@@ -190,7 +190,7 @@ class Client:
 
     def report(self, clock: int, *, loss: float | None = None, step_time: float | None = None,
                links: Mapping[int, Mapping[str, float]] | None = None, load: Mapping[str, float] | None = None,
-               message_bytes: int | None = None) -> None:
+               message_bytes: int | None = None, counts: Mapping[str, int] | None = None) -> None:
         """Report a finished round (one-way, never waits; dropped while no coordinator is reachable).
 
         ``clock``: rounds this peer has completed; ``loss``: training loss (for the progress
@@ -200,7 +200,8 @@ class Client:
         ``multicast`` (it went through this peer's group: one copy for all such) (see ``estimator``);
         ``load``: this peer's ``compute_s``, ``merge_s``, ``backlog``, ``in_flight_bytes`` and
         ``in_flight_msgs`` (see ``GlobalView``); ``message_bytes``: the size of this peer's
-        message (the plans weigh it).
+        message (the plans weigh it); ``counts``: this peer's counters over the job, for the
+        coordinator's /metrics (deadline hits, slow closes, the engine's drops by reason).
         """
         if self._life.phase is Phase.ENDED:
             self.dropped_reports += 1  # nobody collects reports once the job's coordinator stopped
@@ -209,7 +210,7 @@ class Client:
         self._clock = max(self._clock, int(clock))
         body = {"type": p.REPORT, "rank": self.rank, "session": self._session, "clock": int(clock),
                 "loss": loss, "step_time": step_time, "message_bytes": message_bytes, "load": dict(load or {}),
-                "links": {str(j): dict(s) for j, s in (links or {}).items()}}
+                "links": {str(j): dict(s) for j, s in (links or {}).items()}, "counts": dict(counts or {})}
         if self._life.phase.seeking or not self._requester.post(body):
             self.dropped_reports += 1  # not reachable now, or not reading: the detector will tell
 

@@ -35,7 +35,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from ..keys import control_key
 from . import protocol as p
-from .fields import read_link_rate, read_links, read_load, read_rank, read_resume
+from .fields import read_counts, read_link_rate, read_links, read_load, read_rank, read_resume
 from .membership import Member
 from .progress import Progress
 from .table import MembershipTable, Publication
@@ -96,8 +96,9 @@ class Coordinator:
         self._successor_check: _SuccessorCheck | None = None  # a step_down's successor, asked to confirm
         self.moved_to: str | None = None  # set when a successor took over
         self._announce_end = False  # tell the clients that the job ended as it stops (``end``)
-        # A monitor (``p2plearn.monitor.JobRecord``), fed on the serving thread with the lock held:
-        # every broadcast, and the table's snapshot every tick. Set before start(); None: none.
+        # A monitor (``p2plearn.monitor``: its JobRecord, its plan log), fed on the serving thread with
+        # the lock held: every broadcast, every report, and the table's snapshot every tick. Set before
+        # start(); None: none.
         self.watcher: Any = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -319,10 +320,11 @@ class Coordinator:
         clock, loss = p.integer(body.get("clock"), "clock"), p.loss_value(body.get("loss"))
         step_time, size = (None if body.get(name) is None else p.number(body[name], name)
                            for name in ("step_time", "message_bytes"))
-        links = read_links(body.get("links"))
-        reply, publications = self._table.report(read_rank(body["rank"]), body.get("session"), clock=clock,
-                                                 loss=loss, step_time=step_time, message_bytes=size, links=links,
-                                                 load=read_load(body.get("load")))
+        links, load, rank = read_links(body.get("links")), read_load(body.get("load")), read_rank(body["rank"])
+        reply, publications = self._table.report(rank, body.get("session"), clock=clock, loss=loss, step_time=step_time,
+                                                 message_bytes=size, links=links, load=load)
+        if reply is None and self.watcher is not None:  # a member's round
+            self.watcher.reported(rank, clock, step_time, load, read_counts(body.get("counts")))
         self._publish(*publications)
         return reply
 

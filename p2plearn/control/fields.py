@@ -1,5 +1,5 @@
 """The coordinator's reading of request fields that are more than one value: a registration's
-hand-over and link rate, and a report's flows and load. Each is checked whole before the
+hand-over and link rate, and a report's flows, load and counters. Each is checked whole before the
 membership table sees it; what a peer cannot vouch for (a flow to no rank, a negative load) is left
 out rather than refused, so that the rest of a report still counts."""
 
@@ -13,6 +13,7 @@ from .membership import Member
 from .view import FLOOR, GlobalView
 
 LOAD = ("compute_s", "merge_s", "backlog", "in_flight_bytes", "in_flight_msgs")  # per peer, from its reports
+MAX_COUNTS = 32  # counters a report carries at most (a peer sends the send results cut short and its engine's drops)
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,17 @@ def read_load(value: Any) -> dict[str, float]:
             x = 0.0
         out[name] = x if FLOOR.get(name, 0.0) <= x < float("inf") else 0.0
     return out
+
+
+def read_counts(value: Any) -> dict[str, int]:
+    """A report's ``counts`` (its peer's counters over the job, for the monitor): at most
+    ``MAX_COUNTS`` names of up to 32 letters, digits or underscores, each an integer >= 0; any other
+    entry is left out."""
+    if not isinstance(value, dict):
+        return {}
+    return {name: n for name, n in list(value.items())[:MAX_COUNTS]
+            if isinstance(name, str) and len(name) <= 32 and name.replace("_", "a").isalnum() and name.isascii()
+            and isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 2**63}
 
 
 def read_link_rate(value: Any) -> float | None:

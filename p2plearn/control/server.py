@@ -36,6 +36,7 @@ from .estimator import rates_from_file
 
 KEY_VAR = "P2PLEARN_JOB_KEY"
 DASHBOARD_VAR = "P2PLEARN_DASHBOARD"
+LOG_DIR_VAR = "P2PLEARN_LOG_DIR"
 
 
 @dataclass
@@ -63,7 +64,8 @@ class ServerProcess:
 def spawn(job_id: str, key: str | bytes, *, bind: str, advertise: str | None = None, world_size: int = 0,
           heartbeat: float = 0.5, phi_threshold: float = 8.0, startup_grace: float = 60.0,
           topology: str | None = None, term: int = 0, previous: str | None = None, linger: float = 10.0,
-          startup_timeout: float = 120.0, dashboard: str | None = None, timeout: float = 30.0) -> ServerProcess:
+          startup_timeout: float = 120.0, dashboard: str | None = None, log_dir: str | None = None,
+          timeout: float = 30.0) -> ServerProcess:
     """Start a coordinator process and wait (up to ``timeout`` s) until it is bound.
 
     ``previous``: the endpoint of the coordinator it succeeds, told to step down. ``linger`` /
@@ -71,14 +73,15 @@ def spawn(job_id: str, key: str | bytes, *, bind: str, advertise: str | None = N
     when none registered within ``startup_timeout`` s. Raises RuntimeError with the process's own
     error when it fails to start (a port in use, say). ``dashboard``: ``[HOST:]PORT`` of the job's
     page (``p2plearn.monitor``); None: ``P2PLEARN_DASHBOARD`` if set (a successor started by a
-    peer inherits the peer's), else no page.
+    peer inherits the peer's), else no page. ``log_dir``: where it writes its plans and events
+    (``p2plearn.monitor.PlanLog``); None: ``P2PLEARN_LOG_DIR`` if set, else nowhere.
     """
     argv = [sys.executable, "-m", "p2plearn.control", "--job-id", job_id, "--bind", bind,
             "--world-size", str(world_size), "--heartbeat", str(heartbeat), "--phi-threshold", str(phi_threshold),
             "--startup-grace", str(startup_grace), "--term", str(term), "--linger", str(linger),
             "--startup-timeout", str(startup_timeout)]
     for flag, value in (("--advertise", advertise), ("--topology", topology), ("--previous", previous),
-                        ("--dashboard", dashboard)):
+                        ("--dashboard", dashboard), ("--log-dir", log_dir)):
         if value:
             argv += [flag, value]
     env = {**os.environ, KEY_VAR: key.hex() if isinstance(key, bytes) else key}
@@ -122,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--startup-timeout", type=float, default=120.0, help="exit if nobody registers in this long")
     parser.add_argument("--dashboard", default=os.environ.get(DASHBOARD_VAR) or None, metavar="[HOST:]PORT",
                         help=f"serve the job's page and /metrics there (default: ${DASHBOARD_VAR}, else none)")
+    parser.add_argument("--log-dir", default=os.environ.get(LOG_DIR_VAR) or None, metavar="DIR",
+                        help=f"write the plans and events there (default: ${LOG_DIR_VAR}, else nowhere)")
     args = parser.parse_args(argv)
     logging.basicConfig(format="%(message)s", level=logging.WARNING)  # deaths and hand-overs, on stderr
     key = os.environ.get(KEY_VAR)
@@ -136,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     dashboard = _dashboard(coordinator, args.dashboard, key, args.advertise) if args.dashboard else None
+    plan_log = _plan_log(coordinator, args.log_dir) if args.log_dir else None
     coordinator.start()
     print(json.dumps({"address": coordinator.address, "pub": coordinator.pub_address}), flush=True)
     if dashboard is not None:
@@ -149,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         coordinator.end()
         if dashboard is not None:
             dashboard.stop()
+        if plan_log is not None:
+            plan_log.stop()
     return 0
 
 
@@ -161,6 +169,17 @@ def _dashboard(coordinator: Coordinator, address: str, key: str, advertise: str 
         return attach(coordinator, address, key, advertise=advertise)
     except (ValueError, OSError) as exc:
         print(f"p2plearn dashboard: not served: {exc}", file=sys.stderr, flush=True)
+        return None
+
+
+def _plan_log(coordinator: Coordinator, log_dir: str):
+    """--log-dir's plan log (``p2plearn.monitor``); a directory it cannot write is said, and the job goes on."""
+    from ..monitor import log_plans
+
+    try:
+        return log_plans(coordinator, log_dir)
+    except OSError as exc:
+        print(f"p2plearn --log-dir: no plan log: {exc}", file=sys.stderr, flush=True)
         return None
 
 

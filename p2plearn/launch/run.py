@@ -25,7 +25,8 @@ Where peers run:
 
 Output: each peer's lines prefixed with its rank ("[3] ..."); one live progress line (rounds,
 rounds/s, loss, slowest peer) on a terminal, a periodic plain line otherwise; --log-dir D keeps
-rank-N.log per rank.
+rank-N.log per rank, beside each rank's rounds (rank-N.jsonl, TensorBoard event files) and the
+coordinator's plans; --report job.html writes a page of them at the end.
 
 Resuming: --resume DIR restarts a stopped job from the newest step that every rank saved in
 DIR with ``p2plearn.checkpoint.save`` (checked before anything starts); each peer's
@@ -116,7 +117,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--oversubscribe", action="store_true", help="allow more peers than slots (default: off)")
     parser.add_argument("--testbed", action="store_true", help="run peers in namespaces built from --topology "
                                                                "(root; default: off)")
-    parser.add_argument("--log-dir", help="keep one log per rank in this directory (default: none)")
+    parser.add_argument("--report", metavar="FILE", help="at the end, write one self-contained HTML page of the job "
+                        "(loss curves, each rank's time split, the plan over time) from --log-dir, or from a "
+                        "temporary one without it (default: none; see docs/monitor.md)")
     parser.add_argument("--elastic", action="store_true", help="keep the job running when a peer fails "
                                                                "(default: off, the first failure stops the job)")
     parser.add_argument("--resume", metavar="DIR", help="resume from the newest step every rank saved in DIR "
@@ -160,6 +163,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, opts.Options, list[str]]
         if not found.is_file():
             raise UsageError(f"--topology {options.topology}: no such file{nearest_shipped(options.topology)}")
         options = options.replace(topology=os.path.abspath(found))
+    if options.log_dir:  # the peers' working directory may differ (remote hosts)
+        options = options.replace(log_dir=os.path.abspath(options.log_dir))
     return args, options, command
 
 
@@ -214,7 +219,7 @@ class Launcher:
         self.rates = rates
         self.job_id = secrets.token_hex(6)
         self.key = secrets.token_hex(32)
-        self.output = Output(args.log_dir)
+        self.output = Output(options.log_dir)
         self.peers: list[_Peer] = []
         self._started = time.monotonic()
         self._signal: int | None = None
@@ -270,7 +275,7 @@ class Launcher:
         server = spawn(self.job_id, self.key, bind=bind, advertise=self.args.advertise or os.uname().nodename,
                        world_size=len(slots), heartbeat=self.options.heartbeat,
                        phi_threshold=self.options.phi_threshold, topology=self.options.topology,
-                       dashboard=self.options.dashboard)
+                       dashboard=self.options.dashboard, log_dir=self.options.log_dir)
         return _ControlPlane(server, self.job_id, self.key)
 
     def _testbed(self, stack: ExitStack) -> Any:
@@ -384,6 +389,16 @@ def _exit_code(code: int) -> int:
     return code if code > 0 else 128 - code
 
 
+def report(log_dir: str, path: str) -> str:
+    """--report: write the job's page from its log directory (``p2plearn.monitor``); what it holds, or why not."""
+    from ..monitor import write_report
+
+    try:
+        return write_report(log_dir, path)
+    except OSError as exc:
+        return f"--report: not written: {exc}"
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``p2plearn-run``; returns the exit code."""
     argv = sys.argv[1:] if argv is None else argv
@@ -425,4 +440,10 @@ def main(argv: list[str] | None = None) -> int:
     if rates is not None and len(slots) != len(rates):  # allowed (the topology seeds the view), yet seldom meant
         print(f"p2plearn-run: note: -np {len(slots)} but {options.topology} has {len(rates)} peers: the coordinator's "
               f"view takes each rank's rates from the peer of its number", file=sys.stderr)
-    return Launcher(args, options, command, rates).run(slots)
+    if not args.report:
+        return Launcher(args, options, command, rates).run(slots)
+    with tempfile.TemporaryDirectory(prefix="p2plearn-log-") as scratch:
+        options = options if options.log_dir else options.replace(log_dir=scratch)
+        code = Launcher(args, options, command, rates).run(slots)
+        print(f"p2plearn-run: {report(options.log_dir, args.report)}", file=sys.stderr)
+    return code

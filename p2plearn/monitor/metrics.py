@@ -1,9 +1,10 @@
 """``/metrics``: the job as the coordinator knows it, in Prometheus' text format (``prometheus-client``).
 
 A collector reads the ``JobRecord`` at each scrape (on the monitor's thread, which alone writes
-it), so nothing is counted twice and the coordinator's loop does no metrics work. What the
-coordinator does not hear of is not here: deadline hits, slow closes and lost datagrams stay in
-each peer's ``opt.stats()`` (the peers do not report them).
+it), so nothing is counted twice and the coordinator's loop does no metrics work. Each peer's
+counters (deadline hits, slow closes, its engine's drops by reason) are its own totals over the
+job, carried by its round reports: a restarted peer's start again from 0, which Prometheus'
+``rate()`` takes for a counter reset.
 
 A non-loopback dashboard asks for its token on ``/metrics`` too: give it to Prometheus as a
 ``params: {token: [...]}`` entry of the scrape config.
@@ -63,6 +64,25 @@ class JobCollector:
                 if row["state"] in ("alive", "suspected") and row[field] is not None:
                     family.add_metric([str(row["rank"]), row["host"]], row[field])
             yield family
+        yield from _peer_counters(record)
+
+
+def _peer_counters(record: JobRecord) -> Iterator[Metric]:
+    """Each peer's reported counters (departed peers' too: their last report)."""
+    families = {name: CounterMetricFamily(f"p2plearn_peer_{metric}", text, labels=["rank", "host"])
+                for name, metric, text in (("deadline", "deadline_hits", "sends the round's deadline cut short"),
+                                           ("slow", "slow_closes", "sends closed as too slow (--slow-close)"))}
+    drops = CounterMetricFamily("p2plearn_peer_drops", "datagrams or messages the peer's engine dropped, by reason "
+                                "(see docs/monitor.md)", labels=["rank", "host", "reason"])
+    for rank, counts in sorted(record.counts.items()):
+        host = record.peers.get(rank, {}).get("host", "")
+        for name, n in sorted(counts.items()):
+            if name in families:
+                families[name].add_metric([str(rank), host], n)
+            elif name.startswith("drop_"):
+                drops.add_metric([str(rank), host, name[len("drop_"):]], n)
+    yield from families.values()
+    yield drops
 
 
 def metrics_text(record: JobRecord) -> bytes:

@@ -1,12 +1,15 @@
 """JobRecord: what the monitor knows of a job, kept from the coordinator's snapshots and broadcasts.
 
 The coordinator feeds it on its serving thread, with its lock held, and must not be slowed: each
-feed only stores a reference or appends to a bounded deque (``observe``, ``published``). The
-monitor's own thread folds what was fed into the record (``update``): the peers, departed ones
-included (dead or left), a loss curve per peer, the plan's edges as the senders last reported
-them, the events and a few counters. Everything is bounded: ``CURVE_POINTS`` points per peer
-(halved by dropping every other point when full, so a long run keeps its whole shape),
-``EVENTS`` events, and one row per rank the job ever had.
+feed only stores a reference or appends to a bounded deque (``observe``, ``published``,
+``reported``). The monitor's own thread folds what was fed into the record (``update``): the
+peers, departed ones included (dead or left), a loss curve per peer, the plan's edges as the
+senders last reported them, a timeline of each peer's last rounds (compute, then communication,
+as reported), each peer's counters (deadline hits, slow closes, drops by reason), the events and
+a few counters. Everything is bounded: ``CURVE_POINTS`` points per peer (halved by dropping
+every other point when full, so a long run keeps its whole shape), ``TIMELINE_ROUNDS`` rounds per
+peer, ``EVENTS`` events, ``REPORTS`` reports between two folds (a coordinator hearing more in a
+fold's 0.25 s leaves the oldest out of the timeline), and one row per rank the job ever had.
 
 A successor coordinator starts a new record: the page shows the curves from the failover on.
 """
@@ -22,6 +25,8 @@ from ..control import protocol as p
 CURVE_POINTS = 512  # per peer; raise it for longer curves (each point is two numbers in every poll)
 EVENTS = 200        # the latest events kept (joins, deaths, leaves, donations, failovers; not each view:
                     # its version may change every round, and the page's summary shows it)
+TIMELINE_ROUNDS = 24  # per peer: the last rounds drawn on the page's timeline
+REPORTS = 4096        # reports held between two folds at most (64 peers x 64 rounds/s)
 WATCHED = (p.MEMBER, p.DONATE, p.MOVED, p.ENDED)  # the broadcasts that are events
 MEMBER_EVENTS = {"join": "joined", "leave": "left", "dead": "declared dead",
                  "update": "registered a new engine address"}
@@ -41,6 +46,7 @@ class JobRecord:
         # Fed by the coordinator's thread: the latest snapshot (a reference swap) and the events.
         self._latest: dict[str, Any] | None = None
         self._inbox: deque[tuple[float, str, dict]] = deque(maxlen=EVENTS)
+        self._reports: deque[tuple[float, int, int, float | None, dict, dict]] = deque(maxlen=REPORTS)
         # The monitor thread's own, from here on.
         self._folded: dict[str, Any] | None = None
         self.version = 0  # bumped by every update that changed something (the page's JSON is cached per version)
@@ -48,6 +54,8 @@ class JobRecord:
         self._gone: dict[int, int] = {}  # a departed rank -> the membership epoch of its departure
         self.curves: dict[int, list[tuple[int, float]]] = {}  # rank -> (clock, loss) points
         self.edges: list[dict[str, Any]] = []  # the live senders' last reported flows
+        self.timeline: dict[int, deque[tuple[float, int, float, float]]] = {}  # rank -> (end, round, compute, comm)
+        self.counts: dict[int, dict[str, int]] = {}  # rank -> its counters over the job, as last reported
         self.events: deque[tuple[float, str]] = deque(maxlen=EVENTS)
         self.event_counts: Counter[str] = Counter()  # by kind: join, leave, dead, update, donate, moved, ended
         self.reported_bytes = 0.0  # estimated: rounds each peer completed x its message bytes x its receivers
@@ -65,6 +73,11 @@ class JobRecord:
         if publication.kind in WATCHED:
             self._inbox.append((time.time(), publication.kind, publication.body))
 
+    def reported(self, rank: int, clock: int, comm_s: float | None, load: dict, counts: dict) -> None:
+        """A member's round report, as the coordinator read it (``control.fields``): its clock, the
+        round's communication time, its load (``compute_s``: its work before the round) and counters."""
+        self._reports.append((time.time(), rank, clock, comm_s, load, counts))
+
     # -- the monitor's thread ----------------------------------------------------------------------
 
     def update(self) -> bool:
@@ -72,6 +85,9 @@ class JobRecord:
         changed = False
         while self._inbox:
             self._event(*self._inbox.popleft())
+            changed = True
+        while self._reports:
+            self._report(*self._reports.popleft())
             changed = True
         latest = self._latest
         if latest is not None and latest is not self._folded:
@@ -91,24 +107,25 @@ class JobRecord:
         return {"version": self.version, "time": time.time(), "settings": self.settings, "progress": self.progress,
                 "view": self.view, "peers": [self.peers[r] for r in sorted(self.peers)], "edges": self.edges,
                 "curves": {str(r): points for r, points in sorted(self.curves.items())},
+                "timeline": {str(r): list(rounds) for r, rounds in sorted(self.timeline.items())},
                 "events": list(self.events)}
 
     def _event(self, when: float, kind: str, body: dict) -> None:
         self.event_counts[body.get("event", kind) if kind == p.MEMBER else kind] += 1
         if kind == p.MEMBER:
-            member = body.get("member", {})
-            rank, event = member.get("rank"), body.get("event")
-            text = f"rank {rank} {MEMBER_EVENTS.get(event, event)}"
+            rank, event = body.get("member", {}).get("rank"), body.get("event")
             if event in ("leave", "dead") and rank in self.peers:
                 self.peers[rank]["state"] = "left" if event == "leave" else "dead"
                 self._gone[rank] = body.get("epoch", 0)
-        elif kind == p.DONATE:
-            text = f"rank {body.get('to')} sends the model state to rank {body.get('rank')} (round {body.get('clock')})"
-        elif kind == p.MOVED:
-            text = f"a successor took over (term {body.get('term')}) at {body.get('endpoint')}"
-        else:
-            text = "the job ended"
-        self.events.appendleft((when, text))
+        self.events.appendleft((when, describe(kind, body)))
+
+    def _report(self, when: float, rank: int, clock: int, comm_s: float | None, load: dict, counts: dict) -> None:
+        rounds = self.timeline.setdefault(rank, deque(maxlen=TIMELINE_ROUNDS))
+        if rounds and rounds[-1][1] >= clock:
+            rounds.clear()  # a clock that went back: a restarted peer's rounds start anew
+        rounds.append((when, clock, load.get("compute_s", 0.0), comm_s or 0.0))
+        if counts:
+            self.counts[rank] = counts
 
     def _fold(self, snap: dict[str, Any]) -> None:
         view, members, phi = snap["view"], snap["members"], snap["phi"]
@@ -126,10 +143,7 @@ class JobRecord:
         for rank, row in self.peers.items():
             if rank not in members and row["state"] in ("alive", "suspected"):
                 row["state"] = "dead"  # gone without an event seen (one pushed out of a full inbox)
-        self.edges = [{"src": src, "dst": dst, "rate": flow["rate"], "paced": flow["paced"],
-                       "multicast": flow["multicast"]}
-                      for src, flows in sorted(snap["links"].items()) if src in members
-                      for dst, flow in sorted(flows.items()) if dst in members]
+        self.edges = plan_edges(snap)
         self.progress = snap["progress"].to_dict()
         self.view = {"version": view.version, "from_round": view.from_round, "round": view.round,
                      "term": snap["term"], "epoch": snap["epoch"]}
@@ -150,3 +164,23 @@ class JobRecord:
         if len(points) >= CURVE_POINTS:
             del points[1::2]  # keep the whole run's shape at half the resolution
         points.append((clock, loss))
+
+
+def describe(kind: str, body: dict) -> str:
+    """One line for a broadcast that is an event (``WATCHED``)."""
+    if kind == p.MEMBER:
+        event = body.get("event")
+        return f"rank {body.get('member', {}).get('rank')} {MEMBER_EVENTS.get(event, event)}"
+    if kind == p.DONATE:
+        return f"rank {body.get('to')} sends the model state to rank {body.get('rank')} (round {body.get('clock')})"
+    if kind == p.MOVED:
+        return f"a successor took over (term {body.get('term')}) at {body.get('endpoint')}"
+    return "the job ended"
+
+
+def plan_edges(snap: dict[str, Any]) -> list[dict[str, Any]]:
+    """A snapshot's plan as it ran: the flows each live sender reported for its last round, between members."""
+    members = snap["members"]
+    return [{"src": src, "dst": dst, "rate": flow["rate"], "paced": flow["paced"], "multicast": flow["multicast"]}
+            for src, flows in sorted(snap["links"].items()) if src in members
+            for dst, flow in sorted(flows.items()) if dst in members]

@@ -14,11 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import tempfile
 import time
+from contextlib import ExitStack
 
 import torch
 
 from p2plearn.examples.mnist1d import add_model_arguments, make_model
+from p2plearn.monitor import SimLog, write_report
 from p2plearn.options import Options, OptionsError, add_arguments
 from p2plearn.sim.train import Progress, Settings, VirtualTraining
 from p2plearn.topology import TopologyError, load
@@ -73,6 +76,9 @@ def parser() -> argparse.ArgumentParser:
     sim.add_argument("--recalibrate", action="store_true", help="measure this machine's step time again")
     sim.add_argument("--sequential", action="store_true",
                      help="step the replicas one after another instead of together")
+    sim.add_argument("--report", metavar="FILE",
+                     help="write the run's page (loss curves, each peer's time split, the plan over time; see "
+                          "docs/monitor.md) from --log-dir, or from a temporary one without it (default: none)")
     sim.add_argument("--threads", type=int, default=1,
                      help="torch threads stepping the replicas; the calibrated step time stays one thread's "
                           "(default: %(default)s)")
@@ -124,12 +130,22 @@ def main(argv: list[str] | None = None) -> int:
     print(f"p2plearn-sim: {ranks} virtual peers of {name} on {topology.name}: preparing the data, the replicas and "
           f"the step time ({'given' if args.step_ms else 'calibrated once per model, then cached'})",
           file=sys.stderr, flush=True)
-    try:
-        run = VirtualTraining(options, settings, topology, mnist1d(args.samples), lambda: make_model(args), name)
-        result = run.run(ProgressLine())
-    except ValueError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    with ExitStack() as stack:
+        try:
+            run = VirtualTraining(options, settings, topology, mnist1d(args.samples), lambda: make_model(args), name)
+            log_dir = options.log_dir or (stack.enter_context(tempfile.TemporaryDirectory(prefix="p2plearn-sim-"))
+                                          if args.report else None)
+            if log_dir:
+                run.log = SimLog(log_dir, ranks, title=f"p2plearn-sim: {ranks} virtual peers of {name} on "
+                                 f"{topology.name}", settings={k: v for k, v in vars(options).items() if v is not None})
+                stack.callback(run.log.close)
+            result = run.run(ProgressLine())
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+        if args.report:
+            run.log.close()
+            print(f"p2plearn-sim: {write_report(log_dir, args.report)}", file=sys.stderr)
     result["options"] = {k: v for k, v in vars(options).items()}
     print(f"{result['peers']} virtual peers, {result['parameters']} parameters, message "
           f"{result['message_bytes'] / 1e6:.3g} MB ({result['message_bytes_source']}): {result['rounds']} rounds, "

@@ -199,6 +199,7 @@ class VirtualTraining:
         # per chunk of a message, the layer its first byte belongs to (per-layer chunk masks)
         layer_first_byte = [] if self.tolerance is None else self.tolerance.starts * 4
         self.chunk_layer = np.searchsorted(layer_first_byte, np.arange(self.nchunks) * self.chunk_size, "right") - 1
+        self.log = None  # a `p2plearn.monitor.SimLog` (--log-dir, --report): told each round's flows, sends and end
 
     # --- the run --------------------------------------------------------------------------
 
@@ -238,6 +239,7 @@ class VirtualTraining:
             step += 1
             clock += self.step_s
             if step % o.period == 0:  # the round is part of the step (DecentralizedOptimizer.step), as in training
+                send_at = clock.copy()
                 if self.tolerance is not None:
                     self.tolerance.track(self.replicas.numpy() - merged, losses.numpy())
                 if o.sync == "partitioned":
@@ -247,6 +249,8 @@ class VirtualTraining:
                     clock, pending = self._round(rnd, clock, staleness, pending, messages, done_at, anchors, rounds)
                 if merged is not None:
                     np.copyto(merged, self.replicas.numpy())
+                if self.log is not None:
+                    self.log.round(rnd, send_at, clock, losses.tolist())
                 rnd += 1
             if (s.eval_every and step % s.eval_every == 0) or (not s.eval_every and step % per_epoch == 0):
                 history.append(self._evaluate(float(clock[0])))
@@ -337,6 +341,8 @@ class VirtualTraining:
         """Every peer's report of round `rnd` to the control plane: of each flow it sent, the
         ACK-timed rate of what arrived (rate) against the pace (a later flow to the same receiver in a
         round replaces it), its load and its message's bytes."""
+        if self.log is not None:
+            self.log.flows(src, dst, paced, rate, sizes)
         reports: dict[int, dict[int, dict]] = {}
         for i, j, p, r, probe in zip(src.tolist(), dst.tolist(), paced.tolist(), rate.tolist(), probes):
             reports.setdefault(i, {})[j] = {"paced": p, "rate": r, "probe": probe}
@@ -389,6 +395,8 @@ class VirtualTraining:
                      sizes)
         done = send_at.copy()
         np.maximum.at(done, fsrc, t0 + f["end_s"])
+        if self.log is not None:
+            self.log.sends(done - send_at, fsrc, f["slow"])
         if self.tolerance is None:
             layer_delivered = f["delivered"][:, None]
         else:

@@ -36,6 +36,7 @@ from p2plearn.sync.merge import merge_parameter
 from p2plearn.sync.outer import OuterOptimizer
 from p2plearn.sync.planner import RoundPlanner
 from p2plearn.tolerance import Layer, NetworkState, RoundRecord, TolerancePolicy, TrainingState
+from p2plearn.tolerance.base import CUT_RESULTS
 from p2plearn.transport import Delivery
 
 # filtered_arrays, filtered_contributions: the value-filtered format's, imported from here before the codec
@@ -173,6 +174,7 @@ class Synchronizer(ABC):
         self._probes: dict[int, str] = {}  # this round's flows that probe an end (see selection.view)
         self._fragment_bytes: dict[int, int] = {}  # per fragment, its last message's bytes
         self.nonfinite: Counter[int] = Counter()  # per sender, its values refused as not finite
+        self._cut: Counter[str] = Counter()  # sends cut short over the job, by result (deadline, slow): reported
 
     def step(self, loss: float | None = None) -> RoundStats:
         """Run one round; returns its stats. Call it after each local optimizer step."""
@@ -403,6 +405,8 @@ class Synchronizer(ABC):
         # The size the view plans every round with: the largest fragment's, steady from round to
         # round (a size that alternated would publish a new view, and risk a round, every round).
         self._fragment_bytes[self.fragments.of_round(rnd)] = self.network.expected_bytes
+        self._cut.update(st.result for st in sent if st.result in CUT_RESULTS)
+        counts = {**self._cut, **{name: n for name, n in engine.items() if name.startswith("drop_") and n}}
         self.client.report(rnd + 1, loss=loss, step_time=comm_s, links=links, load=load,
-                           message_bytes=max(self._fragment_bytes.values()))
+                           message_bytes=max(self._fragment_bytes.values()), counts=counts)
         self.network.record(RoundRecord.of_sends(rnd, comm_s, sent, self.network.expected_bytes))

@@ -66,6 +66,15 @@ def _to_numpy(value: Any) -> Any:
     return value
 
 
+def _round_log(log_dir: str | None, rank: int) -> Any:
+    """``--log-dir``'s writer of this rank's rounds (``p2plearn.monitor.round_log``), imported only when asked for."""
+    if not log_dir:
+        return None
+    from p2plearn.monitor.round_log import RoundLog
+
+    return RoundLog(log_dir, rank)
+
+
 class DecentralizedOptimizer(Optimizer):
     """Local steps with `optimizer`; every `period` steps a communication round averages with other peers.
 
@@ -99,7 +108,7 @@ class DecentralizedOptimizer(Optimizer):
             parameters; False keeps them local to each peer.
         seed: tie-break seed of the selection policy; the same on every peer.
         overrides: option values over the runtime's (sync, staleness, selection, fanout,
-            loss_bound, tolerance, deadline_ms, ...): see `p2plearn.options.Options`.
+            loss_bound, tolerance, deadline_ms, log_dir, ...): see `p2plearn.options.Options`.
 
     After each step, `last_round` has what the round did (a `RoundStats`); `stats()` the totals.
     """
@@ -147,6 +156,8 @@ class DecentralizedOptimizer(Optimizer):
         client.on_event(self.state_transfer.on_event)
         self._stats = TrainingStats()
         self.last_round: RoundStats | None = None
+        self.round_log = _round_log(self.options.log_dir, rank)  # --log-dir: owned, closed by close()
+        self._round_loss: float | None = None  # the loss the latest round started with (for the log)
         # local steps per round: each of the F fragments is averaged once every period
         self.round_steps = self.options.period // self.options.fragments
         self.steps = client.start_clock * self.round_steps  # local steps taken (a joiner's: the donor's)
@@ -191,6 +202,7 @@ class DecentralizedOptimizer(Optimizer):
             if loss is None:
                 loss = result
             value = float(loss.detach()) if isinstance(loss, torch.Tensor) else loss
+            self._round_loss = value
             self.state_transfer.serve()
             if self.options.overlap:
                 self.overlapped.start(value, self.steps)
@@ -212,6 +224,8 @@ class DecentralizedOptimizer(Optimizer):
     def _record(self, rs: RoundStats) -> None:
         self._stats.add_round(rs)
         self.last_round = rs
+        if self.round_log is not None:
+            self.round_log.add(rs, loss=self._round_loss, compute_total=self._stats.compute_s)
 
     def _finish_round(self, apply: bool = True) -> float:
         """Wait for the overlapped round in flight (if any), mix its result into the model unless
@@ -345,6 +359,8 @@ class DecentralizedOptimizer(Optimizer):
             if self.runtime.rank == 0 and self.resumed_step == self.steps:
                 print(f"p2plearn: nothing left to train: the checkpoint at step {self.steps} is the end", flush=True)
             print(f"p2plearn rank {self.runtime.rank}: {self.stats().summary()}", flush=True)
+            if self.round_log is not None:
+                self.round_log.close()
             if self.reach is not None:
                 self.reach.close()
             # the engine closes before the job hears this peer left: a peer that left may be a final

@@ -66,13 +66,14 @@ class RawMembers:
         assert reply["type"] == p.OK, reply
         return reply
 
-    def report(self, rank: int, clock: int, loss: float) -> None:
-        """One round's report (one-way): flows to the next two ranks, a load."""
+    def report(self, rank: int, clock: int, loss: float, counts: dict | None = None) -> None:
+        """One round's report (one-way): flows to the next two ranks, a load, and ``counts`` if given."""
         n = len(self.socks)
         links = {str((rank + k) % n): {"rate": 1e6 * (rank + 1), "paced": 1.2e6 * (rank + 1)} for k in (1, 2)}
         self.socks[rank].send_multipart(p.pack(self._key, JOB, {
             "type": p.REPORT, "rank": rank, "session": f"s{rank}", "clock": clock, "loss": loss, "step_time": 0.02,
-            "message_bytes": 4096, "links": links, "load": {"compute_s": 0.01, "merge_s": 0.001}}))
+            "message_bytes": 4096, "links": links, "load": {"compute_s": 0.01, "merge_s": 0.001},
+            **({"counts": counts} if counts is not None else {})}))
 
     def close(self) -> None:
         for sock in self.socks:

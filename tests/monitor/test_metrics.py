@@ -44,3 +44,41 @@ def test_metrics_parse_and_count():
         members.close()
         coordinator.stop()
         dashboard.stop()
+
+
+def test_peer_counters_and_the_timeline_come_from_their_reports():
+    """Deadline hits, slow closes and drops by reason, as each peer last reported its totals; bad entries left out."""
+    key = secrets.token_hex(32)
+    coordinator = Coordinator(JOB, key, world_size=2, heartbeat=0.1)
+    dashboard = attach(coordinator, "127.0.0.1:0", key)
+    coordinator.start()
+    members = RawMembers(coordinator.address, key, 2)
+    try:
+        wait_state(dashboard, lambda s: len(s["peers"]) == 2, 5, "two peers")
+        members.report(0, 1, 1.0, {"deadline": 1, "slow": 0, "drop_injected": 7})
+        members.report(0, 2, 0.9, {"deadline": 3, "slow": 2, "drop_injected": 9, "drop_replayed": 1,
+                                   "bad name!": 5, "drop_evicted": -1, "slow_x": "many"})
+        members.report(1, 1, 1.0)  # no counters: none shown for it
+        s = wait_state(dashboard, lambda s: len(s["timeline"].get("0", [])) == 2 and "1" in s["timeline"], 5,
+                       "the reports in the timeline")
+        # each round: (when the report came, the round, its compute, its communication)
+        assert [r[1:] for r in s["timeline"]["0"]] == [[1, 0.01, 0.02], [2, 0.01, 0.02]]
+        assert s["timeline"]["0"][0][0] <= s["timeline"]["0"][1][0]
+        status, body = get(f"http://127.0.0.1:{dashboard.port}/metrics")
+        assert status == 200
+        families = {f.name: f for f in text_string_to_metric_families(body.decode())}
+        value = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+        peer0 = (("host", "sim"), ("rank", "0"))
+        assert value[("p2plearn_peer_deadline_hits_total", peer0)] == 3
+        assert value[("p2plearn_peer_slow_closes_total", peer0)] == 2
+        assert value[("p2plearn_peer_drops_total", (*peer0, ("reason", "injected")))] == 9
+        assert value[("p2plearn_peer_drops_total", (*peer0, ("reason", "replayed")))] == 1
+        assert {labels for name, labels in value if name == "p2plearn_peer_drops_total"} == {
+            (*peer0, ("reason", "injected")), (*peer0, ("reason", "replayed"))}
+        counters = ("p2plearn_peer_deadline_hits_total", "p2plearn_peer_slow_closes_total", "p2plearn_peer_drops_total")
+        assert not any(dict(labels)["rank"] == "1" for name, labels in value if name in counters)
+        assert families["p2plearn_peer_drops"].type == "counter"
+    finally:
+        members.close()
+        coordinator.stop()
+        dashboard.stop()
