@@ -103,7 +103,7 @@ def test_training_script_runs_as_written(line, tmp_path):
 
 @pytest.mark.slow
 def test_checkpointed_loop_runs_and_resumes_as_written(tmp_path):
-    """The loop's one command, run twice: it trains, then says there is nothing left to train."""
+    """The loop's one command, run twice: it trains, then says there is nothing left to train, first."""
     loop_section = section("A torch training loop, checkpointed")
     (tmp_path / "loop.py").write_text(blocks(loop_section, "python")[0])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("P2PLEARN_", "MASTER_"))}
@@ -123,6 +123,9 @@ def test_checkpointed_loop_runs_and_resumes_as_written(tmp_path):
     step = re.search(r"resuming from ckpt/step-(\d+)", rerun)
     assert step and int(step.group(1)) > 0, rerun[-4000:]
     assert f"nothing left to train: the checkpoint at step {step.group(1)} is the end" in rerun, rerun[-4000:]
+    # said once, as rank 0 resumes: before what the script prints after its loop (it came after, at close)
+    assert rerun.count("nothing left to train") == 1, rerun[-4000:]
+    assert rerun.index("nothing left to train") < rerun.index("rank 0: test accuracy"), rerun[-4000:]
     # every epoch was saved, so the rerun trains nothing and ends as the first run did
     assert re.findall(r"rank 0: test accuracy ([\d.]+)", rerun) == [f"{accuracy[0]:.3f}"], rerun[-4000:]
     assert re.search(r"p2plearn rank 0: 0 rounds", rerun), rerun[-4000:]

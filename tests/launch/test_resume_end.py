@@ -1,0 +1,82 @@
+"""Issue 44: a rerun of a job that had trained to its end said "nothing left to train" only after all
+its ranks' results (at the optimizer's close). Now the step where a job ended is marked, p2plearn-run
+--resume names it before starting the ranks, and rank 0 says it as it resumes when the command is the same."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from launch_helpers import ROOT
+
+# The checkpointed loop (README) on a tiny model; the number of epochs is its one argument.
+LOOP = """
+import sys, p2plearn, torch, torch.nn.functional as F
+epochs = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+rt = p2plearn.init()
+torch.manual_seed(0)
+model = torch.nn.Linear(8, 2)
+opt = p2plearn.DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model, rt)
+start = p2plearn.checkpoint.load(None, model, opt) or {}
+for epoch in range(start.get("epoch", 0), epochs):
+    for i in range(3):
+        g = torch.Generator().manual_seed(10 * epoch + i)
+        F.cross_entropy(model(torch.randn(4, 8, generator=g)), torch.randint(0, 2, (4,), generator=g)).backward()
+        opt.step()
+        opt.zero_grad()
+    p2plearn.checkpoint.save("ckpt", model, opt, epoch=epoch + 1)
+print(f"rank {rt.rank}: done")
+opt.close()
+"""
+NOTHING_LEFT = "[0] p2plearn: nothing left to train: the checkpoint at step {} is the end"
+
+
+def run(cwd, *script_args, resume=True):
+    """p2plearn-run -np 2 [--resume ckpt] -- python loop.py ARGS; its output, both streams in order."""
+    argv = [sys.executable, "-m", "p2plearn.launch", "-np", "2", "--period", "1", *(["--resume", "ckpt"] * resume),
+            "--", sys.executable, "loop.py", *script_args]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("P2PLEARN_", "MASTER_"))}
+    proc = subprocess.Popen(argv, cwd=cwd, env={**env, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)  # the launcher's group: its peers have groups of their own,
+            proc.wait()                          # which stop when they see their launcher gone
+    assert proc.returncode == 0, out[-4000:]
+    return out.splitlines()
+
+
+@pytest.mark.slow
+def test_the_end_of_a_finished_job_is_said_before_its_ranks_start_and_as_rank_0_resumes(tmp_path):
+    (tmp_path / "loop.py").write_text(LOOP)
+    fresh = run(tmp_path, resume=False)
+    assert not [line for line in fresh if "nothing left" in line or "resuming" in line], fresh
+    assert (tmp_path / "ckpt" / "step-6" / "end").is_file()  # the job ended at its last save
+
+    rerun = run(tmp_path)
+    said = [i for i, line in enumerate(rerun) if line.startswith("p2plearn-run: resuming from step 6 of ")]
+    assert said and rerun[said[0]].endswith(", where the job that saved it ended: nothing left to train unless the "
+                                            "script goes further"), rerun
+    first_rank_line = min(i for i, line in enumerate(rerun) if re.match(r"\[\d\] ", line))
+    assert said[0] < first_rank_line, rerun  # said before any rank started
+    # the same command: rank 0 says it as it resumes, before the script's own lines after its loop, once
+    assert rerun.count(NOTHING_LEFT.format(6)) == 1, rerun
+    assert rerun.index(NOTHING_LEFT.format(6)) < rerun.index("[0] rank 0: done"), rerun
+    assert any(re.match(r"\[0\] p2plearn rank 0: 0 rounds", line) for line in rerun), rerun
+
+    # Another command (the same epochs, spelt out): no word as it resumes; at close, as before.
+    other = run(tmp_path, "2")
+    assert other.count(NOTHING_LEFT.format(6)) == 1, other
+    assert other.index(NOTHING_LEFT.format(6)) > other.index("[0] rank 0: done"), other
+
+    # More epochs: the launcher's word was "unless the script goes further"; it does, no rank says
+    # there was nothing left, and the old end goes with its step.
+    more = run(tmp_path, "3")
+    assert not [line for line in more if line.startswith("[") and "nothing left" in line], more
+    assert any(re.match(r"\[0\] p2plearn rank 0: 3 rounds", line) for line in more), more
+    assert not (tmp_path / "ckpt" / "step-6").exists() and (tmp_path / "ckpt" / "step-9" / "end").is_file()
