@@ -79,4 +79,4 @@ def test_the_end_of_a_finished_job_is_said_before_its_ranks_start_and_as_rank_0_
     more = run(tmp_path, "3")
     assert not [line for line in more if line.startswith("[") and "nothing left" in line], more
     assert any(re.match(r"\[0\] p2plearn rank 0: 3 rounds", line) for line in more), more
-    assert not (tmp_path / "ckpt" / "step-6").exists() and (tmp_path / "ckpt" / "step-9" / "end").is_file()
+    assert not (tmp_path / "ckpt" / "step-6" / "end").exists() and (tmp_path / "ckpt" / "step-9" / "end").is_file()
