@@ -162,8 +162,8 @@ def closing(optimizer: Any) -> None:
     if resumed is not None and resumed == optimizer.steps and not runtime.said_nothing_left:
         print(f"p2plearn: nothing left to train: the checkpoint at step {resumed} is the end", flush=True)
     elif runtime.said_nothing_left and optimizer.steps != resumed:
-        print(f"p2plearn: this run trained on past step {resumed} all the same (to step {optimizer.steps}): "
-              f"its loop goes by more than its command and script", flush=True)
+        print(f"p2plearn: trained on past step {resumed} after all (to step {optimizer.steps}): what ends this "
+              f"script's loop is not in its command alone", flush=True)
     if runtime.saved is not None and runtime.saved[1] == optimizer.steps:
         folder = Path(runtime.saved[0]) / f"step-{optimizer.steps}"
         tmp = folder / f".{END_FILE}.tmp"

@@ -18,7 +18,7 @@ summary of 40 lines ending in exit code 1, becomes that line and exit code 2 (`s
 which p2plearn's torch plugin installs in the ``torchrun`` process), after torchrun's log of the failure:
 
     (torchrun's log: a SIGTERM sent, a rank failed, no error file for the agent: 2-3 lines)
-    p2plearn: error: --sync: must be one of bsp, ssp, partitioned (got 'bogus' from P2PLEARN_SYNC) [torchrun: ranks 0, 1]
+    p2plearn: error: --sync: must be one of bsp, ssp, partitioned (got 'bogus' ...) [torchrun: ranks 0, 1]
 
 Without the plugin in torchrun's process (p2plearn on PYTHONPATH only, not installed; or
 ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``) torchrun's report stays, with the line in its summary.

@@ -7,10 +7,12 @@ import re
 import signal
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 from launch_helpers import ROOT
+from p2plearn import checkpoint
 
 # The checkpointed loop (README) on a tiny model; the number of epochs is its one argument.
 LOOP = """
@@ -80,3 +82,29 @@ def test_the_end_of_a_finished_job_is_said_before_its_ranks_start_and_as_rank_0_
     assert not [line for line in more if line.startswith("[") and "nothing left" in line], more
     assert any(re.match(r"\[0\] p2plearn rank 0: 3 rounds", line) for line in more), more
     assert not (tmp_path / "ckpt" / "step-6" / "end").exists() and (tmp_path / "ckpt" / "step-9" / "end").is_file()
+
+
+def closed(tmp_path, steps, saved_at, resumed=None, said=False):
+    """checkpoint.closing on rank 0 of an optimizer at ``steps`` whose last save was at ``saved_at``."""
+    (tmp_path / f"step-{saved_at}").mkdir(exist_ok=True)
+    runtime = SimpleNamespace(rank=0, saved=(str(tmp_path), saved_at), said_nothing_left=said)
+    checkpoint.closing(SimpleNamespace(runtime=runtime, steps=steps, resumed_step=resumed))
+    return checkpoint.ended(tmp_path, saved_at)
+
+
+def test_a_job_ends_where_it_closed_right_after_saving(tmp_path, capsys):
+    assert closed(tmp_path, steps=6, saved_at=6) == checkpoint.this_command()
+    assert closed(tmp_path, steps=7, saved_at=3) is None  # a step after the last save: not where it ended
+    assert capsys.readouterr().out == ""
+
+
+def test_a_rerun_that_trains_on_after_all_says_so(tmp_path, capsys):
+    """load said there was nothing left (same command); the loop went on all the same (its end is
+    in a file or a variable, not the command)."""
+    closed(tmp_path, steps=9, saved_at=9, resumed=6, said=True)
+    assert capsys.readouterr().out == ("p2plearn: trained on past step 6 after all (to step 9): what ends this "
+                                       "script's loop is not in its command alone\n")
+    closed(tmp_path, steps=6, saved_at=6, resumed=6, said=True)
+    assert capsys.readouterr().out == ""  # said as it resumed: not again
+    closed(tmp_path, steps=6, saved_at=6, resumed=6)
+    assert capsys.readouterr().out == "p2plearn: nothing left to train: the checkpoint at step 6 is the end\n"

@@ -40,7 +40,8 @@ def test_the_ranks_torchrun_stopped_after_the_first_failure_are_named(tmp_path):
 
 def test_distinct_setup_errors_are_a_line_each(tmp_path):
     other = "p2plearn: error: ckpt/step-6/rank-1.pt: saved by a job of 4 ranks, this one has 2"
-    assert report(tmp_path, (0, 2, LINE, 1), (1, 2, other, 2)) == f"{LINE} [torchrun: rank 0]\n{other} [torchrun: rank 1]"
+    expected = f"{LINE} [torchrun: rank 0]\n{other} [torchrun: rank 1]"
+    assert report(tmp_path, (0, 2, LINE, 1), (1, 2, other, 2)) == expected
 
 
 def test_any_other_failure_keeps_torchruns_report(tmp_path):
