@@ -3,7 +3,9 @@ needs neither root nor other hosts, the checkpointed loop run twice, the transpo
 documented command of an entry point names only flags that its ``--help`` lists.
 
 The quick start's ``make test`` is this suite, and ``make demo``'s command is the end-to-end run of
-``tests/train/test_mnist1d_e2e.py``; lines for launchers that are not installed (srun) are skipped.
+``tests/train/test_mnist1d_e2e.py``; srun's line runs in a one-node Slurm cluster of this machine that
+the test starts and stops (``tests/slurm_cluster.py``: root and Slurm's packages), and is skipped,
+with the reason, without them; lines for launchers that are not installed are skipped.
 """
 
 import contextlib
