@@ -19,8 +19,14 @@ Resuming and starting afresh, with the loop above (under any launcher)::
     rm -rf ckpt && p2plearn-run -np 4 -- python train.py   # starts afresh (or save to another directory)
 
 On resuming, rank 0 prints ``p2plearn: resuming from ckpt/step-S (epoch=E)``. A rerun of a job
-that had finished resumes from its last checkpoint, trains no step, and says so when the
-optimizer closes: ``p2plearn: nothing left to train: the checkpoint at step S is the end``.
+that had finished resumes from its last checkpoint and trains no step: when the optimizer of a
+job closes right after its last save, rank 0 marks that step as where the job ended (``DIR/step-S/end``:
+the command and its script's digest), so a rerun of the same command (same script, same arguments)
+says ``p2plearn: nothing left to train: the checkpoint at step S is the end`` as it resumes, before
+anything the script prints after its loop; a changed command resumes without that word, and says it
+when the optimizer closes having trained no step. ``p2plearn-run --resume`` names such a step
+before starting the ranks; it cannot know how far the script trains, so the ranks start all the
+same (with their loop done, they go straight to what follows it).
 A script that calls ``load(None, ...)`` resumes only when launched with ``p2plearn-run --resume
 DIR``, which checks DIR has a complete step saved by a job of this size before anything starts
 (`resumable`) and sets ``P2PLEARN_RESUME=DIR``. A script that never calls `load` trains from
@@ -45,8 +51,11 @@ loads only its optimizer's own state and the other objects.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +66,7 @@ _STEP = re.compile(r"step-(\d+)$")
 _RANK = re.compile(r"rank-(\d+)\.pt$")
 _SAVED = ("model", "optimizer", "rng", "world_size")  # what every checkpoint file holds
 _RESERVED = (*_SAVED, "allow_nonfinite")
+END_FILE = "end"  # in a step's folder: the job that saved it ended there (see the module's docstring)
 
 
 class CheckpointError(SetupError):
@@ -123,6 +133,44 @@ def skipped(directory: str | os.PathLike, world_size: int, newest: int) -> str |
             f"stopped while saving): skipped, resuming from step {newest}")
 
 
+def ended(directory: str | os.PathLike, step: int) -> dict[str, Any] | None:
+    """What ``DIR/step-S/end`` says (the command whose job ended at ``step``), or None: not marked."""
+    try:
+        return json.loads((Path(directory) / f"step-{step}" / END_FILE).read_text())
+    except (OSError, ValueError):
+        return None  # unmarked, or a marker half-written by a job killed meanwhile: as unmarked
+
+
+def this_command() -> dict[str, Any]:
+    """This process's command as an end marker holds it: the script's path and digest, its arguments."""
+    script = os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    try:
+        digest = hashlib.sha256(Path(script).read_bytes()).hexdigest()
+    except OSError:
+        digest = None  # python -c, an interactive session: no file to compare
+    return {"script": script, "sha256": digest, "args": sys.argv[1:]}
+
+
+def closing(optimizer: Any) -> None:
+    """At the optimizer's close: rank 0 says when this job trained nothing past the step it resumed
+    from (or, when `load` said so already and the script trained on after all, that it did), and marks
+    its last saved step as where the job ended when no step was taken after it."""
+    runtime = optimizer.runtime
+    if runtime.rank != 0:
+        return
+    resumed = optimizer.resumed_step
+    if resumed is not None and resumed == optimizer.steps and not runtime.said_nothing_left:
+        print(f"p2plearn: nothing left to train: the checkpoint at step {resumed} is the end", flush=True)
+    elif runtime.said_nothing_left and optimizer.steps != resumed:
+        print(f"p2plearn: trained on past step {resumed} after all (to step {optimizer.steps}): what ends this "
+              f"script's loop is not in its command alone", flush=True)
+    if runtime.saved is not None and runtime.saved[1] == optimizer.steps:
+        folder = Path(runtime.saved[0]) / f"step-{optimizer.steps}"
+        tmp = folder / f".{END_FILE}.tmp"
+        tmp.write_text(json.dumps(this_command()))
+        os.replace(tmp, folder / END_FILE)
+
+
 def save(directory: str | os.PathLike, model: Any, optimizer: Any, /, **objects: Any) -> Path:
     """Save this rank's checkpoint for the optimizer's current step; returns the file's path.
     Call it on every rank at the same point (e.g. the end of an epoch). ``objects``: anything
@@ -143,6 +191,7 @@ def save(directory: str | os.PathLike, model: Any, optimizer: Any, /, **objects:
     tmp = folder / f".rank-{runtime.rank}.pt.tmp"
     torch.save(state, tmp)
     os.replace(tmp, path)  # atomic: a file that exists is whole
+    runtime.saved = (os.fspath(directory), optimizer.steps)
     _prune(Path(directory), runtime.rank, runtime.world_size)
     return path
 
@@ -210,6 +259,9 @@ def load(directory: str | os.PathLike | None, model: Any, optimizer: Any, /, *, 
     if runtime.rank == 0:
         values = ", ".join(f"{name}={value}" for name, value in plain.items())
         print(f"p2plearn: resuming from {folder}" + (f" ({values})" if values else ""), flush=True)
+        if not optimizer.joined and ended(directory, newest) == this_command():
+            print(f"p2plearn: nothing left to train: the checkpoint at step {newest} is the end", flush=True)
+            runtime.said_nothing_left = True
     return plain
 
 
@@ -262,6 +314,7 @@ def _prune(root: Path, rank: int, world_size: int) -> None:
         if step < newest:
             folder = root / f"step-{step}"
             (folder / f"rank-{rank}.pt").unlink(missing_ok=True)
+            (folder / END_FILE).unlink(missing_ok=True)  # the job went on past that end
             try:
                 folder.rmdir()  # the last rank to prune removes the folder
             except OSError:

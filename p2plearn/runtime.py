@@ -100,6 +100,10 @@ class Runtime:
     files: JobFiles | None = None
     resume: str | None = None  # p2plearn-run --resume's directory (P2PLEARN_RESUME), for close() to check
     resumed_step: int | None = None  # set by p2plearn.checkpoint.load when this peer restored a checkpoint
+    # p2plearn.checkpoint's: (directory, step) of this rank's last save, where closing marks a job's end;
+    # and whether load said there was nothing left to train (closing then does not say it again)
+    saved: tuple[str, int] | None = None
+    said_nothing_left: bool = False
 
     def engine_host(self) -> str:
         """Where this peer's engine listens: the launcher's choice (testbed namespaces), loopback when

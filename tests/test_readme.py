@@ -3,9 +3,12 @@ needs neither root nor other hosts, the checkpointed loop run twice, the transpo
 documented command of an entry point names only flags that its ``--help`` lists.
 
 The quick start's ``make test`` is this suite, and ``make demo``'s command is the end-to-end run of
-``tests/train/test_mnist1d_e2e.py``; lines for launchers that are not installed (srun) are skipped.
+``tests/train/test_mnist1d_e2e.py``; srun's line runs in a one-node Slurm cluster of this machine that
+the test starts and stops (``tests/slurm_cluster.py``: root and Slurm's packages), and is skipped,
+with the reason, without them; lines for launchers that are not installed are skipped.
 """
 
+import contextlib
 import os
 import re
 import shlex
@@ -16,6 +19,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from slurm_cluster import one_node_cluster, why_not
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -50,6 +55,8 @@ def runnable(line: str) -> str | None:
         return "needs root"
     if "--hostfile" in line:
         return "needs other hosts"
+    if line.startswith("srun "):
+        return why_not()  # a one-node cluster of this machine, started for the test
     if shutil.which(line.split()[0], path=f"{BIN}:{os.environ.get('PATH', '')}") is None:
         return f"{line.split()[0]} is not installed"
     return None
@@ -70,31 +77,35 @@ def test_training_script_runs_as_written(line, tmp_path):
     # As a user's shell has it: no job variables, and no thread count (the Makefile exports one).
     env = {k: v for k, v in os.environ.items() if not k.startswith(("P2PLEARN_", "MASTER_", "OMP_", "OMPI_"))}
     env["PATH"] = f"{BIN}:{os.environ.get('PATH', '')}"
-    proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=900)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)  # launchers stop their ranks on SIGTERM
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+    with one_node_cluster(tmp_path / "slurm") if line.startswith("srun ") else contextlib.nullcontext({}) as cluster:
+        env.update(cluster)
+        proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+        try:
+            out, _ = proc.communicate(timeout=900)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)  # launchers stop their ranks on SIGTERM
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
     assert proc.returncode == 0, out[-4000:]
-    size = int(re.search(r"(?:-np|--nproc-per-node) (\d+)", line).group(1))
+    size = int(re.search(r"(?:-np|-n|--nproc-per-node) (\d+)", line).group(1))
     accuracy = {int(r): float(a) for r, a in re.findall(r"rank (\d+): test accuracy ([\d.]+)", out)}
     assert sorted(accuracy) == list(range(size)), out[-4000:]  # every rank ran once, on its own rank
     assert min(accuracy.values()) > 0.3, accuracy  # it learned (chance is 0.1)
     summaries = set(re.findall(r"p2plearn rank (\d+): \d+ rounds, \d+ merges", out))
     assert summaries == {str(r) for r in range(size)}, out[-4000:]  # each peer's one line at exit
     assert "Traceback" not in out and "Warning" not in out, out[-4000:]
+    # the ranks' torch threads fit the cores under every launcher (srun's ran 4.7x slower when they did not)
+    assert "torch threads each on" not in out, out[-4000:]
 
 
 @pytest.mark.slow
 def test_checkpointed_loop_runs_and_resumes_as_written(tmp_path):
-    """The loop's one command, run twice: it trains, then says there is nothing left to train."""
+    """The loop's one command, run twice: it trains, then says there is nothing left to train, first."""
     loop_section = section("A torch training loop, checkpointed")
     (tmp_path / "loop.py").write_text(blocks(loop_section, "python")[0])
     env = {k: v for k, v in os.environ.items() if not k.startswith(("P2PLEARN_", "MASTER_"))}
@@ -114,6 +125,9 @@ def test_checkpointed_loop_runs_and_resumes_as_written(tmp_path):
     step = re.search(r"resuming from ckpt/step-(\d+)", rerun)
     assert step and int(step.group(1)) > 0, rerun[-4000:]
     assert f"nothing left to train: the checkpoint at step {step.group(1)} is the end" in rerun, rerun[-4000:]
+    # said once, as rank 0 resumes: before what the script prints after its loop (it came after, at close)
+    assert rerun.count("nothing left to train") == 1, rerun[-4000:]
+    assert rerun.index("nothing left to train") < rerun.index("rank 0: test accuracy"), rerun[-4000:]
     # every epoch was saved, so the rerun trains nothing and ends as the first run did
     assert re.findall(r"rank 0: test accuracy ([\d.]+)", rerun) == [f"{accuracy[0]:.3f}"], rerun[-4000:]
     assert re.search(r"p2plearn rank 0: 0 rounds", rerun), rerun[-4000:]

@@ -26,8 +26,15 @@ BACKEND = "p2plearn"
 def register() -> None:
     """Make ``init_process_group("p2plearn")`` build a ProcessGroupP2P (idempotent; a torch built
     without distributed support has nothing to register with)."""
+    import os
+    import sys
+
     import torch.distributed as dist
 
+    if os.path.basename(sys.argv[0]) == "torchrun":  # its report of ranks that stopped on a setup mistake: one line
+        from p2plearn.rendezvous.errors import shorten_torchrun_report
+
+        shorten_torchrun_report()
     if dist.is_available() and BACKEND.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu"])
 

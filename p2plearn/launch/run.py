@@ -31,6 +31,8 @@ coordinator's plans; --report job.html writes a page of them at the end.
 Resuming: --resume DIR restarts a stopped job from the newest step that every rank saved in
 DIR with ``p2plearn.checkpoint.save`` (checked before anything starts); each peer's
 ``p2plearn.checkpoint.load(None, ...)`` then restores its model, optimizer and round clock from it.
+A step where the job that saved it ended is named so before the peers start (they still start:
+how far the script trains is the script's).
 
 Stopping: Ctrl-C or SIGTERM stops every peer (SIGTERM, then SIGKILL to each peer's process
 group) and the coordinator within 5 s. When a peer exits non-zero, one line says which rank, on
@@ -240,7 +242,9 @@ class Launcher:
             if self.args.resume:
                 newest = checkpoint.resumable(self.args.resume, len(slots))
                 partial = checkpoint.skipped(self.args.resume, len(slots), newest)
-                self.output.message(partial or f"resuming from step {newest} of {self.args.resume}")
+                self.output.message(partial or f"resuming from step {newest} of {self.args.resume}" + (
+                    ", where the job that saved it ended: nothing left to train unless the script goes further"
+                    if checkpoint.ended(self.args.resume, newest) else ""))
             chosen = os.environ.get(THREADS_VAR)  # the user's choice, for every host
             local_threads = chosen or self._share_threads(slots)
             store = torch_store(slots, self.args.advertise, testbed.address(0) if testbed else None)

@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch.optim import Optimizer
 
+from p2plearn import checkpoint
 from p2plearn.control import ControlError
 from p2plearn.protocols import DataChannel
 from p2plearn.runtime import Runtime, init
@@ -356,8 +357,7 @@ class DecentralizedOptimizer(Optimizer):
         try:
             self.flush()
         finally:
-            if self.runtime.rank == 0 and self.resumed_step == self.steps:
-                print(f"p2plearn: nothing left to train: the checkpoint at step {self.steps} is the end", flush=True)
+            checkpoint.closing(self)  # nothing left to train, said; a job's end marked at its last save
             print(f"p2plearn rank {self.runtime.rank}: {self.stats().summary()}", flush=True)
             if self.round_log is not None:
                 self.round_log.close()
