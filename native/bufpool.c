@@ -7,8 +7,8 @@
  * next message that fits it (at least its size, at most twice), so the pages stay mapped.
  *
  * What it keeps is bounded twice: by keep_limit (the engine passes its partial-message quota), and
- * by the most bytes it had handed out at once, so a job keeps no more than its own peak (its RSS is
- * flat across rounds, not larger). Small buffers (below POOL_MIN) go straight to malloc and free:
+ * so that what it keeps and what is handed out never exceed the most it had handed out at once: a
+ * job holds no more than its own peak (its RSS is flat across rounds, not larger). Small buffers (below POOL_MIN) go straight to malloc and free:
  * the allocator's heap already reuses them without faults.
  *
  * Threads: the I/O thread takes, whoever frees a delivery gives back (a Python thread), so the
@@ -31,7 +31,7 @@ struct held {
 struct bufpool {
     pthread_mutex_t mu;
     struct held *free;            /* under mu: buffers handed back, newest first; owned */
-    uint64_t kept, out, peak;     /* under mu: bytes in free, bytes handed out, most ever handed out */
+    uint64_t kept, out, peak;     /* under mu: bytes in free, bytes handed out, most ever handed out at once */
     uint64_t keep_limit;
     int refs;                     /* under mu: the owner's (until bufpool_close) + one per buffer out */
 };
@@ -54,6 +54,12 @@ static void pool_free(struct bufpool *pool) {
     free(pool);
 }
 
+/* With mu held: what the pool may keep (the limit, and its peak less what is handed out). */
+static uint64_t room(const struct bufpool *pool) {
+    uint64_t below_peak = pool->peak > pool->out ? pool->peak - pool->out : 0;
+    return below_peak < pool->keep_limit ? below_peak : pool->keep_limit;
+}
+
 /* With mu held: frees the oldest kept buffers until the pool keeps at most `limit` bytes. */
 static void trim(struct bufpool *pool, uint64_t limit) {
     while (pool->kept > limit) {
@@ -68,11 +74,12 @@ static void trim(struct bufpool *pool, uint64_t limit) {
 
 uint8_t *bufpool_take(struct bufpool *pool, uint64_t size) {
     if (size > SIZE_MAX - 2 * HEADER) return NULL;
+    uint64_t rounded = ((size + HEADER - 1) / HEADER) * HEADER;
     if (size < POOL_MIN) {
-        struct held *h = aligned_alloc(HEADER, HEADER + ((size + HEADER - 1) / HEADER) * HEADER);
+        struct held *h = aligned_alloc(HEADER, HEADER + rounded);
         if (!h) return NULL;
         h->pool = NULL;
-        h->size = size;
+        h->size = rounded;
         return (uint8_t *)h + HEADER;
     }
     pthread_mutex_lock(&pool->mu);
@@ -84,19 +91,27 @@ uint8_t *bufpool_take(struct bufpool *pool, uint64_t size) {
         h = *best;
         *best = h->next;
         pool->kept -= h->size;
+    } else {  /* none fits: the kept ones give way first, so that the new one stays within the peak */
+        pool->out += rounded;
+        trim(pool, room(pool));
+        pool->out -= rounded;
     }
+    uint64_t taken = h ? h->size : rounded;
+    pool->refs++;
+    pool->out += taken;
+    if (pool->out > pool->peak) pool->peak = pool->out;
     pthread_mutex_unlock(&pool->mu);
     if (!h) {
-        uint64_t rounded = ((size + HEADER - 1) / HEADER) * HEADER;
-        if (!(h = aligned_alloc(HEADER, HEADER + rounded))) return NULL;
+        if (!(h = aligned_alloc(HEADER, HEADER + rounded))) {
+            pthread_mutex_lock(&pool->mu);
+            pool->out -= rounded;
+            pool->refs--;  /* (never the last: the engine that takes holds the owner's reference) */
+            pthread_mutex_unlock(&pool->mu);
+            return NULL;
+        }
         h->size = rounded;
         h->pool = pool;
     }
-    pthread_mutex_lock(&pool->mu);
-    pool->refs++;
-    pool->out += h->size;
-    if (pool->out > pool->peak) pool->peak = pool->out;
-    pthread_mutex_unlock(&pool->mu);
     return (uint8_t *)h + HEADER;
 }
 
@@ -113,7 +128,7 @@ void bufpool_give(uint8_t *buf) {
     h->next = pool->free;
     pool->free = h;
     pool->kept += h->size;
-    trim(pool, pool->keep_limit < pool->peak ? pool->keep_limit : pool->peak);
+    trim(pool, room(pool));
     int last = --pool->refs == 0;
     if (last) trim(pool, 0);
     pthread_mutex_unlock(&pool->mu);
