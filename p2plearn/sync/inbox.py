@@ -25,7 +25,7 @@ MAX_STATES = 4        # model states kept unasked for, at least: one per sender 
 # closed or failed channel raises otherwise (TransportError, an OSError) and ends the round.
 UNUSABLE = (ValueError, TypeError, IndexError, KeyError, OverflowError, struct.error)
 
-Admit = Callable[[Delivery], "str | None"]  # why a delivery is not for this inbox's owner at all, else None
+Admit = Callable[[Delivery], str | None]  # why a delivery is not for this inbox's owner at all, else None
 Claim = Callable[[Delivery], bool]  # whether a waiting caller took the delivery (it is then not filed)
 Warn = Callable[[str, int], None]  # told once per (reason, sender) of a drop
 

@@ -32,7 +32,7 @@ class KeptMessages:
         self.sender_bytes = sender_bytes
         self.replace = replace
         self._by_id: dict[int, dict[int, list[Delivery]]] = {}
-        self._bytes: Counter[int] = Counter()  # per sender: the bytes of its kept deliveries
+        self._bytes: Counter[int] = Counter()  # per sender: the bytes of its kept deliveries (under a quota)
         self._count = 0
 
     def __len__(self) -> int:
@@ -49,17 +49,23 @@ class KeptMessages:
 
     def add(self, d: Delivery) -> str | None:
         """Keep ``d``; returns why a delivery was not kept (``d``, or the one it superseded), else None."""
-        kept = self._by_id.get(d.msg_id, {}).get(d.sender, [])
-        superseded = kept[0] if self.replace and len(kept) >= self.candidates else None
-        freed = _nbytes(superseded) if superseded is not None else 0
-        if (len(kept) >= self.candidates and not self.replace) or (
-                self.sender_bytes is not None and self._bytes[d.sender] - freed + _nbytes(d) > self.sender_bytes):
+        by_sender = self._by_id.get(d.msg_id)
+        kept = by_sender.get(d.sender) if by_sender is not None else None
+        full = kept is not None and len(kept) >= self.candidates
+        if full and not self.replace:
             return OVER_QUOTA
+        superseded = kept[0] if full else None
+        if self.sender_bytes is not None:  # (counted only under a quota: training's per-delivery cost stays low)
+            size = _nbytes(d)
+            if self._bytes[d.sender] + size - (_nbytes(superseded) if superseded is not None else 0) > self.sender_bytes:
+                return OVER_QUOTA
+            self._bytes[d.sender] += size
         if superseded is not None:
             self._forget(superseded)
             kept.pop(0)
-        self._by_id.setdefault(d.msg_id, {}).setdefault(d.sender, kept).append(d)
-        self._bytes[d.sender] += _nbytes(d)
+        elif kept is None:
+            kept = self._by_id.setdefault(d.msg_id, {}).setdefault(d.sender, [])
+        kept.append(d)
         self._count += 1
         return SUPERSEDED if superseded is not None else None
 
@@ -72,10 +78,11 @@ class KeptMessages:
         return got
 
     def _forget(self, d: Delivery) -> None:
-        self._bytes[d.sender] -= _nbytes(d)
-        if not self._bytes[d.sender]:
-            del self._bytes[d.sender]  # senders come and go: no entry stays for one that has nothing kept
         self._count -= 1
+        if self.sender_bytes is not None:
+            self._bytes[d.sender] -= _nbytes(d)
+            if not self._bytes[d.sender]:
+                del self._bytes[d.sender]  # senders come and go: no entry stays for one that has nothing kept
 
 
 def _nbytes(d: Delivery) -> int:
