@@ -61,8 +61,10 @@ class KeptMessages:
                 return OVER_QUOTA
             self._bytes[d.sender] += size
         if superseded is not None:
-            self._forget(superseded)
+            if self.sender_bytes is not None:
+                self._forget_bytes(superseded)
             kept.pop(0)
+            self._count -= 1
         elif kept is None:
             kept = self._by_id.setdefault(d.msg_id, {}).setdefault(d.sender, [])
         kept.append(d)
@@ -73,16 +75,16 @@ class KeptMessages:
         """Remove and return the deliveries of ``msg_id``: sender -> its deliveries, in arrival order."""
         got = self._by_id.pop(msg_id, {})
         for kept in got.values():
-            for d in kept:
-                self._forget(d)
+            self._count -= len(kept)
+            if self.sender_bytes is not None:
+                for d in kept:
+                    self._forget_bytes(d)
         return got
 
-    def _forget(self, d: Delivery) -> None:
-        self._count -= 1
-        if self.sender_bytes is not None:
-            self._bytes[d.sender] -= _nbytes(d)
-            if not self._bytes[d.sender]:
-                del self._bytes[d.sender]  # senders come and go: no entry stays for one that has nothing kept
+    def _forget_bytes(self, d: Delivery) -> None:
+        self._bytes[d.sender] -= _nbytes(d)
+        if not self._bytes[d.sender]:
+            del self._bytes[d.sender]  # senders come and go: no entry stays for one that has nothing kept
 
 
 def _nbytes(d: Delivery) -> int:
