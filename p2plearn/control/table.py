@@ -2,8 +2,8 @@
 
 Who is a member and under which session, when a silent member is declared dead (one phi-accrual
 detector per member, see ``detector``), which donor sends a joiner the model state, the slowest
-and fastest clocks, and the global view with its versions: every decision the coordinator makes
-is made here. Each change returns the broadcasts it calls for (``Publication``), in the order the
+and fastest clocks, and the global view with its versions (its inputs per rank and its
+publication rule in ``job_view``): every decision the coordinator makes is made here. Each change returns the broadcasts it calls for (``Publication``), in the order the
 coordinator must send them, and each request its reply; the coordinator (``Coordinator``) only
 receives, checks the fields, calls the table, publishes what it returns and replies.
 
@@ -14,32 +14,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from . import protocol as p
 from .detector import PhiAccrualDetector
-from .estimator import BandwidthEstimator
-from .fields import LOAD, Resume
+from .fields import Resume
+from .job_view import JobView
 from .membership import Member
 from .progress import Progress
-from .view import PLANNING_INPUTS, GlobalView, domains_from_reach, reach_of
+from .publication import Publication
+from .view import GlobalView
 
 log = logging.getLogger("p2plearn.control")
 
-VIEW_LEAD = 2        # a new view applies this many rounds after the fastest reported clock
 RANK_HEADROOM = 1024  # a new rank may exceed the job's size by at most this (the view has an entry per rank)
-
-
-@dataclass(frozen=True)
-class Publication:
-    """One broadcast to every client: ``{"type": kind, **body}``, with ``blobs`` (a view's arrays)."""
-
-    kind: str
-    body: dict[str, Any]
-    blobs: list[bytes] | None = None
 
 
 class MembershipTable:
@@ -66,31 +56,31 @@ class MembershipTable:
         self.heartbeat_interval = heartbeat_interval
         self.phi_threshold = phi_threshold
         self.startup_grace = startup_grace
-        self.term = term
-        self._estimator = BandwidthEstimator(rates)
+        self._job_view = JobView(world_size, rates, term)  # its inputs per rank, the versions published
         self._members: dict[int, Member] = {}
         self._sessions: dict[int, str | None] = {}  # None: presumed from a resume, not re-registered yet
         self._detectors: dict[int, PhiAccrualDetector] = {}
         self._awaiting_state: set[int] = set()  # joiners a donor was asked to send the state to
         self._resumed = False
-        self._size = world_size  # entries in the view: the highest rank ever seen + 1
         self._epoch = 0
         self._min_clock = 0
         self._max_clock = 0
-        self._message_bytes: dict[int, float] = {}
-        self._load: dict[int, dict[str, float]] = {}  # rank -> its latest reported load (fields.LOAD)
-        self._reach: dict[int, set[int]] = {}  # rank -> the ranks its multicast probe reached
-        self._links: dict[int, dict[int, dict[str, Any]]] = {}  # rank -> its last report's flows (for a monitor)
         self._last_loss: float | None = None
-        self._published: GlobalView | None = None
-        self._view_version = 0
-        self._view_from = 0
         # Broadcasts of the change under way, handed to the caller as it returns (``_done``).
         self._outbox: list[Publication] = []
         self.connections: dict[int, int] = {}  # connection id (a socket's fd) -> rank, from signed messages
         self.registrations = 0  # registrations served, ever
         self.most_members = 0  # the most members at once, ever
-        self.most_planned = 0  # the most receivers a published view planned, ever
+
+    @property
+    def term(self) -> int:
+        """The coordinator's incarnation, stamped on every view."""
+        return self._job_view.term
+
+    @property
+    def most_planned(self) -> int:
+        """The most receivers a published view planned, ever."""
+        return self._job_view.most_planned
 
     # -- what the coordinator reads --------------------------------------------------------------
 
@@ -118,27 +108,15 @@ class MembershipTable:
                         slowest=slowest.rank if slowest else None)
 
     def view(self) -> GlobalView:
-        """The view as things stand (the published one may plan with older inputs: ``_publish_view``)."""
-        alive = np.zeros(self._size, dtype=bool)
-        clock = np.zeros(self._size, dtype=np.int64)
-        for r, m in self._members.items():
-            # Planned as a receiver only once its engine is known: before that, a peer that knew
-            # the member but not its engine would skip it while the member waited for its message.
-            alive[r], clock[r] = m.engine is not None, m.clock
-        sizes = np.array([self._message_bytes.get(r, 0.0) for r in range(self._size)])
-        load = {name: np.array([self._load.get(r, {}).get(name, 0.0) for r in range(self._size)]) for name in LOAD}
-        reach = {r: self._reach[r] for r in self._members if r in self._reach}
-        return GlobalView(round=self._min_clock, alive=alive, clock=clock, message_bytes=sizes,
-                          mcast_domain=domains_from_reach(reach, self._size), term=self.term,
-                          version=self._view_version, from_round=self._view_from,
-                          **self._estimator.arrays(self._size), **load)
+        """The view as things stand (the published one may plan with older inputs: ``JobView.publish``)."""
+        return self._job_view.current(self._members, self._min_clock)
 
     def watch(self, now: float) -> dict[str, Any]:
         """What a monitor shows (``p2plearn.monitor``), a copy: the members, each one's suspicion
         (phi) at ``now`` and its last reported flows, the view, the progress, epoch and term. Taken
         every tick, so each member is a shallow copy of its fields (values), a tenth of ``members()``'s cost."""
         return {"members": {r: dict(vars(m)) for r, m in self._members.items()},
-                "phi": {r: d.phi(now) for r, d in self._detectors.items()}, "links": dict(self._links), "view": self.view(), "progress": self.progress(),
+                "phi": {r: d.phi(now) for r, d in self._detectors.items()}, "links": dict(self._job_view.links), "view": self.view(), "progress": self.progress(),
                 "epoch": self._epoch, "term": self.term}
 
     def tick(self) -> Publication:
@@ -164,15 +142,16 @@ class MembershipTable:
             if not join:
                 return self._done({"type": p.ERROR,
                                    "reason": "register needs a rank (only a joining peer may ask for one)"})
-        elif rank not in self._members and rank >= max(self._size, self.world_size) + RANK_HEADROOM:
-            return self._done({"type": p.ERROR, "reason": f"rank {rank} is far beyond the job's {self._size} ranks"})
+        elif rank not in self._members and rank >= max(self._job_view.size, self.world_size) + RANK_HEADROOM:
+            return self._done({"type": p.ERROR,
+                               "reason": f"rank {rank} is far beyond the job's {self._job_view.size} ranks"})
         if resume is not None and not self._resumed:
             self._adopt(resume)
         if rank is None:
             rank = next(r for r in range(len(self._members) + 1) if r not in self._members)
         if rank in self._members and self._sessions[rank] not in (None, session):
             return self._done({"type": p.ERROR, "reason": f"rank {rank} is already registered by another process"})
-        self._estimator.seed_link(rank, link_rate)  # sent with the engine's address
+        self._job_view.estimator.seed_link(rank, link_rate)  # sent with the engine's address
         known = self._members.get(rank)
         if known is not None and self._sessions[rank] is None and resume is None:
             # Presumed from a hand-over, but this is a new process (restarted): the one presumed is gone.
@@ -226,11 +205,7 @@ class MembershipTable:
             member.loss = self._last_loss = loss
         if step_time is not None:
             member.step_time = step_time
-        if message_bytes:
-            self._message_bytes[rank] = message_bytes
-        self._estimator.observe(member.rank, clock, links)
-        self._links[rank] = links
-        self._load[rank] = load
+        self._job_view.record(rank, clock, message_bytes, links, load)
         self._advance_clock()
         return self._done(None)
 
@@ -256,10 +231,11 @@ class MembershipTable:
             return self._done(_expelled())
         if not isinstance(reached, list) or not all(isinstance(j, int) and not isinstance(j, bool) for j in reached):
             raise TypeError(f"reached must be a list of ranks, got {str(reached)[:100]}")
-        out = [j for j in reached if not 0 <= j < self._size]
+        size = self._job_view.size
+        out = [j for j in reached if not 0 <= j < size]
         if out:
-            raise ValueError(f"reached ranks {out[:10]} are out of range (the job has ranks 0..{self._size - 1})")
-        self._reach[rank] = {j for j in reached if j in self._members and j != rank}
+            raise ValueError(f"reached ranks {out[:10]} are out of range (the job has ranks 0..{size - 1})")
+        self._job_view.reach[rank] = {j for j in reached if j in self._members and j != rank}
         self._publish_view()
         return self._done({"type": p.OK})
 
@@ -311,9 +287,7 @@ class MembershipTable:
         del self._sessions[rank], self._detectors[rank]
         self._awaiting_state.discard(rank)
         self.connections = {i: r for i, r in self.connections.items() if r != rank}
-        self._load.pop(rank, None)  # what it computed and received no longer loads anyone
-        self._links.pop(rank, None)
-        self._forget_reach(rank)
+        self._job_view.forget(rank)
         self._epoch += 1
         self._emit(p.MEMBER, event=event, epoch=self._epoch, member=member.to_dict())
         if not self._advance_clock():
@@ -323,11 +297,7 @@ class MembershipTable:
         self._resumed = True
         view = resume.view
         if view is not None:
-            self._estimator.seed({name: getattr(view, name) for name in
-                                  ("uplink", "downlink", "uplink_target", "downlink_target")})
-            self._size = max(self._size, view.size)
-            self._message_bytes.update({r: float(b) for r, b in enumerate(view.message_bytes) if b > 0})
-            self._reach = reach_of(view.mcast_domain)  # until peers report again: what the domains say
+            self._job_view.adopt(view)
         for member in resume.members:
             if member.rank not in self._members:
                 if view is not None and member.rank < view.size:
@@ -338,7 +308,7 @@ class MembershipTable:
                 # (clock 0: importing torch, say) may not look for seconds.
                 grace = self.startup_grace if member.clock == 0 else max(3.0, 6 * self.heartbeat_interval)
                 self._detectors[member.rank] = self._detector(grace)
-                self._size = max(self._size, member.rank + 1)
+                self._job_view.grow(member.rank)
         self._epoch = max(self._epoch, resume.epoch) + 1
         self._max_clock = max((m.clock for m in self._members.values()), default=0)
         self._min_clock = min((m.clock for m in self._members.values()), default=0)
@@ -355,7 +325,7 @@ class MembershipTable:
         self.most_members = max(self.most_members, len(self._members))
         # In its grace period until it reports a round: its first imports may stall it for seconds.
         self._detectors[rank] = self._detector(self.startup_grace)
-        self._size = max(self._size, rank + 1)
+        self._job_view.grow(rank)
         self._epoch += 1
         self._emit(p.MEMBER, event="join", epoch=self._epoch, member=member.to_dict())
         if donor is not None:
@@ -392,7 +362,7 @@ class MembershipTable:
             self._advance_clock()  # BSP peers far ahead wait on it, and report no round meanwhile
         if (engine and engine != known.engine) or (standby and standby != known.standby):
             if engine and engine != known.engine:
-                self._forget_reach(rank)  # the others' probes reached its old engine
+                self._job_view.forget_reach(rank)  # the others' probes reached its old engine
             known.engine = engine or known.engine
             known.standby = standby or known.standby
             self._epoch += 1
@@ -413,12 +383,6 @@ class MembershipTable:
         return PhiAccrualDetector(self.heartbeat_interval, threshold=self.phi_threshold,
                                   acceptable_pause=max(1.0, 2 * self.heartbeat_interval), grace=grace, warmup=None)
 
-    def _forget_reach(self, rank: int) -> None:
-        """``rank`` is gone or moved its engine: nobody's probe has reached it since."""
-        self._reach.pop(rank, None)
-        for reached in self._reach.values():
-            reached.discard(rank)
-
     def _advance_clock(self) -> bool:
         """Publish the slowest live clock when it moves, and with it the view (once per completed
         round); True if it moved."""
@@ -430,27 +394,14 @@ class MembershipTable:
         if low == self._min_clock:
             return False
         self._min_clock = low
-        self._estimator.close_round(low)
+        self._job_view.estimator.close_round(low)
         self._emit(p.CLOCK, min_clock=low)
         self._publish_view()
         return True
 
     def _publish_view(self) -> None:
-        """Push the view; a new version when a planning input changed materially (``plans_like``),
-        applying from a round the fastest peer has not planned yet (before the first round: from
-        round 0, unless a peer reported its multicast reach: it starts its rounds right after, while
-        others may still be probing); else the published version with its planning inputs, and what
-        else is new."""
-        view = self.view()
-        if view.plans_like(self._published):
-            view = replace(view, **{name: getattr(self._published, name) for name in PLANNING_INPUTS})
-        else:
-            self._view_version += 1
-            self._view_from = self._max_clock + VIEW_LEAD if self._max_clock or self._reach else 0
-            view = self.view()
-        self._published = view
-        self.most_planned = max(self.most_planned, int(view.alive.sum()))
-        header, blobs = view.to_blobs()
+        """Push the view (``JobView.publish`` says which version)."""
+        header, blobs = self._job_view.publish(self._members, self._min_clock, self._max_clock).to_blobs()
         self._emit(p.VIEW, blobs, view=header)
 
     def _emit(self, kind: str, blobs: list[bytes] | None = None, **body: Any) -> None:

@@ -373,7 +373,7 @@ def create(options: Any, backend_options: Any) -> ProcessGroupP2P:
         secret, job = runtime.secret, runtime.job_id
         # What a key holder can make this rank hold, sized by the job's largest message: what arrives
         # at once (every other rank's message of a collective, and of the next one) and what is
-        # kept of a faster rank's collectives ahead (Mailbox).
+        # kept of a faster rank's collectives ahead (the collectives' inbox).
         largest = int(runtime.options.max_message_mb * 2**20)
         arriving = 2 * max(size - 1, 1) * (largest + CHUNK_CLAIM)
         channel = Channel(host=runtime.engine_host(), sender_id=runtime.rank, job_id=job,

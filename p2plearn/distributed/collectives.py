@@ -20,16 +20,17 @@ Failures raise `CollectiveError` (a ``torch.distributed.DistBackendError``, as g
 the op, the rank(s) and the reason: a rank that left the job or was declared dead by it (within
 the control plane's detection time, ~1-2 s), a send a rank stopped acknowledging, a rank whose
 message does not match this rank's tensors, a message larger than the group's limit, the group's
-timeout. A message is taken only by the collective of its id, from its sender, with this rank's
-shapes and dtypes; any other is refused and counted (`Mailbox.refused`), so a key holder's forged
-messages cannot make a collective take the wrong data or desynchronise the group.
+timeout. Messages wait in training's `p2plearn.sync.inbox.Inbox`, in a window of AHEAD collectives
+(ids wrap around), at most CANDIDATES per id and sender and ``kept_bytes`` per sender. A message is
+taken only by the collective of its id, from its sender, with this rank's shapes and dtypes; any
+other is refused and counted (the group's ``stats()``: ``mailbox.refused``), so a key holder's
+forged messages cannot make a collective take the wrong data or desynchronise the group.
 """
 from __future__ import annotations
 
 import logging
 import socket
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -37,7 +38,8 @@ import torch.distributed as dist
 
 from p2plearn.selection import PACING_HEADROOM
 from p2plearn.sync.exchange import PartExchange, reduce_exact
-from p2plearn.sync.inbox import UNUSABLE
+from p2plearn.sync.inbox import Inbox
+from p2plearn.sync.kept import KeptMessages
 from p2plearn.sync.layout import PartLayout
 from p2plearn.sync.merge import Contribution
 from p2plearn.tolerance import RoundRecord
@@ -66,125 +68,6 @@ class CollectiveTimeout(CollectiveError):
 
 
 Fits = Callable[[int, Delivery], bool]  # whether a delivery from a sender is what the collective expects
-
-
-class Mailbox:
-    """Deliveries pulled off the channel, filed by (message id, sender) until a collective takes them.
-
-    A delivery is taken only by the collective of its message id, from a sender the collective
-    waits for, with the shapes and dtypes it expects. What a peer can make this one hold is bounded:
-    messages of at most AHEAD collectives ahead of the current one, at most CANDIDATES per id and
-    sender, at most ``kept_bytes`` per sender. Everything else is refused and counted in
-    ``refused`` by reason (and logged once per reason and sender); ``late`` counts messages of
-    collectives already over (the ends of lossy phases).
-    """
-
-    def __init__(self, channel: Channel, rank: int, world_size: int, kept_bytes: int) -> None:
-        self._channel = channel
-        self._rank = rank
-        self._world_size = world_size
-        self._kept_bytes = kept_bytes
-        self._kept: dict[tuple[int, int], list[Delivery]] = {}  # (message id, sender) -> candidates
-        self._bytes: Counter[int] = Counter()  # per sender: the bytes of its kept messages
-        self._current = 0  # the message id being collected: the window starts there
-        self.refused: Counter[str] = Counter()
-        self.late = 0
-        self._logged: set[tuple[str, int]] = set()
-
-    def collect(self, msg_id: int, senders: set[int], fits: Fits, until: float, what: str,
-                departed: Mapping[int, str]) -> dict[int, Delivery]:
-        """Message ``msg_id`` from each of ``senders`` that fits and arrives by ``until``
-        (monotonic s). Raises CollectiveError when one of them departed (``departed``: rank ->
-        why) or, MISMATCH_S after refusing a message of other shapes in its name, sent none that fits."""
-        self._advance(msg_id)
-        got: dict[int, Delivery] = {}
-        mismatched: dict[int, tuple[float, Delivery]] = {}  # sender -> (when, its first refused message)
-        for s in senders:
-            for d in self._kept.pop((msg_id, s), []):
-                self._bytes[s] -= _nbytes(d)
-                self._offer(d, fits, got, mismatched)
-        while len(got) < len(senders):
-            now = time.monotonic()
-            if any(s in departed for s in senders - set(got)):
-                # a rank that sent its message and then left (the end of a job) is not missing it:
-                # take what the engine already delivered before judging
-                while len(got) < len(senders) and (d := self._pull(0.0)) is not None:
-                    self._file(d, msg_id, senders, fits, got, mismatched)
-                _check_departed(what, senders - set(got), departed)
-            for s, (since, d) in mismatched.items():
-                if s not in got and now >= since + MISMATCH_S:
-                    raise CollectiveError(f"p2plearn: {what}: rank {s}'s message has shapes {_shapes(d)} "
-                                          f"({d.reason.name.lower()}), not this rank's: do all ranks call it with the "
-                                          f"same shapes and dtypes?")
-            left = until - now
-            if left <= 0:
-                break
-            d = self._pull(min(left, POLL_S))
-            if d is not None:
-                self._file(d, msg_id, senders, fits, got, mismatched)
-        return got
-
-    def _pull(self, timeout: float) -> Delivery | None:
-        try:
-            return self._channel.recv(timeout=timeout)
-        except UNUSABLE as exc:  # that delivery is lost, not the channel
-            self._refuse(f"undecodable ({type(exc).__name__})", -1)
-            return None
-
-    def _file(self, d: Delivery, msg_id: int, senders: set[int], fits: Fits, got: dict[int, Delivery],
-              mismatched: dict[int, tuple[float, Delivery]]) -> None:
-        """Offer a delivery to the collective of ``msg_id``, keep it for a later one, or refuse it."""
-        if not (0 <= d.sender < self._world_size) or d.sender == self._rank or d.msg_id >= IDS:
-            self._refuse("not a collective of this group", d.sender)
-        elif d.msg_id == msg_id:
-            if d.sender in senders:
-                self._offer(d, fits, got, mismatched)
-            else:
-                self._refuse("a sender this collective does not wait for", d.sender)
-        elif (msg_id - d.msg_id) % IDS < IDS // 2:
-            self.late += 1
-        else:
-            self._keep(d)
-
-    def _offer(self, d: Delivery, fits: Fits, got: dict[int, Delivery],
-               mismatched: dict[int, tuple[float, Delivery]]) -> None:
-        if d.sender in got:
-            self._refuse("a second message for one collective", d.sender)
-        elif fits(d.sender, d):
-            got[d.sender] = d
-        else:
-            self._refuse("shapes or dtypes of another collective", d.sender)
-            mismatched.setdefault(d.sender, (time.monotonic(), d))
-
-    def _keep(self, d: Delivery) -> None:
-        """A faster rank's message for a later collective, kept within the window and quotas."""
-        key = (d.msg_id, d.sender)
-        if (d.msg_id - self._current) % IDS > AHEAD * PHASES:
-            self._refuse(f"more than {AHEAD} collectives ahead", d.sender)
-        elif len(self._kept.get(key, ())) >= CANDIDATES or self._bytes[d.sender] + _nbytes(d) > self._kept_bytes:
-            self._refuse("over the quota of messages kept ahead", d.sender)
-        else:
-            self._kept.setdefault(key, []).append(d)
-            self._bytes[d.sender] += _nbytes(d)
-
-    def _advance(self, msg_id: int) -> None:
-        """Start collecting ``msg_id``: messages kept for earlier ids are late."""
-        self._current = msg_id
-        for key in [k for k in self._kept if (k[0] - msg_id) % IDS > AHEAD * PHASES]:
-            for d in self._kept.pop(key):
-                self._bytes[key[1]] -= _nbytes(d)
-                self.late += 1
-
-    def _refuse(self, reason: str, sender: int) -> None:
-        self.refused[reason] += 1
-        if (reason, sender) not in self._logged:
-            self._logged.add((reason, sender))
-            log.warning("p2plearn: rank %d refused a message in the name of rank %d: %s (counted in the group's "
-                        "stats())", self._rank, sender, reason)
-
-
-def _nbytes(d: Delivery) -> int:
-    return sum(a.nbytes for a in d.arrays) if d.arrays is not None else 0
 
 
 def _shapes(d: Delivery) -> str:
@@ -217,7 +100,7 @@ class Collectives:
     in the job (the group's membership fills it; this rank's own entry fails every collective);
     ``max_message_bytes``: the largest message a collective may send (the engines' limit: a larger
     one raises at once on every rank instead of being refused by the receiver's engine);
-    ``kept_bytes``: the `Mailbox`'s quota per sender.
+    ``kept_bytes``: the bytes of messages kept ahead per sender (the inbox's quota).
     """
 
     def __init__(self, channel: Channel, rank: int, world_size: int, engines: dict[int, tuple[str, int]],
@@ -232,7 +115,10 @@ class Collectives:
         self.timeout = timeout
         self.departed: Mapping[int, str] = {} if departed is None else departed
         self.max_message_bytes = max_message_bytes
-        self.mailbox = Mailbox(channel, rank, world_size, kept_bytes)
+        self._current = 0  # the message id being collected: the inbox's window starts there
+        self.mailbox = Inbox(channel, lambda: (self._current, self._current + AHEAD * PHASES), ids=IDS, state_flag=0,
+                             kept=KeptMessages(CANDIDATES, kept_bytes, replace=False), admit=self._admit,
+                             beyond=f"more than {AHEAD} collectives ahead", warn=self._warn)
         self.others = [r for r in range(world_size) if r != rank]
         self._layouts: dict[tuple[int, ...], PartLayout] = {}  # by the layers' sizes: DDP's buckets repeat
 
@@ -286,9 +172,60 @@ class Collectives:
                 stats.append(st)
         return stats
 
+    def _admit(self, d: Delivery) -> str | None:
+        """Why a delivery is no message of this group's collectives (None: it may be)."""
+        if not (0 <= d.sender < self.world_size) or d.sender == self.rank or d.msg_id >= IDS:
+            return "not a collective of this group"
+        return None
+
+    def _warn(self, reason: str, sender: int) -> None:
+        log.warning("p2plearn: rank %d refused a message in the name of rank %d: %s (counted in the group's stats())",
+                    self.rank, sender, reason)
+
     def _collect(self, msg_id: int, senders: set[int], fits: Fits, until: float, what: str) -> dict[int, Delivery]:
+        """Message ``msg_id`` from each of ``senders`` that fits and arrives by ``until``
+        (monotonic s). Raises CollectiveError when one of them departed (``self.departed``) or,
+        MISMATCH_S after refusing a message of other shapes in its name, sent none that fits."""
         _check_departed(what, [self.rank], self.departed)
-        return self.mailbox.collect(msg_id, senders, fits, until, what, self.departed)
+        self._current = msg_id
+        got: dict[int, Delivery] = {}
+        mismatched: dict[int, tuple[float, Delivery]] = {}  # sender -> (when, its first refused message)
+
+        def offer(d: Delivery) -> bool:
+            """Take a message of this collective (the inbox files the others)."""
+            if d.msg_id != msg_id:
+                return False
+            if d.sender not in senders:
+                self.mailbox.drop("a sender this collective does not wait for", d.sender)
+            elif d.sender in got:
+                self.mailbox.drop("a second message for one collective", d.sender)
+            elif fits(d.sender, d):
+                got[d.sender] = d
+            else:
+                self.mailbox.drop("shapes or dtypes of another collective", d.sender)
+                mismatched.setdefault(d.sender, (time.monotonic(), d))
+            return True
+
+        for d in self.mailbox.take(msg_id, msg_id):  # kept while this rank was behind; earlier ones are late
+            offer(d)
+        while len(got) < len(senders):
+            now = time.monotonic()
+            if any(s in self.departed for s in senders - set(got)):
+                # a rank that sent its message and then left (the end of a job) is not missing it:
+                # take what the engine already delivered before judging
+                while len(got) < len(senders) and self.mailbox.pump(0.0, offer):
+                    pass
+                _check_departed(what, senders - set(got), self.departed)
+            for s, (since, d) in mismatched.items():
+                if s not in got and now >= since + MISMATCH_S:
+                    raise CollectiveError(f"p2plearn: {what}: rank {s}'s message has shapes {_shapes(d)} "
+                                          f"({d.reason.name.lower()}), not this rank's: do all ranks call it with the "
+                                          f"same shapes and dtypes?")
+            left = until - now
+            if left <= 0:
+                break
+            self.mailbox.pump(min(left, POLL_S), offer)
+        return got
 
     def _receive(self, msg_id: int, senders: set[int], what: str, shapes: Callable[[int], list[np.ndarray]]
                  ) -> dict[int, list[np.ndarray]]:

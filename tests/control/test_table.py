@@ -7,7 +7,8 @@ import pytest
 from p2plearn.control import protocol as p
 from p2plearn.control.fields import Resume
 from p2plearn.control.membership import Member
-from p2plearn.control.table import RANK_HEADROOM, VIEW_LEAD, MembershipTable
+from p2plearn.control.job_view import VIEW_LEAD
+from p2plearn.control.table import RANK_HEADROOM, MembershipTable
 
 
 def register(table, rank, session=None, *, join=False, clock=0, resume=None, engine="auto", standby=None):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from p2plearn.sync.inbox import MAX_STATES, STATE_FLAG, Inbox
+from p2plearn.sync.kept import OVER_QUOTA, SUPERSEDED, KeptMessages
 from p2plearn.transport import Delivery, Reason, TransportError
 
 
@@ -84,3 +85,54 @@ def test_a_closed_channel_still_ends_the_wait():
 
     with pytest.raises(TransportError):
         Inbox(Closed(), lambda: (0, 20)).pump(0.0)
+
+
+def delivery(sender, msg_id, value=0.0, size=4):
+    return Delivery(sender=sender, msg_id=msg_id, arrays=[np.full(size, value, np.float32)], mask=np.ones(1, bool),
+                    reason=Reason.COMPLETE, source=("", 0), fractions=[1.0])
+
+
+class Deliveries:
+    """A channel that delivers the given deliveries, one per recv."""
+
+    def __init__(self, deliveries):
+        self.deliveries = list(deliveries)
+
+    def recv(self, timeout=None):
+        return self.deliveries.pop(0) if self.deliveries else None
+
+
+def test_ids_that_wrap_around_keep_the_window_and_count_the_late_and_those_too_far_ahead():
+    # ids 0..15 wrap around; the window is 14..18, i.e. 14, 15, 0, 1, 2
+    inbox = Inbox(Feed([13, 14, 15, 0, 2, 3, 6, 10]), lambda: (14, 18), ids=16, state_flag=0, beyond="too far")
+    inbox.drain()
+    assert inbox.late == 2 and inbox.drops == {"too far": 2}  # 13 and 10 late (behind by 1, 4); 3 and 6 beyond
+    assert inbox.dropped == 4 and inbox.newest == {}  # ids that wrap around have no newest
+    assert [d.msg_id for d in inbox.take(15, 15 + 2)] == [15, 0]  # 14 is before: counted late
+    assert inbox.late == 3 and [d.msg_id for d in inbox.take(2, 2)] == [2] and inbox.pending() == 0
+
+
+def test_candidates_per_id_and_sender_and_bytes_per_sender_are_bounded():
+    big = 4 * 4  # bytes of one delivery's arrays
+    kept = KeptMessages(candidates=2, sender_bytes=3 * big, replace=False)
+    arriving = [delivery(1, 5, v) for v in (1, 2, 3)] + [delivery(1, 6, 4), delivery(1, 7, 5), delivery(2, 5, 6)]
+    inbox = Inbox(Deliveries(arriving), lambda: (5, 9), kept=kept)
+    inbox.drain()
+    # sender 1: a third candidate for id 5 is refused, and its id 7 is over its 3 deliveries' bytes
+    assert inbox.refused == {OVER_QUOTA: 2} and inbox.pending() == 4
+    assert [d.arrays[0][0] for d in inbox.take(5, 5)] == [1, 2, 6]  # by sender, then arrival
+    inbox = Inbox(Deliveries([delivery(1, 5, 1), delivery(1, 5, 2)]), lambda: (5, 9))  # training: one, the newest
+    inbox.drain()
+    assert inbox.drops == {SUPERSEDED: 1} and [d.arrays[0][0] for d in inbox.take(5, 5)] == [2]
+
+
+def test_admitted_deliveries_are_claimed_by_a_waiting_caller_or_filed_and_each_drop_is_told_once():
+    warned = []
+    inbox = Inbox(Deliveries([delivery(0, 7), delivery(0, 8), delivery(1, 7), delivery(1, 8), delivery(2, 8)]),
+                  lambda: (7, 9), admit=lambda d: "own" if d.sender == 0 else None,
+                  warn=lambda reason, sender: warned.append((reason, sender)))
+    claimed = []
+    while inbox.pump(0.0, claim=lambda d: d.msg_id == 7 and not claimed.append(d.sender)):
+        pass
+    assert claimed == [1] and inbox.drops == {"own": 2} and warned == [("own", 0)]
+    assert [(d.sender, d.msg_id) for d in inbox.take(7, 9)] == [(1, 8), (2, 8)]
