@@ -8,6 +8,11 @@
 - eval_s: the test accuracy of one model on the given test set (the peers' `--eval-every`);
 - merge_s: the C merge of one received message into the model (`p2plearn.sync.merge`).
 
+`engine_cost()` measures, once per host, the engine's CPU per byte of a message moved (sending and
+receiving together: tags, copies, the receiver's buffers): two engines in this process on loopback,
+unpaced, ENGINE_ROUNDS messages of ENGINE_BYTES, the process CPU time over the bytes. The simulator
+charges it for peers that share a host's cores (`sim.hosts`).
+
 Each is the median of several timed blocks after a warm-up, so that one preempted block on a busy
 machine does not set it; a machine busier than when it was calibrated still runs its real steps
 slower (measure on a quiet host, or pass `recalibrate=True` there). The cache is a JSON file under
@@ -24,6 +29,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -32,6 +38,8 @@ from p2plearn.train.data import _cache_dir
 
 BLOCKS = 5   # timed blocks; the median is kept
 WARMUP = 5   # untimed steps first (allocator, caches)
+ENGINE_BYTES = 4_000_000  # a message of the engine's calibration: large, so a round's fixed cost is small
+ENGINE_ROUNDS = 5
 
 
 def cache_path() -> str:
@@ -49,6 +57,41 @@ def costs(model_factory: Callable[[], torch.nn.Module], name: str, batch_size: i
     result = _measure(model_factory, batch_size, x_test, y_test)
     _write(path, {**_read(path), key: result})
     return result
+
+
+def engine_cost(*, recalibrate: bool = False) -> float:
+    """CPU seconds per byte of a message moved by the engine, sender and receiver together (cached
+    per host and torch version, as `costs`)."""
+    key = f"engine per byte host {platform.node()}"
+    path = cache_path()
+    cached = _read(path)
+    if key in cached and not recalibrate:
+        return cached[key]
+    result = _measure_engine()
+    _write(path, {**_read(path), key: result})
+    return result
+
+
+def _measure_engine() -> float:
+    from p2plearn.transport import Channel  # the compiled engine: only when a co-located run asks for it
+
+    key = os.urandom(32)  # tags on, as in training
+    sender, receiver = Channel(sender_id=0, key=key), Channel(sender_id=1, key=key)
+    try:
+        message = [np.ones(ENGINE_BYTES // 4, np.float32)]
+        times = []
+        for rnd in range(WARMUP + ENGINE_ROUNDS):
+            cpu0 = time.process_time()
+            handle = sender.send(rnd, message, [(*receiver.address, 0.0)])
+            got = receiver.recv(timeout=30.0)
+            handle.wait()
+            if got is None or not got.complete:
+                raise RuntimeError("the engine's calibration message did not arrive whole within 30 s")
+            times.append(time.process_time() - cpu0)
+        return statistics.median(times[WARMUP:]) / ENGINE_BYTES
+    finally:
+        sender.close()
+        receiver.close()
 
 
 def _median_block(run: Callable[[], None], per_block: int) -> float:

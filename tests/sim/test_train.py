@@ -13,7 +13,7 @@ import torch
 from p2plearn.sim.__main__ import main
 from p2plearn.sim.replicas import Replicas
 from p2plearn.sim.links import LinkSchedule
-from p2plearn.sim.train import peer_batches
+from p2plearn.sim.batches import peer_batches
 from p2plearn.topology import Topology, heterogeneous, microburst
 from p2plearn.train.data import Dataset, dirichlet_shards, shard
 
