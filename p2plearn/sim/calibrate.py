@@ -11,7 +11,10 @@
 `engine_cost()` measures, once per host, the engine's CPU per byte of a message moved (sending and
 receiving together: tags, copies, the receiver's buffers): two engines in this process on loopback,
 unpaced, ENGINE_ROUNDS messages of ENGINE_BYTES, the process CPU time over the bytes. The simulator
-charges it for peers that share a host's cores (`sim.hosts`).
+charges it for peers that share a host's cores (`sim.hosts`), with `round_cost()`: a round's CPU work
+per peer beyond its bytes (planning, encoding, the engine's handshakes, the report to the coordinator
+and the coordinator's share, the merge of a tiny model), measured with two BSP peers as threads of
+this process on loopback, every one sending to the other, ROUND_ROUNDS rounds after a warm-up.
 
 Each is the median of several timed blocks after a warm-up, so that one preempted block on a busy
 machine does not set it; a machine busier than when it was calibrated still runs its real steps
@@ -24,8 +27,10 @@ from __future__ import annotations
 import json
 import os
 import platform
+import secrets
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 
@@ -40,6 +45,7 @@ BLOCKS = 5   # timed blocks; the median is kept
 WARMUP = 5   # untimed steps first (allocator, caches)
 ENGINE_BYTES = 4_000_000  # a message of the engine's calibration: large, so a round's fixed cost is small
 ENGINE_ROUNDS = 5
+ROUND_ROUNDS = 40
 
 
 def cache_path() -> str:
@@ -92,6 +98,57 @@ def _measure_engine() -> float:
     finally:
         sender.close()
         receiver.close()
+
+
+def round_cost(*, recalibrate: bool = False) -> float:
+    """CPU seconds of a round's fixed work per peer (cached per host, as `engine_cost`)."""
+    key = f"round per peer host {platform.node()}"
+    path = cache_path()
+    cached = _read(path)
+    if key in cached and not recalibrate:
+        return cached[key]
+    result = _measure_round()
+    _write(path, {**_read(path), key: result})
+    return result
+
+
+def _measure_round() -> float:
+    from p2plearn.control import Client, Coordinator  # a real job's parts: only when a co-located run asks
+    from p2plearn.sync import BSP
+    from p2plearn.tolerance import Layer, make_tolerance
+    from p2plearn.transport import Channel
+
+    secret, data_key = secrets.token_hex(16), os.urandom(32)
+    coordinator = Coordinator("calibrate", secret, heartbeat=0.2, startup_grace=1.0).start()
+    parts: list = []
+    try:
+        peers = []
+        for rank in range(2):
+            channel = Channel(sender_id=rank, key=data_key)
+            parts.append(channel)
+            client = Client(coordinator.address, "calibrate", secret, rank=rank, connect_timeout=5.0)
+            parts.append(client)
+            client.register(channel.address)
+            peers.append(BSP([np.zeros(256, np.float32)], [Layer("w", 256, 1024, 0)], channel, client,
+                             selection="all", fanout=1, seed=0, tolerance=make_tolerance("fixed")))
+        for peer in peers:
+            peer.client.wait_members(2, 5.0, receiving=True)
+
+        def rounds(count: int) -> None:
+            threads = [threading.Thread(target=lambda p=peer: [p.step() for _ in range(count)]) for peer in peers]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+
+        rounds(WARMUP)
+        cpu0 = time.process_time()
+        rounds(ROUND_ROUNDS)
+        return (time.process_time() - cpu0) / (ROUND_ROUNDS * len(peers))
+    finally:
+        for part in parts:
+            part.close()
+        coordinator.stop()
 
 
 def _median_block(run: Callable[[], None], per_block: int) -> float:

@@ -65,7 +65,7 @@ from p2plearn.options import Options
 from p2plearn.selection import NetworkView
 from p2plearn.selection.view import DATAGRAM_DATA
 from p2plearn.sim.batches import peer_steps
-from p2plearn.sim.calibrate import costs, engine_cost
+from p2plearn.sim.calibrate import costs, engine_cost, round_cost
 from p2plearn.sim.control import VirtualControl, round_load
 from p2plearn.sim.hosts import Hosts
 from p2plearn.sim.links import LinkSchedule
@@ -156,11 +156,14 @@ class VirtualTraining:
         rng = np.random.default_rng(settings.seed)
         self.speed = np.exp(rng.normal(0.0, settings.compute_spread, self.n)) if settings.compute_spread \
             else np.ones(self.n)
-        self.hosts = Hosts(settings.colocate, settings.hosts, engine_cost() if settings.colocate else 0.0)
-        stretch = self.hosts.stretch(self.n)  # co-located peers share their host's cores
-        self.step_s = self.costs["step_s"] * self.speed * stretch
-        self.eval_s = self.costs["eval_s"] * stretch
+        self.hosts = Hosts(settings.colocate, settings.hosts, *((engine_cost(), round_cost()) if settings.colocate else ()))
+        # co-located peers share their host's cores; a given step or evaluation time is one measured
+        # where the peers ran (a real run's), taken as it is
+        stretch = self.hosts.stretch(self.n)
+        self.step_s = self.costs["step_s"] * self.speed * (stretch if settings.step_s is None else 1.0)
+        self.eval_s = self.costs["eval_s"] * (stretch if settings.eval_s is None else 1.0)
         self.receive_s = stretch * self.hosts.receive_s(self.costs["merge_s"], self.message_bytes, self.replica_bytes)
+        self.round_s = self.hosts.round_s(self.n)
         self.mask_rng = np.random.default_rng(settings.seed + 1)
         # what a receiver's engine hands over of a flow's encoded message (compressed, filtered or
         # partitioned): drawn with the mask generator; a test replays what real engines delivered
@@ -269,6 +272,7 @@ class VirtualTraining:
         """Round `rnd`, every peer sending once its compute is done (at `clock`): its transfers, each
         peer's merge of what it takes, and the clocks after them; the deliveries still pending.
         messages[rnd] is where the round's messages go."""
+        clock = clock + self.round_s  # the round's fixed work before the send (co-located peers only)
         np.copyto(messages[rnd], self.replicas.numpy())
         sizes = np.full(self.n, self.message_bytes) if self.messages is None else \
             self.messages.encode(rnd, self.replicas.numpy())

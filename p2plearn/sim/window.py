@@ -30,7 +30,7 @@ class VirtualWindow:
     def __init__(self, n: int, rule: MergeWindow):
         self.rule = rule
         self.n = n
-        self.recent: list[list[float]] = [[] for _ in range(n)]  # per peer, its last round times (oldest first)
+        self.recent = np.full((n, RECENT_ROUNDS), np.nan)  # per peer, its last round times (oldest first; nan: none)
         self.reported: dict[int, np.ndarray] = {}  # round r -> when each peer reported the clock r + 1
 
     def round(self, rnd: int, start: np.ndarray, sends_done: np.ndarray, flows: dict[str, np.ndarray],
@@ -48,15 +48,15 @@ class VirtualWindow:
         else:
             last = start.copy()  # a peer without senders waits for none
             np.maximum.at(last, flows["dst"].astype(int), flows["arrival"])
-            deadlines = np.broadcast_to(np.asarray(np.inf if deadline is None else deadline, dtype=float), (self.n,))
-            limit = np.array([self.rule.wait_limit(d if np.isfinite(d) else None, self.recent[i], joined=False,
-                                                   planned_s=planned_s) for i, d in enumerate(deadlines.tolist())])
+            deadlines = np.broadcast_to(np.asarray(np.nan if deadline is None else deadline, dtype=float), (self.n,))
+            limit = self.rule.wait_limits(np.where(np.isfinite(deadlines), deadlines, np.nan), self.recent,
+                                          joined=False, planned_s=planned_s)
             waited = np.minimum(last, start + limit)
             held = np.maximum(waited, np.minimum(reached, waited + self.rule.round_cap_s))
             report = np.maximum(held, sends_done)
             merge_at = report
-        for i, elapsed in enumerate((report - start).tolist()):
-            self.recent[i] = [*self.recent[i][1 - RECENT_ROUNDS:], elapsed]
+        self.recent[:, :-1] = self.recent[:, 1:]
+        self.recent[:, -1] = report - start
         self.reported[rnd] = report
         self.reported.pop(rnd + self.rule.hold_target(0) - 1, None)  # the next round's target is past it
         return merge_at

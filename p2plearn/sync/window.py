@@ -73,14 +73,23 @@ class MergeWindow:
         a running job waits a few of the plan's T (`planned_s`). A sender that planned its round
         with the view before the joiner's does not send to it, and waiting the cap for one cost a
         restarted peer 30 s of a 12 s run on a loaded machine."""
-        if deadline:
-            return min(self.round_cap_s, LATE_SENDER * deadline + GRACE_S)
-        recent = recent[-RECENT_ROUNDS:]
-        if len(recent) < TYPICAL_AFTER:
-            if not joined:
-                return self.round_cap_s
-            return min(self.round_cap_s, max(JOINER_WAIT_S, LATE_SENDER * planned_s + GRACE_S))
-        return min(self.round_cap_s, max(MIN_WAIT_S, LATE_SENDER * float(np.median(recent)) + GRACE_S))
+        row = np.full((1, RECENT_ROUNDS), np.nan)
+        tail = list(recent)[-RECENT_ROUNDS:]
+        row[0, RECENT_ROUNDS - len(tail):] = tail
+        return float(self.wait_limits(np.array([deadline or np.nan]), row, joined=joined, planned_s=planned_s)[0])
+
+    def wait_limits(self, deadlines: np.ndarray, recent: np.ndarray, *, joined: bool, planned_s: float) -> np.ndarray:
+        """`wait_limit` of many peers at once (the simulator's): deadlines [n] (nan or 0: none), recent
+        [n, k] each peer's last round times (nan where it has none yet)."""
+        recent = recent[:, -RECENT_ROUNDS:]
+        typical = np.count_nonzero(~np.isnan(recent), axis=1) >= TYPICAL_AFTER
+        median = np.full(len(recent), np.nan)
+        median[typical] = np.nanmedian(recent[typical], axis=1)  # rows of TYPICAL_AFTER values or more
+        first = min(self.round_cap_s, max(JOINER_WAIT_S, LATE_SENDER * planned_s + GRACE_S)) if joined else self.round_cap_s
+        without = np.where(typical, np.maximum(MIN_WAIT_S, LATE_SENDER * median + GRACE_S), first)
+        has_deadline = np.nan_to_num(deadlines) > 0
+        return np.minimum(self.round_cap_s, np.where(has_deadline, LATE_SENDER * np.nan_to_num(deadlines) + GRACE_S,
+                                                     without))
 
     @staticmethod
     def stands_in(target: int, *, clock_current: bool, newest_heard: int, now: float, until: float) -> bool:

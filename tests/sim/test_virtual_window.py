@@ -41,10 +41,12 @@ def test_ssp_merges_when_the_slowest_peer_finished_round_r_minus_s_and_fails_pas
 
 
 def test_peers_sharing_a_hosts_cores_take_longer_and_pay_the_engine_to_receive():
-    own = Hosts()
+    own = Hosts(engine_s_per_byte=1e-9, round_cpu_s=0.005)
     assert own.stretch(16).tolist() == [1.0] * 16 and own.receive_s(0.01, 4e6, 1e6) == 0.01
-    shared = Hosts(cores=2, hosts=2, engine_s_per_byte=1e-9)
+    assert own.round_s(16).tolist() == [0.0] * 16
+    shared = Hosts(cores=2, hosts=2, engine_s_per_byte=1e-9, round_cpu_s=0.005)
     assert shared.stretch(16).tolist() == [4.0] * 16  # 8 peers on each host's 2 cores
+    assert shared.round_s(16).tolist() == [0.02] * 16
     assert shared.stretch(3).tolist() == [1.0, 1.0, 1.0]
     assert shared.receive_s(0.01, 4e6, 1e6) == pytest.approx(0.04 + 4e-3)
     with pytest.raises(ValueError, match="at least one host"):
