@@ -40,10 +40,10 @@ i.i.d. or `--dirichlet ALPHA`), and its own virtual clock:
 - `--sync partitioned`: training's round (`sync.exchange.PartExchange`, with `--compress` too): its two
   phases (scatter to each part's aggregator, gather of the averaged parts), each on the flow-level
   simulator, with training's layout (`sim.partitioned`).
-Rounds of the lock-stepped replicas are taken in order, which is causal. Approximations (said in every result's `model` field): the flows of one round share the links
-among themselves, not with an overlapping round's (SSP); a flow's loss is its receiver's at the
-round's start; the plan and pacing do not follow a burst that begins mid-round (the view lags it,
-as live); the message is one bucket.
+Rounds of the lock-stepped replicas are taken in order, which is causal. Approximations (said in
+every result's `model` field): the flows of one round share the links among themselves, not with an
+overlapping round's (SSP); a flow's loss is its receiver's at the round's start; the plan and pacing
+do not follow a burst that begins mid-round (the view lags it, as live); the message is one bucket.
 
 Not simulated yet (refused with a message): --overlap, --transport-mode other than unicast,
 --fragments, --tolerance layerwise with --compress, --filter value or --sync partitioned. Training's
