@@ -3,8 +3,8 @@
     python experiments/sim_train_validation.py [--quick] [--seeds N] [--out DIR]
 
 The real runs are the ones already measured and stored in experiments/results/ (same settings,
-same seeds), each replayed here in virtual time: the cases of `p2plearn.sim.validate_train` (the
-16-peer one co-located, `--colocate 2`).
+same seeds), each replayed here in virtual time: the cases of `p2plearn.sim.validate_train` (co-located,
+`--colocate 2`, as the real peers shared this machine's 2 cores).
 Two clocks per case: "calibrated" (this machine's single-process step time, as measured now) and
 "real compute" (`--step-ms` = the real rank 0's measured computation / its steps: the CPU share
 the real peers had, 4-16 processes on 2 cores; `--eval-ms 0`, since that measurement, all the
