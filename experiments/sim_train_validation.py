@@ -3,13 +3,8 @@
     python experiments/sim_train_validation.py [--quick] [--seeds N] [--out DIR]
 
 The real runs are the ones already measured and stored in experiments/results/ (same settings,
-same seeds), each replayed here in virtual time:
-- homogeneous-4, heterogeneous-4: time_to_accuracy.csv, "bsp, selmcast p=1, period 16" (testbed;
-  MLP 1536, batch 128, 10 epochs, evaluation every 8 steps; targets 50% and 60%);
-- heterogeneous-8: selmcast_vs_random.csv, BSP selmcast p=2, period 1 (`--emulate`; CNN width 64,
-  6 epochs, evaluation per epoch; target 60%);
-- heterogeneous-16-steady: multicast_16_steady.csv, BSP selmcast p=1 unicast, period 4 (testbed;
-  CNN width 64, Dirichlet 0.1, 10 epochs, evaluation every 8 steps; target 50%).
+same seeds), each replayed here in virtual time: the cases of `p2plearn.sim.validate_train` (co-located,
+`--colocate 2`, as the real peers shared this machine's 2 cores).
 Two clocks per case: "calibrated" (this machine's single-process step time, as measured now) and
 "real compute" (`--step-ms` = the real rank 0's measured computation / its steps: the CPU share
 the real peers had, 4-16 processes on 2 cores; `--eval-ms 0`, since that measurement, all the
@@ -26,52 +21,14 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import common as c
 
-from p2plearn.sim.__main__ import main as sim_main
+from p2plearn.sim.validate_train import CASES, real_rows, real_step_ms, virtual
 
 NAME = "sim_train_validation"
-CASES = [
-    {"topology": "homogeneous-4", "source": "time_to_accuracy", "pick": {"topology": "homogeneous-4",
-                                                                        "settings": "bsp, selmcast p=1, period 16"},
-     "flags": ["--sync", "bsp", "--selection", "selmcast", "--fanout", "1", "--period", "16", "--model", "mlp",
-               "--hidden", "1536", "--batch-size", "128", "--epochs", "10", "--samples", "12000", "--eval-every", "8"],
-     "targets": {0.5: "tta_0.5", 0.6: "tta_0.6"}},
-    {"topology": "heterogeneous-4", "source": "time_to_accuracy", "pick": {"topology": "heterogeneous-4",
-                                                                          "settings": "bsp, selmcast p=1, period 16"},
-     "flags": ["--sync", "bsp", "--selection", "selmcast", "--fanout", "1", "--period", "16", "--model", "mlp",
-               "--hidden", "1536", "--batch-size", "128", "--epochs", "10", "--samples", "12000", "--eval-every", "8"],
-     "targets": {0.5: "tta_0.5", 0.6: "tta_0.6"}},
-    {"topology": "heterogeneous-8", "source": "selmcast_vs_random", "pick": {"sync": "bsp", "selection": "selmcast"},
-     "flags": ["--sync", "bsp", "--selection", "selmcast", "--fanout", "2", "--period", "1", "--model", "cnn",
-               "--width", "64", "--epochs", "6", "--samples", "12000"],
-     "targets": {0.6: "tta_s"}},
-    {"topology": "heterogeneous-16-steady", "source": "multicast_16_steady",
-     "pick": {"sync": "bsp", "selection": "selmcast", "transport_mode": "unicast"},
-     "flags": ["--sync", "bsp", "--selection", "selmcast", "--fanout", "1", "--period", "4", "--model", "cnn",
-               "--width", "64", "--epochs", "10", "--samples", "12000", "--dirichlet", "0.1", "--eval-every", "8"],
-     "targets": {0.5: "tta_s"}},
-]
-
-
-def real_rows(case: dict) -> list[dict]:
-    with open(c.ROOT / "experiments" / "results" / f"{case['source']}.csv") as f:
-        rows = [r for r in csv.DictReader(f) if all(r[k] == v for k, v in case["pick"].items())]
-    return sorted(rows, key=lambda r: int(r["seed"]))
-
-
-def virtual(case: dict, seed: int, step_ms: float | None) -> dict:
-    with tempfile.TemporaryDirectory(prefix="p2psim-") as tmp:
-        out = Path(tmp) / "run.json"
-        argv = ["train", "--topology", f"topology/{case['topology']}.json", *case["flags"], "--seed", str(seed),
-                "--json", str(out), *(["--step-ms", f"{step_ms:.6g}", "--eval-ms", "0"] if step_ms else [])]
-        if sim_main(argv) != 0:
-            raise SystemExit(f"p2plearn-sim {' '.join(argv)} failed")
-        return json.loads(out.read_text())
 
 
 def extra_flags(ap) -> None:
@@ -95,8 +52,7 @@ def main(argv: list[str] | None = None) -> None:
         for real in real_rows(case)[:seeds]:
             seed = int(real["seed"])
             history = json.loads(real["history"])
-            steps = history_steps(case, real)
-            for clock, step_ms in (("calibrated", None), ("real compute", 1000 * float(real["compute_s"]) / steps)):
+            for clock, step_ms in (("calibrated", None), ("real compute", real_step_ms(case, real))):
                 print(f"  {case['topology']} seed {seed} {clock} ...", file=sys.stderr, flush=True)
                 sim = virtual(case, seed, step_ms)
                 row = {"topology": case["topology"], "clock": clock, "seed": seed, "step_ms": 1000 * sim["costs"]["step_s"],
@@ -127,12 +83,6 @@ def _number(text: str):
         return float(text)
     except ValueError:
         return text
-
-
-def history_steps(case: dict, real: dict) -> int:
-    """Local steps of the real rank 0: rounds x period (every step of these runs is in a round)."""
-    period = int(case["flags"][case["flags"].index("--period") + 1])
-    return int(real["rounds"]) * period
 
 
 def write(out: Path, rows: list[c.Row], cases: list[dict], name: str) -> None:

@@ -79,6 +79,12 @@ def parser() -> argparse.ArgumentParser:
     sim.add_argument("--report", metavar="FILE",
                      help="write the run's page (loss curves, each peer's time split, the plan over time; see "
                           "docs/monitor.md) from --log-dir, or from a temporary one without it (default: none)")
+    sim.add_argument("--colocate", type=int, default=0, metavar="CORES",
+                     help="peers share hosts of CORES cores each: their compute and receive work (the engine's, "
+                          "calibrated once, and the merge) serialised over them, as a testbed on one machine "
+                          "(default: 0, every peer on a host of its own)")
+    sim.add_argument("--hosts", type=int, default=1, metavar="N",
+                     help="with --colocate: the hosts the peers share, rank r on host r mod N (default: 1)")
     sim.add_argument("--threads", type=int, default=1,
                      help="torch threads stepping the replicas; the calibrated step time stays one thread's "
                           "(default: %(default)s)")
@@ -125,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                         message_bytes=args.message_bytes, compute_spread=args.compute_spread,
                         step_s=args.step_ms / 1000 if args.step_ms else None,
                         eval_s=args.eval_ms / 1000 if args.eval_ms is not None else None, batched=not args.sequential,
-                        recalibrate=args.recalibrate, threads=args.threads)
+                        recalibrate=args.recalibrate, threads=args.threads, colocate=args.colocate, hosts=args.hosts)
     name = f"cnn-{args.width}" if args.model == "cnn" else f"mlp-{args.hidden}"
     print(f"p2plearn-sim: {ranks} virtual peers of {name} on {topology.name}: preparing the data, the replicas and "
           f"the step time ({'given' if args.step_ms else 'calibrated once per model, then cached'})",

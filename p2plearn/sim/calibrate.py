@@ -8,6 +8,14 @@
 - eval_s: the test accuracy of one model on the given test set (the peers' `--eval-every`);
 - merge_s: the C merge of one received message into the model (`p2plearn.sync.merge`).
 
+`engine_cost()` measures, once per host, the engine's CPU per byte of a message moved (sending and
+receiving together: tags, copies, the receiver's buffers): two engines in this process on loopback,
+unpaced, ENGINE_ROUNDS messages of ENGINE_BYTES, the process CPU time over the bytes. The simulator
+charges it for peers that share a host's cores (`sim.hosts`), with `round_cost()`: a round's CPU work
+per peer beyond its bytes (planning, encoding, the engine's handshakes, the report to the coordinator
+and the coordinator's share, the merge of a tiny model), measured with two BSP peers as threads of
+this process on loopback, every one sending to the other, ROUND_ROUNDS rounds after a warm-up.
+
 Each is the median of several timed blocks after a warm-up, so that one preempted block on a busy
 machine does not set it; a machine busier than when it was calibrated still runs its real steps
 slower (measure on a quiet host, or pass `recalibrate=True` there). The cache is a JSON file under
@@ -19,11 +27,14 @@ from __future__ import annotations
 import json
 import os
 import platform
+import secrets
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -32,6 +43,9 @@ from p2plearn.train.data import _cache_dir
 
 BLOCKS = 5   # timed blocks; the median is kept
 WARMUP = 5   # untimed steps first (allocator, caches)
+ENGINE_BYTES = 4_000_000  # a message of the engine's calibration: large, so a round's fixed cost is small
+ENGINE_ROUNDS = 5
+ROUND_ROUNDS = 40
 
 
 def cache_path() -> str:
@@ -49,6 +63,92 @@ def costs(model_factory: Callable[[], torch.nn.Module], name: str, batch_size: i
     result = _measure(model_factory, batch_size, x_test, y_test)
     _write(path, {**_read(path), key: result})
     return result
+
+
+def engine_cost(*, recalibrate: bool = False) -> float:
+    """CPU seconds per byte of a message moved by the engine, sender and receiver together (cached
+    per host and torch version, as `costs`)."""
+    key = f"engine per byte host {platform.node()}"
+    path = cache_path()
+    cached = _read(path)
+    if key in cached and not recalibrate:
+        return cached[key]
+    result = _measure_engine()
+    _write(path, {**_read(path), key: result})
+    return result
+
+
+def _measure_engine() -> float:
+    from p2plearn.transport import Channel  # the compiled engine: only when a co-located run asks for it
+
+    key = os.urandom(32)  # tags on, as in training
+    sender, receiver = Channel(sender_id=0, key=key), Channel(sender_id=1, key=key)
+    try:
+        message = [np.ones(ENGINE_BYTES // 4, np.float32)]
+        times = []
+        for rnd in range(WARMUP + ENGINE_ROUNDS):
+            cpu0 = time.process_time()
+            handle = sender.send(rnd, message, [(*receiver.address, 0.0)])
+            got = receiver.recv(timeout=30.0)
+            handle.wait()
+            if got is None or not got.complete:
+                raise RuntimeError("the engine's calibration message did not arrive whole within 30 s")
+            times.append(time.process_time() - cpu0)
+        return statistics.median(times[WARMUP:]) / ENGINE_BYTES
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def round_cost(*, recalibrate: bool = False) -> float:
+    """CPU seconds of a round's fixed work per peer (cached per host, as `engine_cost`)."""
+    key = f"round per peer host {platform.node()}"
+    path = cache_path()
+    cached = _read(path)
+    if key in cached and not recalibrate:
+        return cached[key]
+    result = _measure_round()
+    _write(path, {**_read(path), key: result})
+    return result
+
+
+def _measure_round() -> float:
+    from p2plearn.control import Client, Coordinator  # a real job's parts: only when a co-located run asks
+    from p2plearn.sync import BSP
+    from p2plearn.tolerance import Layer, make_tolerance
+    from p2plearn.transport import Channel
+
+    secret, data_key = secrets.token_hex(16), os.urandom(32)
+    coordinator = Coordinator("calibrate", secret, heartbeat=0.2, startup_grace=1.0).start()
+    parts: list = []
+    try:
+        peers = []
+        for rank in range(2):
+            channel = Channel(sender_id=rank, key=data_key)
+            parts.append(channel)
+            client = Client(coordinator.address, "calibrate", secret, rank=rank, connect_timeout=5.0)
+            parts.append(client)
+            client.register(channel.address)
+            peers.append(BSP([np.zeros(256, np.float32)], [Layer("w", 256, 1024, 0)], channel, client,
+                             selection="all", fanout=1, seed=0, tolerance=make_tolerance("fixed")))
+        for peer in peers:
+            peer.client.wait_members(2, 5.0, receiving=True)
+
+        def rounds(count: int) -> None:
+            threads = [threading.Thread(target=lambda p=peer: [p.step() for _ in range(count)]) for peer in peers]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+
+        rounds(WARMUP)
+        cpu0 = time.process_time()
+        rounds(ROUND_ROUNDS)
+        return (time.process_time() - cpu0) / (ROUND_ROUNDS * len(peers))
+    finally:
+        for part in parts:
+            part.close()
+        coordinator.stop()
 
 
 def _median_block(run: Callable[[], None], per_block: int) -> float:

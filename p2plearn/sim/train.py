@@ -33,18 +33,17 @@ i.i.d. or `--dirichlet ALPHA`), and its own virtual clock:
 - `--compress` and `--filter value` as in training (`sim.messages`): each peer's own compressor or
   value filter (error feedback), the message's encoded bytes on the network (each sender's own size
   in the planner's view and the flow simulator), the receiver merging the decoded values that came;
-- BSP: a peer merges once its own sends are done and its round's messages arrived; SSP: once its
-  sends are done and every peer has finished round r - s, whatever arrived from rounds r-s..r.
+- BSP and SSP rounds merge by training's rule (`sync.window.MergeWindow`, waited in virtual time by
+  `sim.window`): BSP waits for its senders up to training's limit, SSP for the slowest clock;
+- `--colocate CORES [--hosts N]`: peers share hosts' cores (`sim.hosts`), their compute and receive
+  work serialised over them; by default every peer has a host of its own.
 - `--sync partitioned`: training's round (`sync.exchange.PartExchange`, with `--compress` too): its two
   phases (scatter to each part's aggregator, gather of the averaged parts), each on the flow-level
   simulator, with training's layout (`sim.partitioned`).
-Rounds of the lock-stepped replicas are taken in order, which is causal: a message of round r
-carries its sender's model after its round r - 1 merge, and no merge takes a later round's message.
-
-Approximations (said in every result's `model` field): the flows of one round share the links
-among themselves, not with an overlapping round's (SSP); a flow's loss is its receiver's at the
-round's start; the plan and pacing do not follow a burst that begins mid-round (the view lags it,
-as live); the message is one bucket.
+Rounds of the lock-stepped replicas are taken in order, which is causal. Approximations (said in
+every result's `model` field): the flows of one round share the links among themselves, not with an
+overlapping round's (SSP); a flow's loss is its receiver's at the round's start; the plan and pacing
+do not follow a burst that begins mid-round (the view lags it, as live); the message is one bucket.
 
 Not simulated yet (refused with a message): --overlap, --transport-mode other than unicast,
 --fragments, --tolerance layerwise with --compress, --filter value or --sync partitioned. Training's
@@ -65,20 +64,24 @@ from p2plearn.control.estimator import seed_rates
 from p2plearn.options import Options
 from p2plearn.selection import NetworkView
 from p2plearn.selection.view import DATAGRAM_DATA
-from p2plearn.sim.calibrate import costs
+from p2plearn.sim.batches import peer_steps
+from p2plearn.sim.calibrate import costs, engine_cost, round_cost
 from p2plearn.sim.control import VirtualControl, round_load
+from p2plearn.sim.hosts import Hosts
 from p2plearn.sim.links import LinkSchedule
 from p2plearn.sim.messages import Deliver, Messages, virtual_delivery
 from p2plearn.sim.partitioned import VirtualPartitioned
 from p2plearn.sim.replicas import Replicas
 from p2plearn.sim.simulator import PlannedSimulator
 from p2plearn.sim.tolerance import VirtualTolerance
+from p2plearn.sim.window import VirtualWindow
 from p2plearn.sync.merge import Contribution, merge_parameter
 from p2plearn.sync.outer import OuterOptimizer
 from p2plearn.sync.partitioned import FILTER_REFUSED
 from p2plearn.sync.planner import RoundPlanner
+from p2plearn.sync.window import MergeWindow
 from p2plearn.topology import Topology
-from p2plearn.train.data import Dataset, dirichlet_shards, epoch_order
+from p2plearn.train.data import Dataset
 from p2plearn.train.optimizer import describe_layers
 from p2plearn.transport.delivery import ChunkMask
 
@@ -104,6 +107,8 @@ class Settings:
     batched: bool = True                # False: the replicas step one after another (--sequential)
     threads: int = 1                    # torch threads while the run steps (the calibration keeps its own)
     recalibrate: bool = False
+    colocate: int = 0                   # cores of each host the peers share (0: hosts of their own; `sim.hosts`)
+    hosts: int = 1                      # hosts the peers share when co-located
 
 
 def _send_over_plan(rounds: list[dict]) -> float:
@@ -111,16 +116,6 @@ def _send_over_plan(rounds: list[dict]) -> float:
     (nan: none; partitioned rounds log no send time)."""
     ratios = [r["send_s"] / r["planned_s"] for r in rounds if "send_s" in r and r["planned_s"] > 0]
     return float(np.mean(ratios)) if ratios else math.nan
-
-
-def peer_batches(samples: int, batch_size: int, n: int, epoch: int, seed: int,
-                 shards: torch.Tensor | None = None) -> torch.Tensor:
-    """Sample indices [steps, n, batch] of epoch `epoch`: row [k, i] is the k-th batch
-    `train.data.shard` gives rank i of n (i.i.d., or from its Dirichlet shard: `shards`, [n, per
-    rank], rank i's `dirichlet_shards`), drawn once for all ranks rather than once per rank."""
-    mine = epoch_order(samples, n, epoch=epoch, seed=seed, shards=shards)
-    steps = mine.shape[1] // batch_size
-    return mine[:, :steps * batch_size].reshape(n, steps, batch_size).transpose(0, 1)
 
 
 class Progress(NamedTuple):
@@ -161,16 +156,30 @@ class VirtualTraining:
         rng = np.random.default_rng(settings.seed)
         self.speed = np.exp(rng.normal(0.0, settings.compute_spread, self.n)) if settings.compute_spread \
             else np.ones(self.n)
-        self.step_s = self.costs["step_s"] * self.speed
+        self.hosts = Hosts(settings.colocate, settings.hosts, *((engine_cost(), round_cost()) if settings.colocate else ()))
+        # co-located peers share their host's cores; a given step or evaluation time is one measured
+        # where the peers ran (a real run's), taken as it is
+        stretch = self.hosts.stretch(self.n)
+        self.step_s = self.costs["step_s"] * self.speed * (stretch if settings.step_s is None else 1.0)
+        self.eval_s = self.costs["eval_s"] * (stretch if settings.eval_s is None else 1.0)
+        self.receive_s = stretch * self.hosts.receive_s(self.costs["merge_s"], self.message_bytes, self.replica_bytes)
+        self.round_s = self.hosts.round_s(self.n)
         self.mask_rng = np.random.default_rng(settings.seed + 1)
         # what a receiver's engine hands over of a flow's encoded message (compressed, filtered or
         # partitioned): drawn with the mask generator; a test replays what real engines delivered
         self.deliver: Deliver = lambda sender, receiver, msg_id, arrays, exact, delivered: virtual_delivery(
             sender, msg_id, arrays, exact, delivered, self.mask_rng, self.message_bytes / self.replica_bytes)
+        # the same for plain float32 messages: (sender, receiver, message id, values, per layer the
+        # fraction delivered) -> what the receiver merges, or None
+        self.deliver_plain: Callable[[int, int, int, np.ndarray, np.ndarray], Contribution | None] = \
+            lambda sender, receiver, msg_id, values, delivered: Contribution(values, chunks=self._mask(delivered))
         self.control = VirtualControl(self.n, seed_rates(topology))
         policy = {"max_fanout": options.max_fanout or None, "max_fanin": options.max_fanin or None,
                   "mixing_slack": options.mixing_slack} if options.selection == "selmcast" else {}
         self.planner = RoundPlanner(options.selection, options.fanout, settings.seed, **policy)
+        # bsp and ssp rounds merge by training's rule (`sync.window`), waiting in virtual time
+        self.window = VirtualWindow(self.n, MergeWindow(options.staleness if options.sync == "ssp" else 0,
+                                                        ssp=options.sync == "ssp"))
         self.outer = [OuterOptimizer(options.outer_lr, options.outer_momentum) for _ in range(self.n)]
         self.nchunks = max(1, math.ceil(self.message_bytes / DATAGRAM_DATA))
         self.chunk_size = max(1, math.ceil(self.replica_bytes / self.nchunks))
@@ -223,7 +232,6 @@ class VirtualTraining:
         messages: dict[int, np.ndarray] = {}           # round -> every peer's message of it
         # rounds rnd - s..rnd hold messages at once: their arrays are reused, not allocated per round
         message_slots = np.empty((staleness + 1, *self.replicas.flat.shape), dtype=np.float32)
-        done_at: dict[int, np.ndarray] = {}            # round -> when each peer's sends of it were done
         layers = 1 if self.tolerance is None else len(self.tolerance.layers)
         pending = {k: np.zeros(0) for k in ("round", "src", "dst", "arrival", "delivered")}
         pending["layer_delivered"] = np.zeros((0, layers))
@@ -246,7 +254,7 @@ class VirtualTraining:
                     clock = self._partitioned_round(rnd, clock, anchors, rounds)
                 else:
                     messages[rnd] = message_slots[rnd % len(message_slots)]
-                    clock, pending = self._round(rnd, clock, staleness, pending, messages, done_at, anchors, rounds)
+                    clock, pending = self._round(rnd, clock, staleness, pending, messages, anchors, rounds)
                 if merged is not None:
                     np.copyto(merged, self.replicas.numpy())
                 if self.log is not None:
@@ -254,7 +262,7 @@ class VirtualTraining:
                 rnd += 1
             if (s.eval_every and step % s.eval_every == 0) or (not s.eval_every and step % per_epoch == 0):
                 history.append(self._evaluate(float(clock[0])))
-                clock += self.costs["eval_s"]
+                clock += self.eval_s
             progress(Progress(step, total, rnd, float(clock.max()), history[-1][1] if history else None))
         result = self._result(history, rounds, clock, time.monotonic() - wall0)
         if self.messages is not None:
@@ -263,32 +271,24 @@ class VirtualTraining:
         return result
 
     def _round(self, rnd: int, clock: np.ndarray, staleness: int, pending: dict[str, np.ndarray],
-               messages: dict[int, np.ndarray], done_at: dict[int, np.ndarray], anchors: np.ndarray | None,
+               messages: dict[int, np.ndarray], anchors: np.ndarray | None,
                rounds: list[dict]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """Round `rnd`, every peer sending once its compute is done (at `clock`): its transfers, each
         peer's merge of what it takes, and the clocks after them; the deliveries still pending.
         messages[rnd] is where the round's messages go."""
+        clock = clock + self.round_s  # the round's fixed work before the send (co-located peers only)
         np.copyto(messages[rnd], self.replicas.numpy())
         sizes = np.full(self.n, self.message_bytes) if self.messages is None else \
             self.messages.encode(rnd, self.replicas.numpy())
-        flows, sends_done, planned_s = self._transfer(rnd, clock, sizes)
+        flows, sends_done, planned_s, deadline = self._transfer(rnd, clock, sizes)
         send_s = float((sends_done - clock).max())  # the longest sender's, from its compute end
-        done_at[rnd] = sends_done
         pending = {k: np.concatenate([pending[k], flows[k]]) for k in pending}
-        if staleness == 0:
-            arrivals = np.zeros(self.n)
-            mine = pending["round"] == rnd
-            np.maximum.at(arrivals, pending["dst"][mine].astype(int), pending["arrival"][mine])
-            merge_at = np.maximum(sends_done, arrivals)
-        else:
-            merge_at = np.maximum(sends_done, done_at[rnd - staleness].max()) if rnd >= staleness else sends_done
-        taken = (pending["round"] >= rnd - staleness) & (pending["arrival"] <= merge_at[pending["dst"].astype(int)])
+        merge_at = self.window.round(rnd, clock, sends_done, flows, deadline, planned_s)  # training's rule
+        taken, gone = self.window.taken(rnd, merge_at, pending)
         self._merge(pending, taken, messages, anchors)
-        # merged, or past the bound: SSP's next round takes rounds rnd + 1 - s.. only
-        gone = taken | (pending["round"] < rnd + 1 - staleness)
         counts = np.bincount(pending["dst"][taken].astype(int), minlength=self.n)
         pending = {k: v[~gone] for k, v in pending.items()}
-        clock = merge_at + self.costs["merge_s"] * counts
+        clock = merge_at + self.receive_s * counts
         if anchors is not None:
             anchors[...] = self.replicas.numpy()
         if self.messages is not None:
@@ -298,29 +298,13 @@ class VirtualTraining:
                        "merged": float(counts.mean()), "slow": int(flows["slow"].sum()),
                        "send_s": send_s, "planned_s": planned_s})
         messages.pop(rnd - staleness, None)
-        done_at.pop(rnd - staleness, None)
         return clock, pending
 
     def _batches(self):
         """(x [n, batch, ...], y [n, batch]) per local step, every peer's from its own shard; and the
-        steps per epoch (every shard yields as many)."""
+        steps per epoch (`sim.batches`)."""
         s = self.settings
-        shards = None if s.dirichlet is None else \
-            torch.stack(dirichlet_shards(self.data.y, self.n, s.dirichlet, s.seed))
-        first = peer_batches(len(self.data), s.batch_size, self.n, 0, s.seed, shards)
-        if not len(first):
-            raise ValueError(f"{len(self.data)} training samples over {self.n} peers leave no batch of "
-                             f"{s.batch_size}: give more --samples or a smaller --batch-size")
-
-        def steps():
-            e, batches = 0, first
-            while True:
-                for idx in batches:
-                    yield self.data.x[idx], self.data.y[idx]
-                e += 1
-                batches = peer_batches(len(self.data), s.batch_size, self.n, e, s.seed, shards)
-
-        return steps(), len(first)
+        return peer_steps(self.data, s.batch_size, self.n, s.seed, s.dirichlet)
 
     def _evaluate(self, t: float) -> tuple[float, float, float]:
         accs = [self.replicas.accuracy(self.replicas.flat[i], self.data.x_test, self.data.y_test)
@@ -370,10 +354,10 @@ class VirtualTraining:
         return end
 
     def _transfer(self, rnd: int, send_at: np.ndarray,
-                  sizes: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray, float]:
+                  sizes: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray, float, float | np.ndarray | None]:
         """Round `rnd`'s flows, each peer sending its message of sizes[i] bytes from send_at[i]: per
         flow (round, src, dst, arrival time, delivered fraction, slow-closed or not), when each peer's
-        sends were done, and the plan's T."""
+        sends were done, the plan's T and the deadlines."""
         # The whole plan every peer cuts its own part from (RoundPlanner.plan); taken whole here,
         # once, rather than n times.
         planned, _, planned_s, _ = self.planner.whole_plan(self.control.view_for(rnd), rnd, self.message_bytes)
@@ -405,7 +389,7 @@ class VirtualTraining:
                                    done - send_at, sizes)
         return {"round": np.full(len(fsrc), float(rnd)), "src": fsrc.astype(float), "dst": fdst.astype(float),
                 "arrival": t0 + f["end_s"], "delivered": f["delivered"], "layer_delivered": layer_delivered,
-                "slow": f["slow"]}, done, planned_s
+                "slow": f["slow"]}, done, planned_s, deadline
 
     def _merge(self, pending: dict[str, np.ndarray], taken: np.ndarray, messages: dict[int, np.ndarray],
                anchors: np.ndarray | None) -> None:
@@ -418,7 +402,7 @@ class VirtualTraining:
             rnd, src, delivered = int(pending["round"][k]), int(pending["src"][k]), float(pending["delivered"][k])  # round, sender
             dst = int(pending["dst"][k])
             if self.messages is None:
-                got = Contribution(messages[rnd][src], chunks=self._mask(pending["layer_delivered"][k]))
+                got = self.deliver_plain(src, dst, rnd, messages[rnd][src], pending["layer_delivered"][k])
             elif (got := self.deliver(src, dst, rnd, *self.messages.sent(rnd, src), delivered)) is None:
                 continue
             by_receiver.setdefault(dst, []).append(got)
@@ -459,4 +443,5 @@ class VirtualTraining:
                 "averaged_accuracy": self.replicas.accuracy(self.replicas.flat.mean(0), *test), "history": history, "round_log": rounds,
                 "slow_closed": sum(r["slow"] for r in rounds), "send_over_plan": _send_over_plan(rounds),
                 "model": "virtual time: flow-level network (one round's flows share the links), link rates "
-                         "changing as bursts begin and end, loss as at a round's start, calibrated compute"}
+                         "changing as bursts begin and end, loss as at a round's start, calibrated compute; "
+                         "training's merge rule; " + self.hosts.describe(self.n)}

@@ -35,21 +35,18 @@ from p2plearn.sync.inbox import Inbox
 from p2plearn.sync.merge import merge_parameter
 from p2plearn.sync.outer import OuterOptimizer
 from p2plearn.sync.planner import RoundPlanner
+from p2plearn.sync.window import AHEAD_ROUNDS, RECENT_ROUNDS, MergeWindow
 from p2plearn.tolerance import Layer, NetworkState, RoundRecord, TolerancePolicy, TrainingState
 from p2plearn.tolerance.base import CUT_RESULTS
 from p2plearn.transport import Delivery
 
-# filtered_arrays, filtered_contributions: the value-filtered format's, imported from here before the codec
+# filtered_arrays, filtered_contributions: the value-filtered format's, imported from here before the codec;
+# AHEAD_ROUNDS: the merge window's (sync.window), imported from here before it
 __all__ = ["AHEAD_ROUNDS", "RoundStats", "Synchronizer", "filtered_arrays", "filtered_contributions"]
 
 log = logging.getLogger("p2plearn.sync")
 
 
-GRACE_S = 0.25        # after a sender's deadline, time for its CLOSE to reach us
-LATE_SENDER = 3.0     # deadlines (or typical rounds) a receiver waits for a sender that started late
-AHEAD_ROUNDS = 16     # beyond the staleness window, how far ahead a sender's round may be and still be kept
-MIN_WAIT_S = 1.0      # without a deadline, never give up on an expected sender sooner than this
-JOINER_WAIT_S = 2.0   # a peer that joined a running job, before it has rounds of its own: at least this
 
 
 @dataclass(kw_only=True)
@@ -121,8 +118,6 @@ class Synchronizer(ABC):
             planned from another view, or stalled, costs one bounded round, not the cap.
     """
 
-    staleness = 0  # rounds a peer may run ahead of the slowest (SSP sets its own)
-
     def __init__(self, params: list[np.ndarray], layers: list[Layer], channel: DataChannel, client: ControlClient, *,
                  selection: str, fanout: int, seed: int, tolerance: TolerancePolicy,
                  value_filter: UpdateFilter | None = None, outer: OuterOptimizer | None = None,
@@ -152,6 +147,7 @@ class Synchronizer(ABC):
         self.codec = MessageCodec(self.params, self.layer_ranges, self.fragments, compressor=self.compressor,
                                   value_filter=value_filter)
         self.round_cap_s = round_cap_s
+        self.window = MergeWindow(round_cap_s=round_cap_s)  # which deliveries merge when (SSP sets its own)
         self.clock = start_clock
         self._joined = start_clock > 0  # took part from a running job's clock (a joiner, a restarted peer)
         self.planner = RoundPlanner(selection, fanout, seed, transport_mode, **(policy_options or {}))
@@ -280,47 +276,38 @@ class Synchronizer(ABC):
         if self.compressor is not None and state.get("compressor") is not None:
             self.compressor.load_state_dict(state["compressor"])
 
+    @property
+    def staleness(self) -> int:
+        """Rounds a peer may run ahead of the slowest (the merge window's; 0 but for SSP)."""
+        return self.window.staleness
+
     def _wanted_rounds(self) -> tuple[int, int]:
-        """Rounds whose messages are worth keeping: from the one being merged (the clock is one
-        ahead of it by then) to as far ahead as a live peer may legitimately be."""
-        return self.clock - 1 - self.staleness, self.clock + self.staleness + AHEAD_ROUNDS
+        """Rounds whose messages are worth keeping (`MergeWindow.wanted`)."""
+        return self.window.wanted(self.clock)
 
     def interrupt(self) -> None:
         """End the current round's wait early (this peer's state is about to be replaced)."""
         self._interrupted = True
 
     def _wait_limit(self, deadline: float | None) -> float:
-        """How long this round may wait for its senders. Each sender closes its message by its own
-        deadline, but may start later than this peer (it was still computing): wait a few
-        deadlines for it; without one, a few typical rounds; never past the cap.
-
-        Before a peer has typical rounds of its own: at the job's start every peer waits up to the
-        cap (all start together, and a straggler's first steps may take long); a peer that joined a
-        running job waits a few of the plan's T. A sender that planned its round with the view
-        before the joiner's (the job runs ahead while a new view travels, on a busy host by more
-        than the view's lead) does not send to it, and waiting the cap for one cost a restarted
-        peer 30 s of a 12 s run on a loaded machine."""
-        if deadline:
-            return min(self.round_cap_s, LATE_SENDER * deadline + GRACE_S)
-        recent = [r.elapsed_s for r in self.network.history[-10:]]
-        if len(recent) < 3:
-            if not self._joined:
-                return self.round_cap_s
-            return min(self.round_cap_s, max(JOINER_WAIT_S, LATE_SENDER * self.network.planned_time_s + GRACE_S))
-        return min(self.round_cap_s, max(MIN_WAIT_S, LATE_SENDER * float(np.median(recent)) + GRACE_S))
+        """How long this round may wait for its senders (`MergeWindow.wait_limit`, from this peer's
+        recent rounds)."""
+        return self.window.wait_limit(deadline, [r.elapsed_s for r in self.network.history[-RECENT_ROUNDS:]],
+                                      joined=self._joined, planned_s=self.network.planned_time_s)
 
     def _hold(self, target: int, until: float) -> bool:
         """Wait until the slowest live peer's clock reaches ``target`` (the control plane's clock);
         False if it did not within the round cap. While the coordinator is silent that clock is
-        stale: then a message heard from a peer at round ``target`` or later also ends the wait,
-        and so does the monotonic ``until`` (the round's own limit), so that an outage costs no step."""
+        stale: then `MergeWindow.stands_in` may end the wait at the monotonic ``until`` (the round's
+        own limit) or on a message heard from a peer at ``target`` or later."""
         cap = time.monotonic() + self.round_cap_s
         while not self._interrupted and not self.client.wait_min_clock(target, timeout=0.05):
             self.inbox.drain()  # keep the engine's queue short while waiting
             if time.monotonic() > cap:
                 return False
-            if not self.client.clock_current and (
-                    max(self.inbox.newest.values(), default=-1) >= target or time.monotonic() > until):
+            if self.window.stands_in(target, clock_current=self.client.clock_current,
+                                     newest_heard=max(self.inbox.newest.values(), default=-1),
+                                     now=time.monotonic(), until=until):
                 return True
         return True
 

@@ -1,7 +1,7 @@
 """Bulk-synchronous rounds over a sparse plan."""
 from __future__ import annotations
 
-from p2plearn.sync.base import AHEAD_ROUNDS, Synchronizer
+from p2plearn.sync.base import Synchronizer
 from p2plearn.transport import Delivery
 
 
@@ -18,13 +18,14 @@ class BSP(Synchronizer):
     ahead of the job without bound, its messages dropped as too far ahead and its model mixed with
     nobody's. So no peer runs more than ``AHEAD_ROUNDS`` ahead of the slowest live peer (the
     control plane's clock, as SSP's bound; in step with the job it never binds; see
-    ``Synchronizer._hold`` for a silent coordinator).
+    ``Synchronizer._hold`` for a silent coordinator). The rule is `sync.window.MergeWindow`'s, which
+    the simulator runs in virtual time.
     """
 
     def _wait_round(self, rnd: int, senders: set[int], until: float) -> None:
         self.inbox.wait_round(rnd, senders, until, self._alive)
-        self._hold(rnd + 1 - AHEAD_ROUNDS, until)  # the slowest clock that keeps this round's message wanted
+        self._hold(self.window.hold_target(rnd), until)  # the slowest clock that keeps this round's message wanted
 
     def _inputs(self, rnd: int) -> list[Delivery]:
         self.inbox.drain()
-        return self.inbox.take(rnd, rnd)
+        return self.inbox.take(*self.window.merged(rnd))

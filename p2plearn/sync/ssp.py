@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 
 from p2plearn.sync.base import Synchronizer
+from p2plearn.sync.window import MergeWindow
 from p2plearn.transport import Delivery
 
 
@@ -20,22 +21,21 @@ class SSP(Synchronizer):
     merged together carry different fragments: each message merges into its own round's arrays.
 
     Args (beyond Synchronizer's): staleness: s. Larger hides stragglers and bursts better but
-    merges older models; 1-4 is typical.
+    merges older models; 1-4 is typical. The rule is `sync.window.MergeWindow`'s, which the
+    simulator runs in virtual time.
     """
 
     def __init__(self, *args, staleness: int = 2, **kwargs):
         super().__init__(*args, **kwargs)
-        if staleness < 0:
-            raise ValueError(f"staleness must be >= 0, got {staleness}")
-        self.staleness = staleness
+        self.window = MergeWindow(staleness, ssp=True, round_cap_s=self.round_cap_s)  # refuses a negative s
 
     def _wait_round(self, rnd: int, senders: set[int], until: float) -> None:
         """Nothing to wait for while sending: SSP's wait is on the clocks, after the send."""
 
     def _inputs(self, rnd: int) -> list[Delivery]:
-        target = rnd + 1 - self.staleness
+        target = self.window.hold_target(rnd)
         if not self._hold(target, time.monotonic() + self._wait_limit(None)):
             raise TimeoutError(f"SSP: the slowest live peer stayed below clock {target} for "
                                f"{self.round_cap_s:g} s")
         self.inbox.drain()
-        return self.inbox.take(rnd - self.staleness, rnd)
+        return self.inbox.take(*self.window.merged(rnd))

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from p2plearn.sim.__main__ import main
-from p2plearn.sim.replicas import Replicas
+from p2plearn.sim.batches import peer_batches
 from p2plearn.sim.links import LinkSchedule
-from p2plearn.sim.train import peer_batches
+from p2plearn.sim.replicas import Replicas
 from p2plearn.topology import Topology, heterogeneous, microburst
 from p2plearn.train.data import Dataset, dirichlet_shards, shard
 
@@ -46,6 +46,20 @@ def test_result_says_which_message_size(tmp_path):
     assert big["message_bytes"] == 4e6 and big["message_bytes_source"] == "--message-bytes"
     # the same replicas, a 4 MB message on 12.5-250 Mbit/s links: the rounds take longer
     assert big["virtual_s"] > own["virtual_s"] + 6 * 4e6 / (250e6 / 8)
+
+
+def test_colocated_peers_pay_their_rounds_and_receives_over_the_shared_cores(tmp_path, capsys):
+    own = run_cli(tmp_path, name="own.json")
+    shared = run_cli(tmp_path, "--colocate", "1", name="shared.json")  # 4 peers on one core
+    assert "peers on hosts of their own" in own["model"]
+    assert "4 peers on 1 host(s) of 1 core(s)" in shared["model"] and "x4" in shared["model"]
+    # the rounds' fixed work and the receives (and the calibrated evaluations) take 4x as long
+    assert shared["virtual_s"] > own["virtual_s"]
+    assert [h[1] for h in shared["history"]] == [h[1] for h in own["history"]]  # the same training
+    out = tmp_path / "refused.json"
+    assert main(["train", "--topology", "topology/heterogeneous-4.json", *SMALL, "--colocate", "1", "--hosts", "0",
+                 "--json", str(out)]) == 2
+    assert "at least one host" in capsys.readouterr().err
 
 
 def test_virtual_time_is_compute_plus_transfer(tmp_path):
