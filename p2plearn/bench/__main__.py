@@ -11,6 +11,7 @@ BENCHES = {  # name -> (module, what it measures)
     "selection": ("p2plearn.bench.selection", "SELMCAST's planned round time and mixing against random receivers"),
     "rounds": ("p2plearn.bench.rounds", "measured round times of selection policies, or multicast against unicast"),
     "average": ("p2plearn.bench.average", "one full average of a model among n peers against gloo's all_reduce"),
+    "ddp": ("p2plearn.bench.ddp", "a DDP training step over the p2plearn backend and its hook against gloo"),
     "sim": ("p2plearn.bench.sim", "seconds the simulator takes for rounds of thousands of peers"),
     "startup": ("p2plearn.bench.startup", "seconds from launch to the first step, and false deaths, on busy cores"),
 }
