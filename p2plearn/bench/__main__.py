@@ -12,6 +12,7 @@ BENCHES = {  # name -> (module, what it measures)
     "rounds": ("p2plearn.bench.rounds", "measured round times of selection policies, or multicast against unicast"),
     "average": ("p2plearn.bench.average", "one full average of a model among n peers against gloo's all_reduce"),
     "sim": ("p2plearn.bench.sim", "seconds the simulator takes for rounds of thousands of peers"),
+    "merge": ("p2plearn.bench.merge", "the robust merge's CPU per byte against the plain merge's"),
     "startup": ("p2plearn.bench.startup", "seconds from launch to the first step, and false deaths, on busy cores"),
 }
 
