@@ -1,11 +1,11 @@
 /* Robust merging: one tensor merged in place so that no one sender can drag it far (see compute.h).
  *
- * The tensor is walked in tiles of P2P_ROBUST_TILE elements. Each contribution's tile is read once
- * (values.h: the readings of merge.c) into a scratch row of differences from the receiver's own
- * values, 0 where it did not arrive or was refused, beside a row of 1/0 arrivals; the scratch
- * (16 KiB a sender) stays in cache while the tile is combined: clipping scales each row by its
- * sender's factor, the trimmed mean sorts each element's few values. One read of the contributions,
- * as the plain merge: the extra work is on cached rows.
+ * The tensor is walked in tiles of P2P_ROBUST_TILE elements, which stay in cache. Clipping reads each
+ * contribution's tile once (values.h: the readings of merge.c), adding its difference from the
+ * receiver's own values to the tile's sum unclipped while measuring its norm; once every sender's
+ * norm is known, the rare row that must be clipped is read again and what its scale cuts is taken
+ * back. So an honest round costs one read of the contributions, as the plain merge. The trimmed
+ * mean keeps every sender's row of the tile (2 x 8 KiB a sender) and sorts each element's values.
  *
  * Clipping per tile rather than over the whole tensor keeps that one read (a whole-tensor radius
  * would need every distance before the first element is combined), and bounds a sender in every
