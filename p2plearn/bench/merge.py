@@ -87,9 +87,10 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m p2plearn.bench merge", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--megabytes", type=float, default=16.0, help="the tensor's MiB (float32)")
-    parser.add_argument("--senders", type=int, default=4, help="contributions merged at once")
-    parser.add_argument("--repeats", type=int, default=7, help="merges per cell (the median is reported)")
+    parser.add_argument("--megabytes", type=float, default=16.0, help="the tensor's MiB, float32 (default: 16)")
+    parser.add_argument("--senders", type=int, default=4, help="contributions merged at once (default: 4)")
+    parser.add_argument("--repeats", type=int, default=7,
+                        help="merges per cell, the median reported (default: 7)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args(argv)
     if args.megabytes <= 0 or args.senders < 1 or args.repeats < 1:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from p2plearn.sync.base import AHEAD_ROUNDS, Synchronizer
+from p2plearn.sync.robust import RobustMerge
 from p2plearn.transport import Delivery
 
 
@@ -19,7 +20,13 @@ class BSP(Synchronizer):
     nobody's. So no peer runs more than ``AHEAD_ROUNDS`` ahead of the slowest live peer (the
     control plane's clock, as SSP's bound; in step with the job it never binds; see
     ``Synchronizer._hold`` for a silent coordinator).
+
+    Args (beyond Synchronizer's): robust: the robust merge (`sync.robust`, ``--robust``); None: plain.
     """
+
+    def __init__(self, *args, robust: RobustMerge | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.robust = robust
 
     def _wait_round(self, rnd: int, senders: set[int], until: float) -> None:
         self.inbox.wait_round(rnd, senders, until, self._alive)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 
 from p2plearn.sync.base import Synchronizer
+from p2plearn.sync.robust import RobustMerge
 from p2plearn.transport import Delivery
 
 
@@ -20,14 +21,16 @@ class SSP(Synchronizer):
     merged together carry different fragments: each message merges into its own round's arrays.
 
     Args (beyond Synchronizer's): staleness: s. Larger hides stragglers and bursts better but
-    merges older models; 1-4 is typical.
+    merges older models; 1-4 is typical. robust: the robust merge (`sync.robust`, ``--robust``);
+    None: plain.
     """
 
-    def __init__(self, *args, staleness: int = 2, **kwargs):
+    def __init__(self, *args, staleness: int = 2, robust: RobustMerge | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         if staleness < 0:
             raise ValueError(f"staleness must be >= 0, got {staleness}")
         self.staleness = staleness
+        self.robust = robust
 
     def _wait_round(self, rnd: int, senders: set[int], until: float) -> None:
         """Nothing to wait for while sending: SSP's wait is on the clocks, after the send."""

@@ -273,6 +273,7 @@ class DecentralizedOptimizer(Optimizer):
         self._stats.bytes_received = self.channel.stats().get("bytes_received", 0)
         self._stats.coordinator_changes = self.runtime.client.coordinator_changes
         self._stats.nonfinite = sum(self.sync.nonfinite.values())
+        self._stats.robust = self.sync.robust.stats() if self.sync.robust is not None else None
         return self._stats
 
     # -- joining peers: the state travels through the engine, the control plane only introduces ---
