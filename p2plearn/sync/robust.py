@@ -114,6 +114,20 @@ class RobustMerge:
                             for s, m in sorted(self.merges.items())}}
 
 
+def combined_stats(merges: list[RobustMerge]) -> dict:
+    """Several receivers' records together (the simulator's peers): per sender, its merges, those
+    where it was clipped, and the receivers that excluded it."""
+    senders: dict[int, dict] = {}
+    for receiver, robust in enumerate(merges):
+        for s, record in robust.stats()["senders"].items():
+            row = senders.setdefault(s, {"merges": 0, "clipped": 0, "excluded_by": []})
+            row["merges"] += record["merges"]
+            row["clipped"] += record["clipped"]
+        for s in robust.excluded:
+            senders.setdefault(s, {"merges": 0, "clipped": 0, "excluded_by": []})["excluded_by"].append(receiver)
+    return {"mode": merges[0].mode, "radius": merges[0].radius, "senders": dict(sorted(senders.items()))}
+
+
 def robust_merge(options) -> RobustMerge | None:
     """The receiver's robust merge the options ask for (``--robust``), or None for the plain merge."""
     if options.robust == "none":
