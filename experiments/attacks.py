@@ -136,6 +136,7 @@ def main(argv: list[str] | None = None) -> None:
     sizes = [8] if args.quick else [int(x) for x in args.peers.split(",")]
     attacks = ("none", "sign flip", "alie") if args.quick else ATTACKS
     modes = args.modes.split(",")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     rows: list[c.Row] = []
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="p2psim-") as tmp:
@@ -163,7 +164,6 @@ def main(argv: list[str] | None = None) -> None:
                 verdicts.append(f"- {n} peers, --robust {m}: without attackers {clean[m]:.3f}; worst attack "
                                 f"{worst[1]}: {worst[0]:.3f} ({(worst[0] - clean['none' if 'none' in clean else m]) * 100:+.1f} "
                                 f"points from the clean plain run)")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     setup = (f"Commit {commit}; `python experiments/attacks.py {' '.join(argv if argv is not None else sys.argv[1:])}`. "
              f"Virtual time (`p2plearn.sim`), MNIST-1D MLP hidden {scale.HIDDEN} ({rows[0].get('parameters', '?')} "
              f"parameters), a message {scale.MESSAGE_BYTES / 1e6:g} MB on the simulated network, BSP, SELMCAST p=1, a "

@@ -144,8 +144,8 @@ class Options:
     robust: str = _opt("none", "bound what a lying member (one that holds the job's secret) does to the models it "
                                "reaches: clip scales each sender's difference from the receiver's model down to "
                                "--robust-radius x the typical (median) distance, per 1024 values; trimmed averages each "
-                               "value without the largest and smallest sent (with 4 or more senders; fewer: clip); not "
-                               "with --sync partitioned (see docs/security.md)", ("none", "clip", "trimmed"))
+                               "value without the largest and smallest sent (with 4 or more senders; fewer: clip); both "
+                               "refuse NaN and inf in any format; not with --sync partitioned (see docs/security.md)", ("none", "clip", "trimmed"))
     robust_radius: float = _opt(2.0, "--robust clip: the largest distance a sender may move a receiver, per 1024 values, "
                                      "as a multiple of the median distance of its senders (this round's and its last "
                                      "16's); lower bounds an attacker tighter and slows honest mixing more",

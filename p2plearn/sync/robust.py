@@ -15,7 +15,9 @@ merges with the same masks, formats and non-finite refusals (`sync.merge.Contrib
 - ``trimmed``: each element the mean of its own value and the values that arrived, less the
   largest and smallest ``TRIM`` (1): needs 2 x TRIM + 2 senders (4); a merge with fewer clips.
 
-Per sender (`stats`): merges it took part in, those where it was clipped (more than half of its
+Both refuse a value that is not finite in every format (`Contribution.finite_only` for all: a NaN
+would pass any radius), counted in each contribution's ``nonfinite``; ``--keep-nonfinite`` does not
+apply. Per sender (`stats`): merges it took part in, those where it was clipped (more than half of its
 elements in clipped tiles, or trimmed), and the mean share of its distance that was cut. With
 ``exclude``, a sender clipped in more than half of at least EXCLUDE_AFTER merges is not merged
 again (one log line; counted in ``stats()["excluded"]``).
@@ -82,6 +84,7 @@ class RobustMerge:
         keep: list[np.ndarray] = []  # the buffers the structs point into, alive until the call returns
         for s, (c, _) in zip(structs, kept):
             _describe(s, own, c, keep)
+            s.finite_only = 1  # a NaN or inf is a lie too, in any format: refused, as a lost value
         out = ffi.new("p2p_robust_sender[]", len(kept))
         check(lib.p2p_robust_merge(ffi.from_buffer(own), _code(own), own.size, structs, len(kept), how, out))
         if not trimmed:

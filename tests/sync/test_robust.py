@@ -142,6 +142,23 @@ def test_non_finite_values_are_refused_and_counted():
     assert [c.nonfinite for c in contributions] == [0, 3, 256]
 
 
+@pytest.mark.parametrize("mode", ["clip", "trimmed"])
+def test_non_finite_values_are_refused_even_uncompressed(mode):
+    """A plain float32 contribution is not checked by the plain merge; the robust one refuses its NaN and inf."""
+    rng = np.random.default_rng(8)
+    own = rng.standard_normal(TILE).astype(np.float32)
+    values = _senders(rng, own, 4)
+    values[0][[3, 700]] = [np.nan, np.inf]
+    contributions = [Contribution(v) for v in values]
+    merged = own.copy()
+    RobustMerge(mode).merge_parameter(0, merged, contributions, [1, 2, 3, 4])
+    assert np.isfinite(merged).all()
+    assert [c.nonfinite for c in contributions] == [2, 0, 0, 0]
+    usable = [np.isfinite(v) for v in values]
+    expected = reference_clip(own, values, usable, 2.0)[0] if mode == "clip" else reference_trimmed(own, values, usable)
+    np.testing.assert_allclose(merged, expected, rtol=1e-5, atol=1e-6)
+
+
 def test_trimmed_mean_matches_the_reference_and_trims_the_outlier():
     rng = np.random.default_rng(4)
     n = TILE + 200
