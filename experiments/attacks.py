@@ -1,7 +1,7 @@
 """Claim (issue 46): with --robust clip, one lying member in 8 (two in 16) costs the others little
 accuracy, whatever it sends; without it, the table shows what each attack does.
 
-    python experiments/attacks.py [--quick] [--seeds N] [--peers 8,16] [--modes none,clip] [--out DIR]
+    python experiments/attacks.py [--quick] [--seeds N] [--peers 8,16] [--modes none,clip,clip:1] [--out DIR]
 
 In virtual time (`p2plearn.sim`), the setting of `sim_scale.py` (heterogeneous tiers 25/50/100 Mbit/s,
 steady; i.i.d. shards; BSP, SELMCAST p=1; the MNIST-1D MLP, hidden sim_scale.HIDDEN, a round every
@@ -87,7 +87,8 @@ def attacked_training(attack: str, attackers: list[int]):
     return Attacked
 
 
-def run(tmp: Path, peers: int, attack: str, robust: str, seed: int) -> dict | None:
+def run(tmp: Path, peers: int, attack: str, mode: str, seed: int) -> dict | None:
+    """One virtual run; mode: a --robust value, with :RADIUS for --robust-radius (clip:1)."""
     from p2plearn.examples.mnist1d import make_model
     from p2plearn.options import Options
     from p2plearn.sim.__main__ import parser
@@ -95,13 +96,15 @@ def run(tmp: Path, peers: int, attack: str, robust: str, seed: int) -> dict | No
     from p2plearn.topology import load
     from p2plearn.train.data import mnist1d
 
+    robust, _, radius = mode.partition(":")
     attackers = list(range(peers - max(1, peers // 8), peers)) if attack != "none" else []
     samples = max(12000, math.ceil(peers * 32 * 4 / 0.8))
     argv = ["train", "--topology", str(scale.topology_file(tmp, peers, False)), "--sync", "bsp", "--selection",
             "selmcast", "--fanout", "1", "--period", str(scale.PERIOD), "--model", "mlp", "--hidden",
             str(scale.HIDDEN), "--steps", str(scale.STEPS), "--samples", str(samples), "--eval-every",
             str(scale.EVAL_EVERY), "--eval-peers", str(min(scale.EVAL_PEERS, peers - len(attackers))),
-            "--message-bytes", str(scale.MESSAGE_BYTES), "--seed", str(seed), "--robust", robust]
+            "--message-bytes", str(scale.MESSAGE_BYTES), "--seed", str(seed), "--robust", robust,
+            *(["--robust-radius", radius] if radius else [])]
     args = parser().parse_args(argv)
     torch.set_num_threads(1)
     options = Options.from_args(args)
@@ -127,7 +130,8 @@ def run(tmp: Path, peers: int, attack: str, robust: str, seed: int) -> dict | No
 
 def extra_flags(ap) -> None:
     ap.add_argument("--peers", default="8,16", help="comma-separated sizes; n/8 attackers (default: %(default)s)")
-    ap.add_argument("--modes", default="none,clip", help="--robust values compared (default: %(default)s)")
+    ap.add_argument("--modes", default="none,clip,clip:1",
+                    help="--robust values compared, :R for --robust-radius R (default: %(default)s)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -170,7 +174,7 @@ def main(argv: list[str] | None = None) -> None:
              f"round every {scale.PERIOD} steps, {scale.STEPS} local steps, batch 32, SGD lr 0.1 momentum 0.9, i.i.d., "
              f"heterogeneous tiers 25/50/100 Mbit/s, steady; {args.seeds} seed(s). Attacks: sign flip x{FLIP:g}, "
              f"scaled x{SCALE:g}, gaussian sigma {NOISE:g}, alie z {ALIE_Z:g}, ipm eps {IPM_EPS:g}, stale "
-             f"{STALE} rounds; --robust clip at the default radius (2). Cells: median [min-max] over seeds. "
+             f"{STALE} rounds; clip: --robust clip at the default --robust-radius 2, clip:1 at 1. Cells: median [min-max] over seeds. "
              f"Virtual times do not depend on the host's load. " + c.load_note(rows))
 
     def draw(ax) -> None:
