@@ -98,7 +98,7 @@ class DecentralizedOptimizer(Optimizer):
         buffers: also average floating buffers (BatchNorm's running statistics) with the
             parameters; False keeps them local to each peer.
         seed: tie-break seed of the selection policy; the same on every peer.
-        overrides: option values over the runtime's (sync, staleness, selection, fanout,
+        overrides: option values over the runtime's (sync, staleness, selection, fanout, robust,
             loss_bound, tolerance, deadline_ms, ...): see `p2plearn.options.Options`.
 
     After each step, `last_round` has what the round did (a `RoundStats`); `stats()` the totals.
