@@ -98,6 +98,18 @@ static double read_f32_row(const float *v, const double *o, uint64_t len, double
     return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7])) + rest;
 }
 
+/* Whether v[0 .. len) are all finite: x * 0 is 0 for a finite x and NaN for inf or NaN, and NaN
+ * stays in a sum; eight partial sums, so that the loop vectorises. */
+static int f32_finite(const float *v, uint64_t len) {
+    float part[8] = {0};
+    uint64_t i = 0;
+    for (; i + 8 <= len; i += 8)
+        for (int l = 0; l < 8; l++) part[l] += v[i + l] * 0.0f;
+    for (; i < len; i++) part[0] += v[i] * 0.0f;
+    float all = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+    return all == 0.0f;
+}
+
 /* Elements [from, to) of c, all arrived and none refused, into d - o (start: the tile's first), with
  * acc += d, cnt += 1 and ok = 1 (ok: or NULL); returns their squared norm. */
 static double read_run(const p2p_contribution *c, const double *o, uint64_t start, uint64_t from, uint64_t to,
@@ -133,7 +145,8 @@ static uint64_t read_tile(const p2p_contribution *c, const double *o, uint64_t s
             if (block_end < run_end) run_end = block_end;
             fits = values_scale_fits(c, e / c->block);
         }
-        if (usable && fits && !c->element_arrived && !checks_values) {  /* the common case: one pass */
+        int clean = !checks_values || (c->dtype == P2P_F32 && f32_finite((const float *)c->values + e, run_end - e));
+        if (usable && fits && !c->element_arrived && clean) {  /* the common case: one pass */
             norm2 += read_run(c, o, start, e, run_end, d, ok, acc, cnt);
             got += run_end - e;
             e = run_end;
