@@ -7,7 +7,7 @@
 
 #include "compute.h"
 #include "error.h"
-#include "kernels.h"
+#include "contribution.h"
 
 
 #define LANES 8

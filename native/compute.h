@@ -101,3 +101,43 @@ int p2p_decode(const p2p_contribution *c, uint64_t n, float *out, uint8_t *usabl
  * P2P_F64, P2P_F16 or P2P_BF16 bits), in double; the tracking of update norms, in one read-only pass. */
 int p2p_change_sumsq(const void *now, const void *before, int dtype, uint64_t n, double *out);
 
+/* ---- Robust merging (robust.c) ----
+ * p2p_robust_merge merges one tensor in place like p2p_merge (the same contributions, chunk and
+ * element masks, formats and finite_only refusals: what did not arrive or was refused does not
+ * count), but bounds what any one sender can do to the receiver's model:
+ * P2P_ROBUST_CLIP, centered clipping (CenteredClip, Karimireddy et al. 2021; ClippedGossip, He et
+ *   al. 2022) of each sender's difference from the receiver's own values, tile by tile (tiles of
+ *   P2P_ROBUST_TILE elements): in tile t, contribution j's difference d_j over its m_j elements that
+ *   arrived is scaled by s_j = min(1, rho_t sqrt(m_j) / |d_j|), and each element becomes
+ *   own + sum_j s_j d_j[e] / (1 + the senders that arrived there). rho_t, a radius per element, is
+ *   multiplier x the median of the tile's history (history[h * tiles + t], h < nhistory; negative
+ *   entries skipped) and this call's tile median: the lower median of the contributions' RMS
+ *   distances sqrt(|d_j|^2 / m_j) (-1 where none arrived), which tile_median_out[t] returns.
+ * P2P_ROBUST_TRIMMED, a coordinate-wise trimmed mean: each element becomes the mean of its own value
+ *   and those that arrived, less the `trim` largest and `trim` smallest (min(trim, (m - 1) / 2) of m).
+ * out (k entries, or NULL), per sender: distance2, the squared distance of its values that counted
+ * from own; kept2, what of it the merge used (clip: s_j^2 |d_j|^2; trimmed: of the values kept);
+ * arrived, its elements that counted; clipped, its elements in tiles where s_j < 1 (trimmed: its
+ * values trimmed); refused, as p2p_merge's refused_out. Contributions are checked as p2p_merge checks
+ * them (EINVAL before anything changes); ENOMEM when the tile scratch (trimmed: 16 KiB a sender) cannot be
+ * had. Clipping costs about what the plain merge does per byte (python -m p2plearn.bench merge). */
+#define P2P_ROBUST_CLIP 1
+#define P2P_ROBUST_TRIMMED 2
+#define P2P_ROBUST_TILE 1024
+
+typedef struct {
+    int mode;                     /* P2P_ROBUST_* */
+    double multiplier;            /* CLIP: the radius over the median RMS distance; > 0 */
+    const double *history;        /* CLIP: nhistory rows of ceil(n / P2P_ROBUST_TILE) tile medians, or NULL */
+    uint32_t nhistory;
+    double *tile_median_out;      /* CLIP: ceil(n / P2P_ROBUST_TILE) entries, or NULL */
+    uint32_t trim;                /* TRIMMED: values dropped at each end of an element's sorted values */
+} p2p_robust;
+
+typedef struct {
+    double distance2, kept2;
+    uint64_t arrived, clipped, refused;
+} p2p_robust_sender;
+
+int p2p_robust_merge(void *own, int own_dtype, uint64_t n, const p2p_contribution *contribs, uint32_t k,
+                     const p2p_robust *how, p2p_robust_sender *out);

@@ -21,93 +21,9 @@
 
 #include "compute.h"
 #include "error.h"
-#include "kernels.h"
+#include "contribution.h"
 
 #define BLOCK 2048
-
-/* Bytes per element; P2P_I4 packs two elements in a byte (see byte_of, first_at, value_bytes). */
-static const uint32_t ITEM_SIZE[] = {[P2P_F32] = 4, [P2P_F64] = 8, [P2P_F16] = 2, [P2P_BF16] = 2, [P2P_I8] = 1};
-
-/* The offset of the byte that holds element e. */
-static uint64_t byte_of(int dtype, uint64_t e) {
-    return dtype == P2P_I4 ? e / 2 : e * ITEM_SIZE[dtype];
-}
-
-/* The first element that starts at byte offset b or later. */
-static uint64_t first_at(int dtype, uint64_t b) {
-    return dtype == P2P_I4 ? 2 * b : (b + ITEM_SIZE[dtype] - 1) / ITEM_SIZE[dtype];
-}
-
-/* The bytes that n elements take. */
-static uint64_t value_bytes(int dtype, uint64_t n) {
-    return dtype == P2P_I4 ? n / 2 + (n & 1) : n * ITEM_SIZE[dtype];
-}
-
-/* float -> bfloat16, round to nearest even, NaN kept NaN (as torch does). */
-static uint16_t float_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if (isnan(f)) return 0x7fc0;
-    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
-
-/* float -> binary16, round to nearest even, overflow to inf. */
-static uint16_t float_to_f16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000);
-    uint32_t a = u & 0x7fffffffu;
-    if (a >= 0x7f800000u) return sign | 0x7c00 | (a > 0x7f800000u ? 0x200 : 0);  /* inf, NaN */
-    if (a >= 0x477ff000u) return sign | 0x7c00;                                   /* rounds past 65504 */
-    if (a < 0x38800000u) {                                                        /* subnormal or zero */
-        float m = fabsf(f) * 16777216.0f;            /* units of 2^-24, exact in float */
-        return sign | (uint16_t)nearbyintf(m);      /* the default rounding mode: to nearest even */
-    }
-    uint32_t rounded = a + 0xfff + ((a >> 13) & 1);
-    return sign | (uint16_t)((rounded - 0x38000000u) >> 13);
-}
-
-/* Element e of values of dtype (scales and block for P2P_I8 and P2P_I4 only). */
-static double load(const void *v, int dtype, const float *scales, uint32_t block, uint64_t e) {
-    switch (dtype) {
-    case P2P_F32: return ((const float *)v)[e];
-    case P2P_F64: return ((const double *)v)[e];
-    case P2P_F16: return f16_to_float(((const uint16_t *)v)[e]);
-    case P2P_BF16: return bf16_to_float(((const uint16_t *)v)[e]);
-    case P2P_I8: return (double)((const int8_t *)v)[e] * scales[e / block];
-    default: {
-        uint8_t pair = ((const uint8_t *)v)[e / 2];
-        int code = (e & 1) ? pair >> 4 : pair & 0x0f;
-        return (double)(code - 8) * scales[e / block];
-    }
-    }
-}
-
-static void store(void *v, int dtype, uint64_t e, double x) {
-    switch (dtype) {
-    case P2P_F32: ((float *)v)[e] = (float)x; break;
-    case P2P_F64: ((double *)v)[e] = x; break;
-    case P2P_F16: ((uint16_t *)v)[e] = float_to_f16((float)x); break;
-    default: ((uint16_t *)v)[e] = float_to_bf16((float)x); break;
-    }
-}
-
-/* Whether c's values are checked one by one: finite_only, and a dtype whose values can be NaN or
- * inf themselves (an int8 or int4 value is finite once its block's scale is checked). */
-static int checks_values(const p2p_contribution *c) {
-    return c->finite_only && c->dtype <= P2P_BF16;
-}
-
-/* Whether c's values come in blocks whose scales are checked. */
-static int checks_scales(const p2p_contribution *c) {
-    return c->finite_only && (c->dtype == P2P_I8 || c->dtype == P2P_I4);
-}
-
-/* Whether scale b of c reads every code as a finite float32: |scale| times the largest code a byte
- * can carry (-128 for int8, -8 for int4) at most FLT_MAX; false for NaN and inf. */
-static int scale_fits(const p2p_contribution *c, uint64_t b) {
-    return fabs((double)c->scales[b]) * (c->dtype == P2P_I8 ? 128.0 : 8.0) <= FLT_MAX;
-}
 
 /* sum[i] += value of element from + i of c, for i < len (no checks: the caller made them). The
  * common dtypes in loops of their own, so that the compiler vectorises them. */
@@ -210,30 +126,6 @@ static uint64_t add_block(double *sum, double *count, const p2p_contribution *c,
     return added;
 }
 
-static int check_contribution(const p2p_contribution *c, uint64_t n, uint32_t i) {
-    if (c->dtype < P2P_F32 || c->dtype > P2P_I4)
-        return set_error(EINVAL, "merge: contribution %u has unknown dtype %d", i, c->dtype);
-    if (n && !c->values) return set_error(EINVAL, "merge: contribution %u has no values", i);
-    if (c->values_bytes < value_bytes(c->dtype, n))
-        return set_error(EINVAL, "merge: contribution %u has %llu bytes of values, %llu elements need %llu", i,
-                         (unsigned long long)c->values_bytes, (unsigned long long)n,
-                         (unsigned long long)value_bytes(c->dtype, n));
-    if (c->dtype == P2P_I8 || c->dtype == P2P_I4) {
-        if (!c->scales || !c->block) return set_error(EINVAL, "merge: contribution %u has no scales", i);
-        uint64_t blocks = n / c->block + (n % c->block != 0);
-        if (c->nscales < blocks)
-            return set_error(EINVAL, "merge: contribution %u has %llu scales, %llu elements need %llu", i,
-                             (unsigned long long)c->nscales, (unsigned long long)n, (unsigned long long)blocks);
-    }
-    if (!c->chunk_arrived || !n) return 0;
-    if (!c->chunk_size) return set_error(EINVAL, "merge: contribution %u has chunk_size 0", i);
-    uint64_t last_byte = c->first_byte + value_bytes(c->dtype, n) - 1;
-    if (last_byte < c->first_byte || last_byte / c->chunk_size >= c->nchunks)
-        return set_error(EINVAL, "merge: contribution %u reaches past its %llu chunks", i,
-                         (unsigned long long)c->nchunks);
-    return 0;
-}
-
 int p2p_merge(void *own, int own_dtype, uint64_t n, const p2p_contribution *contribs, uint32_t k,
               double *arrived_out, uint64_t *refused_out) {
     if (own_dtype < P2P_F32 || own_dtype > P2P_BF16)
@@ -241,7 +133,7 @@ int p2p_merge(void *own, int own_dtype, uint64_t n, const p2p_contribution *cont
     if (n && !own) return set_error(EINVAL, "merge: no tensor");
     if (k && !contribs) return set_error(EINVAL, "merge: no contributions");
     for (uint32_t i = 0; i < k; i++) {
-        int rc = check_contribution(&contribs[i], n, i);
+        int rc = contribution_check(&contribs[i], n, i, "merge");
         if (rc) return rc;
     }
     if (arrived_out) *arrived_out = 1.0;
@@ -287,7 +179,7 @@ int p2p_merge(void *own, int own_dtype, uint64_t n, const p2p_contribution *cont
 
 int p2p_decode(const p2p_contribution *c, uint64_t n, float *out, uint8_t *usable, uint64_t *refused_out) {
     if (!c) return set_error(EINVAL, "decode: no contribution");
-    int rc = check_contribution(c, n, 0);
+    int rc = contribution_check(c, n, 0, "merge");
     if (rc) return rc;
     if (n && (!out || !usable)) return set_error(EINVAL, "decode: no output");
     uint64_t refused = 0;

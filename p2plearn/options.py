@@ -29,6 +29,8 @@ from .rendezvous.variables import OTHER_VARS
 
 ENV_PREFIX = "P2PLEARN_"
 MAX_RANKS = 1 << 16  # the wire's sender id is 16 bits: a job has at most this many ranks
+ROBUST_PARTITIONED = ("--robust: does not apply with --sync partitioned (one peer aggregates each part and sends it "
+                      "to all: no receiver has a second copy of a part to clip or compare it with); use --sync bsp or ssp")
 
 
 class OptionsError(SetupError, ValueError):
@@ -139,6 +141,17 @@ class Options:
                                        "by default each receiver refuses them where they are (it keeps its own "
                                        "value there, as for a lost chunk), counts them per sender and logs the "
                                        "first from each")
+    robust: str = _opt("none", "bound what a lying member (one that holds the job's secret) does to the models it "
+                               "reaches: clip scales each sender's difference from the receiver's model down to "
+                               "--robust-radius x the typical (median) distance, per 1024 values; trimmed averages each "
+                               "value without the largest and smallest sent (with 4 or more senders; fewer: clip); both "
+                               "refuse NaN and inf in any format; not with --sync partitioned (see docs/security.md)", ("none", "clip", "trimmed"))
+    robust_radius: float = _opt(2.0, "--robust clip: the largest distance a sender may move a receiver, per 1024 values, "
+                                     "as a multiple of the median distance of its senders (this round's and its last "
+                                     "16's); lower bounds an attacker tighter and slows honest mixing more",
+                                valid=_within(0.0, 1000.0, low_open=True))
+    robust_exclude: bool = _opt(False, "--robust: stop merging from a sender clipped in more than half of its merges "
+                                       "(after 8 of them); one log line, counted in the optimizer's stats")
     filter: str = _opt("none", "value: send only updates above a decaying threshold (with residuals)",
                        ("none", "value"))
     filter_granularity: str = _opt("per_element", "--filter value: per_element sends the elements above the threshold "
@@ -222,6 +235,8 @@ class Options:
             object.__setattr__(self, "overlap", True)  # frozen: the dataclass idiom for a derived field
         if self.overlap_alpha is not None and not self.overlap:
             raise OptionsError("--overlap-alpha: applies to overlapped rounds: add --overlap or --overlap-steps")
+        if self.robust != "none" and self.sync == "partitioned":
+            raise OptionsError(ROBUST_PARTITIONED)
         if self.compress != "none" and self.filter != "none":
             raise OptionsError("--compress: does not apply with --filter value yet (the filter picks what travels)")
 

@@ -13,6 +13,7 @@ BENCHES = {  # name -> (module, what it measures)
     "average": ("p2plearn.bench.average", "one full average of a model among n peers against gloo's all_reduce"),
     "ddp": ("p2plearn.bench.ddp", "a DDP training step over the p2plearn backend and its hook against gloo"),
     "sim": ("p2plearn.bench.sim", "seconds the simulator takes for rounds of thousands of peers"),
+    "merge": ("p2plearn.bench.merge", "the robust merge's CPU per byte against the plain merge's"),
     "startup": ("p2plearn.bench.startup", "seconds from launch to the first step, and false deaths, on busy cores"),
 }
 

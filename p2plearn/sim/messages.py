@@ -40,6 +40,7 @@ from p2plearn.selection.view import DATAGRAM_DATA
 from p2plearn.sync.codec import MessageCodec
 from p2plearn.sync.compress import Compressor
 from p2plearn.sync.merge import merge_parameter
+from p2plearn.sync.robust import RobustMerge
 from p2plearn.transport.delivery import Delivery, Reason
 
 # what a receiver's engine hands over of a flow's message: (sender, receiver, message id, arrays, which
@@ -129,14 +130,18 @@ class Messages:
         chunks arrived, the missing ones drawn with `rng` (`virtual_delivery`)."""
         return virtual_delivery(sender, rnd, *self.sent(rnd, sender), delivered, rng, self.scale)
 
-    def merge(self, row: np.ndarray, deliveries: list[Delivery]) -> None:
+    def merge(self, row: np.ndarray, deliveries: list[Delivery], robust: RobustMerge | None = None) -> None:
         """Average the deliveries into a receiver's replica (its row, in place), as its synchronizer
-        would: the decoded values that arrived; a delivery the real receiver could not read (its
-        filter header lost) is dropped."""
+        would (through `robust`, the receiver's robust merge, when given): the decoded values that
+        arrived; a delivery the real receiver could not read (its filter header lost) is dropped."""
         decoder = self.codecs[0]  # reading a message needs only the format and the model's layout
-        usable = [c for c, _ in map(decoder.read, deliveries) if c is not None]
+        usable = [(d.sender, c) for d, (c, _) in zip(deliveries, map(decoder.read, deliveries)) if c is not None]
         for k, target in enumerate(decoder.targets_of([row])):
-            merge_parameter(target, [c[k] for c in usable if c[k] is not None])
+            got = [(s, c[k]) for s, c in usable if c[k] is not None]
+            if robust is None:
+                merge_parameter(target, [c for _, c in got])
+            else:
+                robust.merge_parameter(k, target, [c for _, c in got], [s for s, _ in got])
 
     def merged(self, rows: np.ndarray) -> None:
         """The round's merges and outer steps are done: the filter's changes count from here."""

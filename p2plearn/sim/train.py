@@ -79,6 +79,7 @@ from p2plearn.sync.merge import Contribution, merge_parameter
 from p2plearn.sync.outer import OuterOptimizer
 from p2plearn.sync.partitioned import FILTER_REFUSED
 from p2plearn.sync.planner import RoundPlanner
+from p2plearn.sync.robust import RobustMerge, combined_stats
 from p2plearn.sync.window import MergeWindow
 from p2plearn.topology import Topology
 from p2plearn.train.data import Dataset
@@ -181,6 +182,9 @@ class VirtualTraining:
         self.window = VirtualWindow(self.n, MergeWindow(options.staleness if options.sync == "ssp" else 0,
                                                         ssp=options.sync == "ssp"))
         self.outer = [OuterOptimizer(options.outer_lr, options.outer_momentum) for _ in range(self.n)]
+        # --robust: each receiver's own robust merge (its radius history, its per-sender record)
+        self.robust = [RobustMerge(options.robust, options.robust_radius, options.robust_exclude)
+                       for _ in range(self.n)] if options.robust != "none" else None
         self.nchunks = max(1, math.ceil(self.message_bytes / DATAGRAM_DATA))
         self.chunk_size = max(1, math.ceil(self.replica_bytes / self.nchunks))
         partitioned = options.sync == "partitioned"
@@ -268,6 +272,8 @@ class VirtualTraining:
         if self.messages is not None:
             result.update(self.messages.summary())
             result["model"] += "; " + Messages.MODEL
+        if self.robust is not None:
+            result["robust"] = combined_stats(self.robust)
         return result
 
     def _round(self, rnd: int, clock: np.ndarray, staleness: int, pending: dict[str, np.ndarray],
@@ -405,12 +411,15 @@ class VirtualTraining:
                 got = self.deliver_plain(src, dst, rnd, messages[rnd][src], pending["layer_delivered"][k])
             elif (got := self.deliver(src, dst, rnd, *self.messages.sent(rnd, src), delivered)) is None:
                 continue
-            by_receiver.setdefault(dst, []).append(got)
-        for i, contributions in sorted(by_receiver.items()):
-            if self.messages is None:
-                merge_parameter(own[i], contributions)
+            by_receiver.setdefault(dst, []).append((src, got))
+        for i, received in sorted(by_receiver.items()):
+            contributions, robust = [c for _, c in received], self.robust[i] if self.robust else None
+            if self.messages is not None:
+                self.messages.merge(own[i], contributions, robust)
+            elif robust is not None:
+                robust.merge_parameter(0, own[i], contributions, [src for src, _ in received])
             else:
-                self.messages.merge(own[i], contributions)
+                merge_parameter(own[i], contributions)
             if anchors is not None:
                 self.outer[i].step([own[i]], [anchors[i]])
 

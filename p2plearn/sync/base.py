@@ -35,6 +35,7 @@ from p2plearn.sync.inbox import Inbox
 from p2plearn.sync.merge import merge_parameter
 from p2plearn.sync.outer import OuterOptimizer
 from p2plearn.sync.planner import RoundPlanner
+from p2plearn.sync.robust import RobustMerge
 from p2plearn.sync.window import AHEAD_ROUNDS, RECENT_ROUNDS, MergeWindow
 from p2plearn.tolerance import Layer, NetworkState, RoundRecord, TolerancePolicy, TrainingState
 from p2plearn.tolerance.base import CUT_RESULTS
@@ -117,6 +118,8 @@ class Synchronizer(ABC):
             LATE_SENDER times the median of recent rounds (at least MIN_WAIT_S): a sender that
             planned from another view, or stalled, costs one bounded round, not the cap.
     """
+
+    robust: RobustMerge | None = None  # BSP and SSP take one (--robust); None merges plainly
 
     def __init__(self, params: list[np.ndarray], layers: list[Layer], channel: DataChannel, client: ControlClient, *,
                  selection: str, fanout: int, seed: int, tolerance: TolerancePolicy,
@@ -352,7 +355,9 @@ class Synchronizer(ABC):
             sorted({t for d, _ in usable for t in self.fragments.arrays(d.msg_id)})
         fractions = []
         for i in carried:
-            fractions.append(merge_parameter(targets[i], [c[i] for _, c in usable if c[i] is not None]))
+            got = [(d.sender, c[i]) for d, c in usable if c[i] is not None]
+            fractions.append(merge_parameter(targets[i], [c for _, c in got]) if self.robust is None else
+                             self.robust.merge_parameter(i, targets[i], [c for _, c in got], [s for s, _ in got]))
         for d, c in usable:
             self._count_nonfinite(d.sender, c)
         self._merge_s = (time.monotonic() - t0) / len(usable)

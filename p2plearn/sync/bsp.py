@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from p2plearn.sync.base import Synchronizer
+from p2plearn.sync.robust import RobustMerge
 from p2plearn.transport import Delivery
 
 
@@ -20,7 +21,13 @@ class BSP(Synchronizer):
     control plane's clock, as SSP's bound; in step with the job it never binds; see
     ``Synchronizer._hold`` for a silent coordinator). The rule is `sync.window.MergeWindow`'s, which
     the simulator runs in virtual time.
+
+    Args (beyond Synchronizer's): robust: the robust merge (`sync.robust`, ``--robust``); None: plain.
     """
+
+    def __init__(self, *args, robust: RobustMerge | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.robust = robust
 
     def _wait_round(self, rnd: int, senders: set[int], until: float) -> None:
         self.inbox.wait_round(rnd, senders, until, self._alive)

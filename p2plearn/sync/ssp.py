@@ -4,6 +4,7 @@ from __future__ import annotations
 import time
 
 from p2plearn.sync.base import Synchronizer
+from p2plearn.sync.robust import RobustMerge
 from p2plearn.sync.window import MergeWindow
 from p2plearn.transport import Delivery
 
@@ -22,12 +23,14 @@ class SSP(Synchronizer):
 
     Args (beyond Synchronizer's): staleness: s. Larger hides stragglers and bursts better but
     merges older models; 1-4 is typical. The rule is `sync.window.MergeWindow`'s, which the
-    simulator runs in virtual time.
+    simulator runs in virtual time. robust: the robust merge
+    (`sync.robust`, ``--robust``); None: plain.
     """
 
-    def __init__(self, *args, staleness: int = 2, **kwargs):
+    def __init__(self, *args, staleness: int = 2, robust: RobustMerge | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.window = MergeWindow(staleness, ssp=True, round_cap_s=self.round_cap_s)  # refuses a negative s
+        self.robust = robust
 
     def _wait_round(self, rnd: int, senders: set[int], until: float) -> None:
         """Nothing to wait for while sending: SSP's wait is on the clocks, after the send."""

@@ -108,7 +108,7 @@ class DecentralizedOptimizer(Optimizer):
         buffers: also average floating buffers (BatchNorm's running statistics) with the
             parameters; False keeps them local to each peer.
         seed: tie-break seed of the selection policy; the same on every peer.
-        overrides: option values over the runtime's (sync, staleness, selection, fanout,
+        overrides: option values over the runtime's (sync, staleness, selection, fanout, robust,
             loss_bound, tolerance, deadline_ms, log_dir, ...): see `p2plearn.options.Options`.
 
     After each step, `last_round` has what the round did (a `RoundStats`); `stats()` the totals.
@@ -288,6 +288,7 @@ class DecentralizedOptimizer(Optimizer):
         self._stats.bytes_received = self.channel.stats().get("bytes_received", 0)
         self._stats.coordinator_changes = self.runtime.client.coordinator_changes
         self._stats.nonfinite = sum(self.sync.nonfinite.values())
+        self._stats.robust = self.sync.robust.stats() if self.sync.robust is not None else None
         return self._stats
 
     # -- joining peers: the state travels through the engine, the control plane only introduces ---

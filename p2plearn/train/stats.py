@@ -25,6 +25,7 @@ class TrainingStats:
     rejoins: int = 0                # times this peer was taken for dead, came back and got the state again
     coordinator_changes: int = 0    # failovers this peer followed
     nonfinite: int = 0              # values of compressed messages refused as NaN or inf (--keep-nonfinite keeps them)
+    robust: dict | None = None      # --robust: per sender, merges and how often and how much it was clipped (sync.robust)
     round_times: list[float] = field(default_factory=list)
     send_times: list[float] = field(default_factory=list)  # per round, this peer's own transfer
 

@@ -13,6 +13,7 @@ from p2plearn.options import Options
 from p2plearn.protocols import ControlClient, DataChannel
 from p2plearn.sync import SYNCHRONIZERS, Synchronizer
 from p2plearn.sync.outer import OuterOptimizer
+from p2plearn.sync.robust import robust_merge
 from p2plearn.tolerance import policy_from_options
 from p2plearn.train.layout import ModelLayout
 
@@ -23,6 +24,8 @@ def make_synchronizer(options: Options, layout: ModelLayout, arrays: list[np.nda
     sending through `channel`, planning from `client`'s view, starting at its start clock."""
     tolerance = policy_from_options(options)
     extra = {"staleness": options.staleness} if options.sync == "ssp" else {}
+    if options.sync in ("bsp", "ssp"):
+        extra["robust"] = robust_merge(options)
     value_filter = make_filter("value", granularity=options.filter_granularity, init_scale=options.filter_init_scale,
                                period=options.filter_period) if options.filter == "value" else None
     policy_options = {"max_fanout": options.max_fanout or None, "max_fanin": options.max_fanin or None,

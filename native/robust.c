@@ -1,0 +1,300 @@
+/* Robust merging: one tensor merged in place so that no one sender can drag it far (see compute.h).
+ *
+ * The tensor is walked in tiles of P2P_ROBUST_TILE elements, which stay in cache. Clipping reads each
+ * contribution's tile once (read as merge.c reads, contribution.h), adding its difference from the
+ * receiver's own values to the tile's sum unclipped while measuring its norm; once every sender's
+ * norm is known, the rare row that must be clipped is read again and what its scale cuts is taken
+ * back. So an honest round costs one read of the contributions, as the plain merge. The trimmed
+ * mean keeps every sender's row of the tile (2 x 8 KiB a sender) and sorts each element's values.
+ *
+ * Clipping per tile rather than over the whole tensor keeps that one read (a whole-tensor radius
+ * would need every distance before the first element is combined), and bounds a sender in every
+ * part of the model: a sender cannot spend its whole allowance on a few coordinates.
+ */
+#include <errno.h>
+#include <stdlib.h>
+
+#include "compute.h"
+#include "error.h"
+#include "contribution.h"
+
+#define TILE P2P_ROBUST_TILE
+
+/* The first element of the chunk after the one holding element e (c has a chunk mask). */
+static uint64_t chunk_end(const p2p_contribution *c, uint64_t e) {
+    uint64_t k = (c->first_byte + byte_of(c->dtype, e)) / c->chunk_size;
+    return first_at(c->dtype, (k + 1) * c->chunk_size - c->first_byte);  /* (the next chunk's first byte) */
+}
+
+/* acc += d and cnt += 1 over d[0 .. len), and d's squared norm: eight partial sums, so that the adds do not wait
+ * on each other (one running sum in strict IEEE order is bound by the add's latency). */
+static double accumulate_row(const double *d, uint64_t len, double *acc, double *cnt) {
+    double part[8] = {0};
+    uint64_t i = 0;
+    for (; i + 8 <= len; i += 8)
+        for (int l = 0; l < 8; l++) {
+            acc[i + l] += d[i + l];
+            cnt[i + l] += 1.0;
+            part[l] += d[i + l] * d[i + l];
+        }
+    for (; i < len; i++) {
+        acc[i] += d[i];
+        cnt[i] += 1.0;
+        part[0] += d[i] * d[i];
+    }
+    return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+}
+
+/* d = v - o, acc += d, cnt += 1 over len float32 values, and d's squared norm: the common row in one pass. */
+static double read_f32_row(const float *v, const double *o, uint64_t len, double *d, double *acc, double *cnt) {
+    double part[8] = {0};
+    uint64_t i = 0;
+    for (; i + 8 <= len; i += 8)
+        for (int l = 0; l < 8; l++) {
+            double x = (double)v[i + l] - o[i + l];
+            d[i + l] = x;
+            acc[i + l] += x;
+            cnt[i + l] += 1.0;
+            part[l] += x * x;
+        }
+    double rest = 0.0;
+    for (; i < len; i++) {
+        double x = (double)v[i] - o[i];
+        d[i] = x;
+        acc[i] += x;
+        cnt[i] += 1.0;
+        rest += x * x;
+    }
+    return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7])) + rest;
+}
+
+/* Whether v[0 .. len) are all finite: x * 0 is 0 for a finite x and NaN for inf or NaN, and NaN
+ * stays in a sum; eight partial sums, so that the loop vectorises. */
+static int f32_finite(const float *v, uint64_t len) {
+    float part[8] = {0};
+    uint64_t i = 0;
+    for (; i + 8 <= len; i += 8)
+        for (int l = 0; l < 8; l++) part[l] += v[i + l] * 0.0f;
+    for (; i < len; i++) part[0] += v[i] * 0.0f;
+    float all = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+    return all == 0.0f;
+}
+
+/* Elements [from, to) of c, all arrived and none refused, into d - o (start: the tile's first), with
+ * acc += d, cnt += 1 and ok = 1 (ok: or NULL); returns their squared norm. */
+static double read_run(const p2p_contribution *c, const double *o, uint64_t start, uint64_t from, uint64_t to,
+                       double *d, double *ok, double *acc, double *cnt) {
+    uint64_t i = from - start, len = to - from;
+    for (uint64_t x = i; ok && x < i + len; x++) ok[x] = 1.0;
+    if (c->dtype == P2P_F32) return read_f32_row((const float *)c->values + from, o + i, len, d + i, acc + i, cnt + i);
+    for (uint64_t x = from; x < to; x++)
+        d[x - start] = load(c->values, c->dtype, c->scales, c->block, x) - o[x - start];
+    return accumulate_row(d + i, len, acc + i, cnt + i);
+}
+
+/* Row of c's tile [start, end): d[i] = value - o[i] where element start + i arrived and is not
+ * refused, 0 elsewhere; acc += d and cnt += 1 where it arrived (rows are added unclipped: clip_tile
+ * takes back what a clipped row's scale cuts), and ok[i] = 1 there, 0 elsewhere (ok: or NULL).
+ * Returns how many arrived and counted, adds the refused, and sets *d2 to d's squared norm. */
+static uint64_t read_tile(const p2p_contribution *c, const double *o, uint64_t start, uint64_t end, double *d,
+                          double *ok, double *acc, double *cnt, uint64_t *refused, double *d2) {
+    uint64_t got = 0;
+    double norm2 = 0.0;
+    int checks_values = c->finite_only && c->dtype <= P2P_BF16;  /* values that can be NaN or inf themselves */
+    for (uint64_t e = start; e < end;) {
+        uint64_t run_end = end;
+        int usable = 1;
+        if (c->chunk_arrived) {
+            uint64_t ce = chunk_end(c, e);
+            if (ce < run_end) run_end = ce;
+            usable = c->chunk_arrived[(c->first_byte + byte_of(c->dtype, e)) / c->chunk_size] != 0;
+        }
+        int fits = 1;
+        if ((c->dtype == P2P_I8 || c->dtype == P2P_I4) && c->finite_only) {  /* a run within one scale block */
+            uint64_t block_end = (e / c->block + 1) * c->block;
+            if (block_end < run_end) run_end = block_end;
+            fits = scale_fits(c, e / c->block);
+        }
+        int clean = !checks_values || (c->dtype == P2P_F32 && f32_finite((const float *)c->values + e, run_end - e));
+        if (usable && fits && !c->element_arrived && clean) {  /* the common case: one pass */
+            norm2 += read_run(c, o, start, e, run_end, d, ok, acc, cnt);
+            got += run_end - e;
+            e = run_end;
+            continue;
+        }
+        for (uint64_t x = e; x < run_end; x++) {
+            uint64_t i = x - start;
+            d[i] = 0.0;
+            if (ok) ok[i] = 0.0;
+            if (!usable || (c->element_arrived && !c->element_arrived[x])) continue;
+            double value = fits ? load(c->values, c->dtype, c->scales, c->block, x) : NAN;
+            if (c->finite_only && !isfinite(value)) {
+                (*refused)++;
+                continue;
+            }
+            d[i] = value - o[i];
+            if (ok) ok[i] = 1.0;
+            acc[i] += d[i];
+            cnt[i] += 1.0;
+            norm2 += d[i] * d[i];
+            got++;
+        }
+        e = run_end;
+    }
+    *d2 = norm2;
+    return got;
+}
+
+static void sort_doubles(double *a, uint32_t m) {
+    for (uint32_t i = 1; i < m; i++) {
+        double x = a[i];
+        uint32_t j = i;
+        for (; j > 0 && a[j - 1] > x; j--) a[j] = a[j - 1];
+        a[j] = x;
+    }
+}
+
+/* The median of tile t's history (entries >= 0) and `now` (when >= 0); -1 when there is none. */
+static double tile_radius_base(const p2p_robust *how, uint64_t tiles, uint64_t t, double now, double *work) {
+    uint32_t m = 0;
+    for (uint32_t h = 0; how->history && h < how->nhistory; h++) {
+        double x = how->history[h * tiles + t];
+        if (x >= 0.0) work[m++] = x;
+    }
+    if (now >= 0.0) work[m++] = now;
+    if (!m) return -1.0;
+    sort_doubles(work, m);
+    return work[(m - 1) / 2];
+}
+
+/* Clip tile [start, end) (tile t) of the k contributions, whose rows read_tile has summed into acc
+ * unclipped (m, d2: their counts and squared norms): takes back from acc what each clipped row's
+ * scale cuts, reading that row again into `row` (junk: 2 x TILE doubles for the second read's sums).
+ * Returns the tile's median RMS distance (-1: nothing arrived). */
+static double clip_tile(const p2p_robust *how, uint64_t tiles, uint64_t t, uint64_t start, uint64_t end,
+                        const p2p_contribution *contribs, uint32_t k, const double *o, const uint64_t *m,
+                        const double *d2, double *acc, double *row, double *junk, p2p_robust_sender *out,
+                        double *work) {
+    double *rms = work;  /* work: k + nhistory + 1 entries */
+    uint32_t seen = 0;
+    for (uint32_t j = 0; j < k; j++)
+        if (m[j]) rms[seen++] = sqrt(d2[j] / (double)m[j]);
+    double now = -1.0;
+    if (seen) {
+        sort_doubles(rms, seen);
+        now = rms[(seen - 1) / 2];  /* the lower median: with two senders, the closer one */
+    }
+    double base = tile_radius_base(how, tiles, t, now, work + k);
+    for (uint32_t j = 0; j < k; j++) {
+        double scale = 1.0, tau = how->multiplier * base * sqrt((double)m[j]);
+        if (m[j] && d2[j] > tau * tau) scale = tau / sqrt(d2[j]);
+        if (scale < 1.0) {  /* rare for an honest sender: read its row again rather than keep every row */
+            uint64_t refused = 0;
+            double norm2;
+            read_tile(&contribs[j], o, start, end, row, NULL, junk, junk + TILE, &refused, &norm2);
+            for (uint64_t i = 0; i < end - start; i++) acc[i] -= (1.0 - scale) * row[i];
+        }
+        if (out) {
+            out[j].kept2 += scale * scale * d2[j];
+            if (scale < 1.0) out[j].clipped += m[j];
+        }
+    }
+    return now;
+}
+
+/* The trimmed mean of each element of the tile into acc (as a difference from own) and cnt = 1. */
+static void trim_tile(uint32_t trim, uint64_t len, uint32_t k, const double *d, const double *ok, double *acc,
+                      double *cnt, p2p_robust_sender *out, double *work) {
+    for (uint64_t i = 0; i < len; i++) {
+        uint32_t count = 1;
+        work[0] = 0.0;  /* own, as a difference from itself */
+        for (uint32_t j = 0; j < k; j++)
+            if (ok[(uint64_t)j * TILE + i] != 0.0) work[count++] = d[(uint64_t)j * TILE + i];
+        sort_doubles(work, count);
+        uint32_t cut = trim < (count - 1) / 2 ? trim : (count - 1) / 2;
+        double lo = work[cut], hi = work[count - 1 - cut], sum = 0.0;
+        for (uint32_t x = cut; x < count - cut; x++) sum += work[x];
+        acc[i] = sum;
+        cnt[i] = (double)(count - 2 * cut);
+        if (!out) continue;
+        /* per sender: its value trimmed when outside [lo, hi] (ties at an end: kept, a bound no wider) */
+        for (uint32_t j = 0; j < k; j++) {
+            if (ok[(uint64_t)j * TILE + i] == 0.0) continue;
+            double x = d[(uint64_t)j * TILE + i];
+            out[j].distance2 += x * x;
+            if (x < lo || x > hi) out[j].clipped++;
+            else out[j].kept2 += x * x;
+        }
+    }
+}
+
+int p2p_robust_merge(void *own, int own_dtype, uint64_t n, const p2p_contribution *contribs, uint32_t k,
+                     const p2p_robust *how, p2p_robust_sender *out) {
+    if (own_dtype < P2P_F32 || own_dtype > P2P_BF16)
+        return set_error(EINVAL, "robust merge: a tensor of dtype %d cannot be merged into", own_dtype);
+    if (!how || (how->mode != P2P_ROBUST_CLIP && how->mode != P2P_ROBUST_TRIMMED))
+        return set_error(EINVAL, "robust merge: no mode (P2P_ROBUST_CLIP or P2P_ROBUST_TRIMMED)");
+    if (how->mode == P2P_ROBUST_CLIP && !(how->multiplier > 0.0 && isfinite(how->multiplier)))
+        return set_error(EINVAL, "robust merge: the clipping multiplier must be finite and > 0");
+    if (n && !own) return set_error(EINVAL, "robust merge: no tensor");
+    if (k && !contribs) return set_error(EINVAL, "robust merge: no contributions");
+    for (uint32_t i = 0; i < k; i++) {
+        int rc = contribution_check(&contribs[i], n, i, "robust merge");
+        if (rc) return rc;
+    }
+    if (out) memset(out, 0, (size_t)k * sizeof *out);
+    uint64_t tiles = n / TILE + (n % TILE != 0);
+    if (!k || !n) {
+        for (uint64_t t = 0; how->tile_median_out && t < tiles; t++) how->tile_median_out[t] = -1.0;
+        return 0;
+    }
+    /* trimmed: per sender a row of differences and one of arrivals; clip: one row of differences
+     * and two of junk sums (clip_tile); then a sorting row, and per sender its count and norm */
+    int trimmed = how->mode == P2P_ROBUST_TRIMMED;
+    size_t rows = (trimmed ? (size_t)2 * k : 3) * TILE, work = (size_t)2 * k + how->nhistory + 2;
+    double *scratch = malloc((rows + work + 2 * TILE) * sizeof(double));
+    uint64_t *m = malloc((size_t)k * sizeof *m);
+    double *d2 = malloc((size_t)k * sizeof *d2);
+    if (!scratch || !m || !d2) {
+        free(scratch);
+        free(m);
+        free(d2);
+        return set_error(ENOMEM, "robust merge: no memory for %u senders' tiles", k);
+    }
+    double *d = scratch, *ok = trimmed ? scratch + (size_t)k * TILE : NULL, *spare = scratch + rows;
+    double *acc = spare + work, *cnt = acc + TILE, o[TILE];
+    for (uint64_t t = 0; t < tiles; t++) {
+        uint64_t start = t * TILE, end = n - start < TILE ? n : start + TILE, len = end - start;
+        for (uint64_t i = 0; i < len; i++) {
+            o[i] = load(own, own_dtype, NULL, 0, start + i);
+            acc[i] = 0.0;
+            cnt[i] = 1.0;
+        }
+        for (uint32_t j = 0; j < k; j++) {
+            uint64_t refused = 0;
+            double *row = trimmed ? d + (uint64_t)j * TILE : d, *row_ok = trimmed ? ok + (uint64_t)j * TILE : NULL;
+            m[j] = read_tile(&contribs[j], o, start, end, row, row_ok, acc, cnt, &refused, &d2[j]);
+            if (out) {
+                out[j].arrived += m[j];
+                out[j].refused += refused;
+                out[j].distance2 += trimmed ? 0.0 : d2[j];
+            }
+        }
+        if (!trimmed) {
+            double median = clip_tile(how, tiles, t, start, end, contribs, k, o, m, d2, acc, d, d + TILE, out, spare);
+            if (how->tile_median_out) how->tile_median_out[t] = median;
+        } else {
+            trim_tile(how->trim, len, k, d, ok, acc, cnt, out, spare);
+        }
+        if (own_dtype == P2P_F32) {
+            float *v = (float *)own + start;
+            for (uint64_t i = 0; i < len; i++) v[i] = (float)(o[i] + acc[i] / cnt[i]);
+        } else {
+            for (uint64_t i = 0; i < len; i++) store(own, own_dtype, start + i, o[i] + acc[i] / cnt[i]);
+        }
+    }
+    free(scratch);
+    free(m);
+    free(d2);
+    return 0;
+}
