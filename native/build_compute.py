@@ -13,7 +13,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)  # cffi runs this file by its path, which does not make its siblings importable
 from build_p2pcast import _cdef_text, _compile_args  # noqa: E402
 
-SOURCES = ["planner.c", "planner_steps.c", "planner_model.c", "planner_heap.c", "merge.c", "change.c", "robust.c", "contribution.c", "error.c"]
+SOURCES = ["planner.c", "planner_steps.c", "planner_model.c", "planner_heap.c", "merge.c", "change.c", "robust.c", "hadamard.c", "contribution.c", "error.c"]
 
 ffibuilder = FFI()
 ffibuilder.cdef(_cdef_text("compute.h"))

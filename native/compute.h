@@ -141,3 +141,10 @@ typedef struct {
 
 int p2p_robust_merge(void *own, int own_dtype, uint64_t n, const p2p_contribution *contribs, uint32_t k,
                      const p2p_robust *how, p2p_robust_sender *out);
+
+/* ---- The DDP hook's randomized Hadamard transform (hadamard.c) ----
+ * p2p_hadamard: each block of `block` floats of x (n a multiple of it; block a power of 2) becomes
+ * H D x / sqrt(block) (inverse = 0) or D H x / sqrt(block) (inverse != 0, which undoes it), in place:
+ * H the Walsh-Hadamard matrix, D random signs drawn from seed per element of x (the same for one
+ * seed everywhere). */
+int p2p_hadamard(float *x, uint64_t n, uint32_t block, uint64_t seed, int inverse);

@@ -24,12 +24,13 @@ loopback (64 KiB datagrams) a chunk covers a whole block and it changes nothing.
 """
 # (no `from __future__ import annotations`: DDP checks the hook's annotations as objects)
 import copy
-import math
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+from p2plearn.compute import check, ffi, lib
 from p2plearn.distributed.backend import ProcessGroupP2P
 from p2plearn.tolerance import Layer, NetworkState, TolerancePolicy, TrainingState, make_tolerance
 
@@ -124,38 +125,30 @@ def loss_tolerant_hook(state: LossTolerantState, bucket: dist.GradBucket) -> tor
 
 def _transformed(buffer: torch.Tensor, numels: list[int], seed: int, index: int, round: int
                  ) -> tuple[torch.Tensor, list[int], Any]:
-    """Each layer of ``buffer`` under a randomized Hadamard transform, padded to whole blocks (a new
-    flat tensor), its layers' sizes there, and what writes the inverse back into ``buffer``."""
-    generator = torch.Generator().manual_seed(hash((seed, index, round)) & 0x7FFFFFFFFFFFFFFF)
-    pieces, shapes, offset = [], [], 0
+    """Each layer of ``buffer`` under a randomized Hadamard transform (in C, `native/hadamard.c`),
+    padded to whole blocks, in a new float32 CPU tensor; its layers' sizes there; and what writes
+    the inverse back into ``buffer`` (on its device, in its dtype). One seed per bucket and round,
+    the same on every rank; each layer's signs continue the bucket's sequence at its place."""
+    bucket_seed = hash((seed, index, round)) & 0x7FFFFFFFFFFFFFFF  # (a tuple of ints hashes alike in every process)
+    layers, offset, start = [], 0, 0
     for n in numels:
         block = min(1 << max(n - 1, 1).bit_length(), HADAMARD_BLOCK)
-        padded = torch.zeros(-(-n // block) * block, dtype=buffer.dtype, device=buffer.device)
-        padded[:n] = buffer[offset:offset + n]
-        signs = torch.randint(0, 2, (padded.numel(),), generator=generator).to(buffer.device, buffer.dtype) * 2 - 1
-        pieces.append(_fwht((padded * signs).view(-1, block)).view(-1))
-        shapes.append((offset, n, block, signs))
-        offset += n
-    flat = torch.cat(pieces)
+        layers.append((offset, n, start, -(-n // block) * block, block))
+        offset, start = offset + n, start + -(-n // block) * block
+    flat = torch.empty(start, dtype=torch.float32)
+    values = flat.numpy()
+    for offset, n, start, size, block in layers:
+        flat[start:start + n] = buffer[offset:offset + n]
+        flat[start + n:start + size] = 0.0
+        _hadamard(values[start:start + size], block, bucket_seed + start, inverse=False)
 
     def restore() -> None:
-        start = 0
-        for (offset, n, block, signs) in shapes:
-            size = signs.numel()
-            back = _fwht(flat[start:start + size].view(-1, block)).view(-1) * signs
-            buffer[offset:offset + n] = back[:n]
-            start += size
+        for offset, n, start, size, block in layers:
+            _hadamard(values[start:start + size], block, bucket_seed + start, inverse=True)
+            buffer[offset:offset + n] = flat[start:start + n]
 
-    return flat, [s[3].numel() for s in shapes], restore
+    return flat, [size for _, _, _, size, _ in layers], restore
 
 
-def _fwht(x: torch.Tensor) -> torch.Tensor:
-    """The orthonormal Walsh-Hadamard transform of each row of ``x`` (rows of a power-of-2 length);
-    it is its own inverse."""
-    rows, n = x.shape
-    h = 1
-    while h < n:
-        y = x.view(rows, n // (2 * h), 2, h)
-        x = torch.stack((y[:, :, 0] + y[:, :, 1], y[:, :, 0] - y[:, :, 1]), dim=2).view(rows, n)
-        h *= 2
-    return x / math.sqrt(n)
+def _hadamard(x: np.ndarray, block: int, seed: int, inverse: bool) -> None:
+    check(lib.p2p_hadamard(ffi.from_buffer("float[]", x), x.size, block, seed & 0xFFFFFFFFFFFFFFFF, int(inverse)))

@@ -2,19 +2,44 @@
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
+from scipy.linalg import hadamard
 
-from p2plearn.ddp import HADAMARD_BLOCK, _fwht, _transformed
+from p2plearn.compute import InvalidArgument
+from p2plearn.ddp import HADAMARD_BLOCK, _hadamard, _transformed
 
 
-def test_walsh_hadamard_is_orthonormal_and_its_own_inverse():
-    x = torch.randn(3, 64, dtype=torch.float64)
-    y = _fwht(x)
-    assert torch.allclose(y.norm(dim=1), x.norm(dim=1))
-    assert torch.allclose(_fwht(y), x)
-    assert torch.allclose(_fwht(torch.eye(4, dtype=torch.float64)) * 2, torch.tensor(
-        [[1, 1, 1, 1], [1, -1, 1, -1], [1, 1, -1, -1], [1, -1, -1, 1]], dtype=torch.float64))
+@pytest.mark.parametrize("block", [1, 2, 4, 64, 1024])
+def test_each_block_becomes_the_dense_randomized_hadamard_of_it(block):
+    """H D x / sqrt(block) per block, D the signs the seed draws (read off unit vectors), and the
+    inverse undoes it; the norm is kept."""
+    blocks, seed = 3, 12345
+    signs = np.empty(blocks * block, np.float32)
+    for e in range(signs.size):  # T(unit e) = d_e H[:, e] / sqrt(block): its first entry is d_e / sqrt(block)
+        unit = np.zeros(signs.size, np.float32)
+        unit[e] = 1.0
+        _hadamard(unit, block, seed, inverse=False)
+        signs[e] = np.sign(unit[e - e % block])
+    assert set(np.unique(signs)) == {-1.0, 1.0} or signs.size < 4
+    x = np.random.default_rng(block).standard_normal(blocks * block).astype(np.float32)
+    y = x.copy()
+    _hadamard(y, block, seed, inverse=False)
+    dense = hadamard(block) / np.sqrt(block)
+    expected = np.concatenate([dense @ (signs[b * block:(b + 1) * block] * x[b * block:(b + 1) * block])
+                               for b in range(blocks)])
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-5)
+    assert np.linalg.norm(y) == pytest.approx(np.linalg.norm(x), rel=1e-5)
+    _hadamard(y, block, seed, inverse=True)
+    np.testing.assert_allclose(y, x, rtol=1e-4, atol=1e-5)
+
+
+def test_bad_blocks_are_refused_in_c():
+    with pytest.raises(InvalidArgument, match="a power of 2"):
+        _hadamard(np.zeros(6, np.float32), 3, 0, inverse=False)
+    with pytest.raises(InvalidArgument, match="not whole blocks"):
+        _hadamard(np.zeros(6, np.float32), 4, 0, inverse=False)
 
 
 def test_transform_is_undone_per_layer_and_seeded_alike():
