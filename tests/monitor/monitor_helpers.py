@@ -1,6 +1,8 @@
 """Helpers of the monitor tests (a unique module name: every test folder is on sys.path)."""
 
+import contextlib
 import json
+import secrets
 import time
 import urllib.error
 import urllib.request
@@ -78,3 +80,26 @@ class RawMembers:
     def close(self) -> None:
         for sock in self.socks:
             sock.close()
+
+
+@contextlib.contextmanager
+def monitored(world_size: int):
+    """A coordinator with its dashboard on a free loopback port, and `world_size` raw members joined
+    to it: (dashboard, members); everything is stopped after, also on failure."""
+    from p2plearn.control import Coordinator
+    from p2plearn.monitor import attach
+
+    key = secrets.token_hex(32)
+    coordinator = Coordinator(JOB, key, world_size=world_size, heartbeat=0.1)
+    dashboard = attach(coordinator, "127.0.0.1:0", key)
+    coordinator.start()
+    try:
+        members = RawMembers(coordinator.address, key, world_size)
+        try:
+            wait_state(dashboard, lambda s: len(s["peers"]) == world_size, 5, f"{world_size} peers")
+            yield dashboard, members
+        finally:
+            members.close()
+    finally:
+        coordinator.stop()
+        dashboard.stop()

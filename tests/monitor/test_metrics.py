@@ -1,24 +1,14 @@
 """``/metrics`` parses with the Prometheus client's own parser and says what the coordinator knows."""
 
-import secrets
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from p2plearn.control import Coordinator
-from p2plearn.monitor import attach
-
-from monitor_helpers import JOB, RawMembers, get, wait_state
+from monitor_helpers import get, monitored, wait_state
 
 
 def test_metrics_parse_and_count():
-    key = secrets.token_hex(32)
-    coordinator = Coordinator(JOB, key, world_size=3, heartbeat=0.1)
-    dashboard = attach(coordinator, "127.0.0.1:0", key)
-    coordinator.start()
-    members = RawMembers(coordinator.address, key, 3)
-    try:
+    with monitored(3) as (dashboard, members):
         # Bytes are counted from the rounds a peer completes after the monitor first saw it.
-        wait_state(dashboard, lambda s: len(s["peers"]) == 3, 5, "three peers")
         for clock in (1, 2):
             for rank in range(3):
                 members.report(rank, clock, loss=1.0 / clock)
@@ -40,21 +30,11 @@ def test_metrics_parse_and_count():
         # Each of 3 peers completed 2 rounds of a 4096-byte message to 2 receivers.
         assert value[("p2plearn_reported_bytes_total", ())] == 2 * 3 * 4096 * 2
         assert families["p2plearn_members"].type == "gauge" and families["p2plearn_events"].type == "counter"
-    finally:
-        members.close()
-        coordinator.stop()
-        dashboard.stop()
 
 
 def test_peer_counters_and_the_timeline_come_from_their_reports():
     """Deadline hits, slow closes and drops by reason, as each peer last reported its totals; bad entries left out."""
-    key = secrets.token_hex(32)
-    coordinator = Coordinator(JOB, key, world_size=2, heartbeat=0.1)
-    dashboard = attach(coordinator, "127.0.0.1:0", key)
-    coordinator.start()
-    members = RawMembers(coordinator.address, key, 2)
-    try:
-        wait_state(dashboard, lambda s: len(s["peers"]) == 2, 5, "two peers")
+    with monitored(2) as (dashboard, members):
         members.report(0, 1, 1.0, {"deadline": 1, "slow": 0, "drop_injected": 7})
         members.report(0, 2, 0.9, {"deadline": 3, "slow": 2, "drop_injected": 9, "drop_replayed": 1,
                                    "bad name!": 5, "drop_evicted": -1, "slow_x": "many"})
@@ -78,7 +58,3 @@ def test_peer_counters_and_the_timeline_come_from_their_reports():
         counters = ("p2plearn_peer_deadline_hits_total", "p2plearn_peer_slow_closes_total", "p2plearn_peer_drops_total")
         assert not any(dict(labels)["rank"] == "1" for name, labels in value if name in counters)
         assert families["p2plearn_peer_drops"].type == "counter"
-    finally:
-        members.close()
-        coordinator.stop()
-        dashboard.stop()

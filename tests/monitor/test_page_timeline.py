@@ -2,16 +2,12 @@
 reported round of each peer."""
 
 import re
-import secrets
 import shutil
 import subprocess
 
 import pytest
 
-from p2plearn.control import Coordinator
-from p2plearn.monitor import attach
-
-from monitor_helpers import JOB, RawMembers, wait_state
+from monitor_helpers import monitored, wait_state
 
 CHROMIUM = shutil.which("chromium")
 
@@ -19,13 +15,7 @@ CHROMIUM = shutil.which("chromium")
 @pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install -y chromium)")
 def test_the_timeline_shows_each_peers_last_rounds():
-    key = secrets.token_hex(32)
-    coordinator = Coordinator(JOB, key, world_size=3, heartbeat=0.1)
-    dashboard = attach(coordinator, "127.0.0.1:0", key)
-    coordinator.start()
-    members = RawMembers(coordinator.address, key, 3)
-    try:
-        wait_state(dashboard, lambda s: len(s["peers"]) == 3, 5, "three peers")
+    with monitored(3) as (dashboard, members):
         for clock in range(1, 5):
             for rank in range(3 if clock < 4 else 2):  # rank 2 reports 3 rounds, the others 4
                 members.report(rank, clock, loss=1.0 / clock)
@@ -37,7 +27,3 @@ def test_the_timeline_shows_each_peers_last_rounds():
         for kind in ("compute", "comm"):
             bars = re.findall(rf'<rect class="{kind}" data-rank="(\d+)" data-round="(\d+)"', dom)
             assert sorted(bars) == sorted([(str(r), str(c)) for r in range(3) for c in range(1, 5) if (r, c) != (2, 4)])
-    finally:
-        members.close()
-        coordinator.stop()
-        dashboard.stop()
