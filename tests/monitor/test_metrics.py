@@ -1,6 +1,5 @@
 """``/metrics`` parses with the Prometheus client's own parser and says what the coordinator knows."""
 
-
 from prometheus_client.parser import text_string_to_metric_families
 
 from monitor_helpers import get, monitored, wait_state
