@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import common as c
 
@@ -32,6 +33,11 @@ def bench(argv: list[str]) -> list[dict]:
     return json.loads(out.stdout[out.stdout.index("["):])
 
 
+def finished() -> dict:
+    """When a row's run ended and the machine's load then (what `common.load_note` reports)."""
+    return {"finished_utc": time.strftime("%H:%M:%S", time.gmtime()), "load_1min": os.getloadavg()[0]}
+
+
 def run(seed: int, quick: bool) -> list[c.Row]:
     rows: list[c.Row] = []
     for model, args in AVERAGES.items():
@@ -45,13 +51,13 @@ def run(seed: int, quick: bool) -> list[c.Row]:
                          "time_s": r["round_s"], "x_time": r["round_s"] / gloo["round_s"],
                          "cpu_s": r["cpu_s_per_100mb"], "x_cpu": r["cpu_s_per_100mb"] / gloo["cpu_s_per_100mb"],
                          "peak_rss_mb": r["peak_rss_mb"], "x_rss": r["peak_rss_mb"] / gloo["peak_rss_mb"],
-                         "load_1min": os.getloadavg()[0]})
+                         **finished()})
     measured = bench(["ddp", "--steps", "30"])
     gloo = next(r for r in measured if r["config"] == "gloo")
     for r in measured:
         rows.append({"benchmark": "ddp step", "system": r["config"], "seed": seed, "time_s": r["step_s"],
                      "x_time": r["step_s"] / gloo["step_s"], "cpu_s": r["cpu_s"], "x_cpu": r["cpu_s"] / gloo["cpu_s"],
-                     "load_1min": os.getloadavg()[0]})
+                     **finished()})
     return rows
 
 
