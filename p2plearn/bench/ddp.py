@@ -94,11 +94,12 @@ def main(argv: list[str]) -> None:
     if argv and argv[0] == "--rank":
         return rank_main(argv[1], argv[2], int(argv[3]), int(argv[4]), int(argv[5]))
     ap = argparse.ArgumentParser(prog="python -m p2plearn.bench ddp", description=__doc__.splitlines()[0])
-    ap.add_argument("--ranks", type=int, default=4)
-    ap.add_argument("--hidden", type=int, default=1024, help="units per layer")
-    ap.add_argument("--layers", type=int, default=4, help="linear layers")
-    ap.add_argument("--steps", type=int, default=40, help="measured steps per configuration")
-    ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
+    ap.add_argument("--ranks", type=int, default=4, help="processes, one per rank (default: %(default)s)")
+    ap.add_argument("--hidden", type=int, default=1024, help="units per layer (default: %(default)s)")
+    ap.add_argument("--layers", type=int, default=4, help="linear layers (default: %(default)s)")
+    ap.add_argument("--steps", type=int, default=40, help="measured steps per configuration (default: %(default)s)")
+    ap.add_argument("--configs", default=",".join(CONFIGS),
+                    help="comma-separated, gloo (the baseline) among them (default: %(default)s)")
     ap.add_argument("--json", action="store_true", help="print the raw results as JSON instead of a table")
     args = ap.parse_args(argv)
     configs = args.configs.split(",")
