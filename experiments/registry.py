@@ -38,10 +38,13 @@ class Entry:
 
 
 def _entry(command: str, *groups: list[str]) -> Entry:
-    """An entry measuring `groups` and the script (or module) that `command` runs."""
+    """An entry measuring `groups` and the script (or module) that `command` runs. A path one group
+    excludes and another includes (TRAINING leaves out p2plearn/bench, BENCH adds it) is measured:
+    git applies a pathspec's exclusions after its inclusions, so the exclusion is dropped."""
     script = command.split()[command.split().index("python") + 1] if "python" in command.split() else ""
     own = [script] if script.startswith("experiments/") else []
-    return Entry(command, tuple(dict.fromkeys(own + [p for g in groups for p in g])))
+    paths = list(dict.fromkeys(own + [p for g in groups for p in g]))
+    return Entry(command, tuple(p for p in paths if not (p.startswith(":(exclude)") and p[len(":(exclude)"):] in paths)))
 
 
 _MNIST_TORCH = ["experiments/torch_mnist1d.py"]
