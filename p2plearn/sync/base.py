@@ -158,11 +158,11 @@ class Synchronizer(ABC):
         self._interrupted = False
         self.network = NetworkState()
         self.training = TrainingState()
-        # The model as last merged (the anchor), kept only where something reads it: the outer step,
-        # compressed changes, the filter, a policy that reads update norms. Else no copy of the model
+        # The model as last merged (the anchor), kept only where something reads it: an outer step
+        # that is not plain averaging, compressed changes, the filter, a policy that reads update norms. Else no copy of the model
         # (its memory) and no copy into it each round (its time).
-        anchored = outer is not None or self.compressor is not None or value_filter is not None \
-            or tolerance.reads_update_norms
+        anchored = (outer is not None and not outer.plain) or self.compressor is not None \
+            or value_filter is not None or tolerance.reads_update_norms
         self._previous: list[np.ndarray] | None = [p.copy() for p in self.params] if anchored else None
         # This peer's load, reported every round (see GlobalView): its compute between rounds,
         # merge time per message, and messages kept for a later round's merge.
