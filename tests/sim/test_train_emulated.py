@@ -2,11 +2,11 @@
 same flags, seed and data, on both launchers; the virtual peers co-located as the real ones are
 (`--colocate` this machine's cores: 4 processes share them).
 
-Two-sided: the virtual time to the target is within 15% of the real one, in both directions (a model
-that overcharges compute, a link or a round fails, and so does one that is too optimistic). The
-calibration and the real run both see this machine's load: run it on a quiet host. The stored
-replays of the testbed's runs (`sim.validate_train`, tests/sim/test_time_to_target.py) do not
-depend on the load.
+Load only slows the real run (its processes share the machine's cores with everything else, CI's
+included), so this live comparison checks the direction load cannot fake: the virtual time to the
+target is never more than 15% above the real one (a model that overcharges compute, a link or a
+round). Within 15% both ways is checked against the testbed's stored runs, which no load moves
+(`sim.validate_train`, tests/sim/test_time_to_target.py).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def time_to(history: list, target: float) -> float:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_virtual_time_to_target_is_within_15_percent_of_the_real(tmp_path):
+def test_virtual_time_to_target_is_not_above_the_real(tmp_path):
     real_out = tmp_path / "real.json"
     cmd = [sys.executable, "-m", "p2plearn.launch", "-np", "4", "--topology", TOPOLOGY, "--emulate", "--",
            sys.executable, "-m", "p2plearn.examples.mnist1d", *FLAGS, "--json", str(real_out)]
@@ -47,5 +47,5 @@ def test_virtual_time_to_target_is_within_15_percent_of_the_real(tmp_path):
           f"{virtual['rounds']}; final {real['averaged_accuracy']:.3f} / {virtual['averaged_accuracy']:.3f}")
     assert real["rounds"] == virtual["rounds"]
     assert real_s < float("inf") and virtual_s < float("inf"), "a run never reached the target"
-    assert abs(virtual_s / real_s - 1) <= 0.15, (f"virtual {virtual_s:.2f} s against real {real_s:.2f} s: "
-                                               f"{virtual_s / real_s - 1:+.1%} (load {os.getloadavg()[0]:.1f})")
+    assert virtual_s / real_s - 1 <= 0.15, (f"virtual {virtual_s:.2f} s against real {real_s:.2f} s: "
+                                          f"{virtual_s / real_s - 1:+.1%} (load {os.getloadavg()[0]:.1f})")
