@@ -2,7 +2,7 @@
 
     Measured: commit 1a2b3c4 (clean) · load (1 min) median 2.1, max 3.0 on 2 cores · seeds 0, 1, 2 · command: `python experiments/x.py`
 
-- commit: the checkout the run measured; `at or before X` where only an upper bound is known (files
+- commit: the checkout the run measured; `X or earlier` where only an upper bound is known (files
   stored before this line existed: X is the commit that stored them, so nothing after X is in them).
 - the tree: `clean` when the code the file measures (experiments/registry.py) had no uncommitted
   change, `dirty` otherwise (such a file is always stale), `tree unknown` for the stored ones.
@@ -37,7 +37,7 @@ from typing import Any, Iterable
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"
 PREFIX = "Measured: "
-LINE = re.compile(r"^Measured: commit (?P<bound>at or before )?(?P<commit>[0-9a-f]{7,40}|unknown) "
+LINE = re.compile(r"^Measured: commit (?P<commit>[0-9a-f]{7,40}|unknown)(?P<bound> or earlier)? "
                   r"\((?P<tree>clean|dirty|tree unknown)\) · load (?P<load>[^·]+?) · seeds (?P<seeds>[^·]+?) · "
                   r"command: `(?P<command>[^`]+)`$", re.MULTILINE)
 
@@ -54,8 +54,8 @@ class Provenance:
     command: str
 
     def line(self) -> str:
-        bound = "" if self.exact else "at or before "
-        return (f"{PREFIX}commit {bound}{self.commit} ({self.tree}) · load {self.load} · seeds {self.seeds} · "
+        bound = "" if self.exact else " or earlier"
+        return (f"{PREFIX}commit {self.commit}{bound} ({self.tree}) · load {self.load} · seeds {self.seeds} · "
                 f"command: `{self.command}`")
 
 
