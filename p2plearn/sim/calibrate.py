@@ -33,6 +33,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -52,30 +53,28 @@ def cache_path() -> str:
     return os.path.join(_cache_dir(), "calibration.json")
 
 
-def costs(model_factory: Callable[[], torch.nn.Module], name: str, batch_size: int, x_test: torch.Tensor,
-          y_test: torch.Tensor, *, recalibrate: bool = False) -> dict[str, float]:
-    """{"step_s", "eval_s", "merge_s"} of the model `model_factory()` makes (`name` keys the cache)."""
-    key = f"{name} batch {batch_size} test {len(y_test)} torch {torch.__version__} host {platform.node()}"
+def _cached(key: str, measure: Callable[[], Any], recalibrate: bool) -> Any:
+    """The cache's entry `key`, or `measure()` stored there (also when `recalibrate`)."""
     path = cache_path()
     cached = _read(path)
     if key in cached and not recalibrate:
         return cached[key]
-    result = _measure(model_factory, batch_size, x_test, y_test)
+    result = measure()
     _write(path, {**_read(path), key: result})
     return result
+
+
+def costs(model_factory: Callable[[], torch.nn.Module], name: str, batch_size: int, x_test: torch.Tensor,
+          y_test: torch.Tensor, *, recalibrate: bool = False) -> dict[str, float]:
+    """{"step_s", "eval_s", "merge_s"} of the model `model_factory()` makes (`name` keys the cache)."""
+    key = f"{name} batch {batch_size} test {len(y_test)} torch {torch.__version__} host {platform.node()}"
+    return _cached(key, lambda: _measure(model_factory, batch_size, x_test, y_test), recalibrate)
 
 
 def engine_cost(*, recalibrate: bool = False) -> float:
     """CPU seconds per byte of a message moved by the engine, sender and receiver together (cached
     per host and torch version, as `costs`)."""
-    key = f"engine per byte host {platform.node()}"
-    path = cache_path()
-    cached = _read(path)
-    if key in cached and not recalibrate:
-        return cached[key]
-    result = _measure_engine()
-    _write(path, {**_read(path), key: result})
-    return result
+    return _cached(f"engine per byte host {platform.node()}", _measure_engine, recalibrate)
 
 
 def _measure_engine() -> float:
@@ -102,14 +101,7 @@ def _measure_engine() -> float:
 
 def round_cost(*, recalibrate: bool = False) -> float:
     """CPU seconds of a round's fixed work per peer (cached per host, as `engine_cost`)."""
-    key = f"round per peer host {platform.node()}"
-    path = cache_path()
-    cached = _read(path)
-    if key in cached and not recalibrate:
-        return cached[key]
-    result = _measure_round()
-    _write(path, {**_read(path), key: result})
-    return result
+    return _cached(f"round per peer host {platform.node()}", _measure_round, recalibrate)
 
 
 def _measure_round() -> float:
