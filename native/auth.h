@@ -1,9 +1,11 @@
-/* Datagram authentication (wire.h, bytes 24-55): AES-256-GMAC tags from OpenSSL's libcrypto: its
- * GCM mode (GHASH with carry-less multiplication) over AES-256 through EVP (AES-NI). Picked by
+/* Datagram authentication (wire.h, bytes 24-55): AES-256-GMAC tags. AES-256 from OpenSSL's
+ * libcrypto through EVP (AES-NI); GHASH, where the CPU has AVX-512 VPCLMULQDQ, from ghash.c (four
+ * blocks per instruction), else OpenSSL's GCM128 (one), the same tags either way. Picked by
  * measurement on this project's 2-core machine, one core, per datagram of 1472 / 8192 / 65000
  * bytes: SipHash-2-4 22 / 23 / 23 Gbit/s, ChaCha20-Poly1305 19 / 61 / 73, AES-256-GMAC through
- * EVP's AEAD calls 53 / 109 / 134, and through CRYPTO_gcm128 as here ~90 / ~125 / ~140 (EVP's
- * per-call cost, ~150 ns, is most of a 1472-byte datagram's).
+ * EVP's AEAD calls 53 / 109 / 134, and through CRYPTO_gcm128 ~90 / ~125 / ~140 (EVP's per-call
+ * cost, ~150 ns, is most of a 1472-byte datagram's); ghash.c: see tests/transport/test_tags.py.
+ * P2P_PORTABLE_GHASH set in the environment keeps OpenSSL's GHASH (to compare).
  * Used by the I/O thread only (one cipher context, not thread-safe). */
 #ifndef P2P_AUTH_H
 #define P2P_AUTH_H
@@ -12,6 +14,7 @@
 #include <sys/uio.h>
 
 #define AUTH_KEY 32
+#define AUTH_MAX_BODY 8               /* body pieces one tag covers */
 
 /* One sequence of IVs. A receiver's replay window follows each (sender, session) in counter order,
  * so datagrams that reach it by different paths (its unicast socket, a multicast group's) and can
@@ -35,9 +38,12 @@ struct auth_dest {
     uint16_t port;                /* host order */
 };
 
+struct ghash_key;
+
 struct auth {
     void *aes;                    /* owned EVP_CIPHER_CTX: AES-256-ECB under the data key */
     void *gcm;                    /* owned GCM128_CONTEXT over it; NULL = tags off */
+    struct ghash_key *ghash;      /* owned powers of GHASH's key for ghash.c; NULL = OpenSSL's GHASH */
     uint32_t job;
     struct auth_stream stream;    /* the engine's unicast datagrams' */
 };
@@ -48,7 +54,7 @@ int auth_init(struct auth *a, const uint8_t key[AUTH_KEY], uint32_t job);
 int auth_stream_init(struct auth *a, struct auth_stream *st);
 void auth_free(struct auth *a);
 /* Stamps the header (already filled by wire_put_hdr) with st's session and counter and the job,
- * and writes its tag over the destination, the header and the body pieces. */
+ * and writes its tag over the destination, the header and the body pieces (nbody <= AUTH_MAX_BODY). */
 void auth_seal(struct auth *a, struct auth_stream *st, const struct auth_dest *to, uint8_t *hdr,
                const struct iovec *body, int nbody);
 /* 1 when the datagram's tag is right for destination `at` (always 1 when tags are off); the job

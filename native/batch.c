@@ -18,6 +18,7 @@
 #define MAX_GSO_SEGS 64           /* datagrams per GSO super-datagram ... */
 #define MAX_GSO_BYTES 65000       /* ... and its bytes (the kernel's limit is one IP packet) */
 #define PIECES 6                  /* iovecs per datagram before gathering into a staging copy */
+_Static_assert(PIECES <= AUTH_MAX_BODY, "a tag covers every piece of a datagram");
 #define STAGE_SLOTS 64            /* staging copies per batch, 64 KiB each in eng->sbuf */
 
 static const uint8_t zeros[8];

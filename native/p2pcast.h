@@ -229,3 +229,9 @@ void p2p_delivery_free(p2p_delivery *d);
 int p2p_fill(p2p_delivery *d, int mode, const p2p_segment *src, uint32_t nsrc);
 /* Fraction of each segment's bytes that arrived. */
 int p2p_delivery_fractions(const p2p_delivery *d, double *out, uint32_t nseg);
+
+/* The datagram tags' MAC, for tests and for checking another implementation: AES-256-GMAC under
+ * `key` and the 96-bit `iv` over the pieces' bytes in order (their loss_bound unused), through the
+ * engine's GHASH (portable = 0: ghash.c where the CPU runs it) or OpenSSL's (portable = 1). */
+int p2p_gmac(const uint8_t key[32], const uint8_t iv[12], const p2p_segment *pieces, uint32_t n, int portable,
+             uint8_t tag[16]);
