@@ -7,10 +7,9 @@ import os
 
 import numpy as np
 import pytest
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from p2plearn.transport._native import check, ffi, lib
-
-AESGCM = pytest.importorskip("cryptography.hazmat.primitives.ciphers.aead").AESGCM
 
 
 def gmac(key: bytes, iv: bytes, pieces: list[bytes], portable: bool) -> bytes:
