@@ -146,6 +146,7 @@ class Partitioned(Synchronizer):
             merged_from.update(inputs)
             for sender, c in inputs.items():
                 self._count_nonfinite(sender, c)
+            del inputs  # their engine buffers go back to the pool now, for the gather phase's messages
         # 2. gather: the averaged part to everyone else; theirs into place where it arrived
         gather = send(2 * rnd + 1, averaged, mine, [(*engines[j].engine, layout.gather_rate[me][j]) for j in others],
                       gather_format) if mine and others else None
