@@ -71,7 +71,7 @@ class Messages:
     def __init__(self, options: Options, sizes: list[int], n: int, message_bytes: float, replica_bytes: float,
                  rows: np.ndarray, staleness: int):
         self.options = options
-        self.layer_ranges = [(0, int(lo), int(lo + size)) for lo, size in zip(np.cumsum([0, *sizes[:-1]]), sizes)]
+        self.layer_ranges = row_layers(sizes)
         self.scale = message_bytes / replica_bytes   # network bytes per byte of the replica's message
         self.dense_bytes = message_bytes
         self.staleness = staleness
@@ -156,6 +156,12 @@ class Messages:
         what = f"--compress {o.compress}" if not self.filtering else \
             f"--filter value ({o.filter_granularity}, init scale {o.filter_init_scale}, period {o.filter_period})"
         return {"messages": what, "bytes_per_message": mean, "bytes_ratio": mean / self.dense_bytes}
+
+
+def row_layers(sizes: list[int]) -> list[tuple[int, int, int]]:
+    """The layers of a replica's row (one array) of tensors of `sizes` elements, in order: (0, first
+    element, end element) each, as a codec takes them."""
+    return [(0, int(lo), int(lo + size)) for lo, size in zip(np.cumsum([0, *sizes[:-1]]), sizes)]
 
 
 def virtual_delivery(sender: int, msg_id: int, arrays: list[np.ndarray], exact: list[bool], delivered: float,

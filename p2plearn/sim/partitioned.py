@@ -33,7 +33,7 @@ class VirtualPartitioned:
     """The partitioned rounds of a `VirtualTraining` (its replicas, view, links, clocks and policies).
     ``anchors``: every peer's model after the last round ([n, P], kept current by the caller after each
     round's outer step); needed with compression (rounds exchange changes from it), else may be None.
-    What arrives of a flow's message is the run's `VirtualTraining.deliver`."""
+    What arrives of a flow's message is the run's `VirtualTraining.arrivals`."""
 
     def __init__(self, training, anchors: np.ndarray | None):
         self.training = training
@@ -128,7 +128,7 @@ class VirtualPartitioned:
                  fmt: Compressor | None, delivered: float) -> list[Contribution] | None:
         """What the receiver reads of the sender's message when `delivered` of its chunks arrived."""
         exact = [b == 0.0 for b in (fmt.loss_bounds([1.0] * len(slices)) if fmt is not None else [1.0] * len(arrays))]
-        d = self.training.deliver(sender, receiver, msg_id, arrays, exact, delivered)
+        d = self.training.arrivals.delivery(sender, receiver, msg_id, arrays, exact, delivered)
         return None if d is None else self.exchanges[receiver].contributions(d, slices, fmt)
 
     def _phase(self, flows: list[tuple[int, int, float, float]], start: np.ndarray, sizes: np.ndarray,

@@ -27,9 +27,9 @@ i.i.d. or `--dirichlet ALPHA`), and its own virtual clock:
   (`send_s`: the longest sender's, from its compute end to its last flow's) and the plan's T
   (`planned_s`), and the result gives `slow_closed` (all rounds) and `send_over_plan` (the mean
   of send_s / planned_s);
-- what arrived is a chunk mask (the delivered fraction of the message's chunks, the missing ones
-  drawn at random as loss leaves them), merged by the C merge (`sync.merge`), then the outer
-  update (`sync.outer`, `--outer-lr`, `--outer-momentum`);
+- what arrived is a chunk mask (`sim.arrivals`: the delivered fraction of the message's chunks, the
+  missing ones drawn at random as loss leaves them), merged by the C merge (`sync.merge`), then the
+  outer update (`sync.outer`, `--outer-lr`, `--outer-momentum`);
 - `--compress` and `--filter value` as in training (`sim.messages`): each peer's own compressor or
   value filter (error feedback), the message's encoded bytes on the network (each sender's own size
   in the planner's view and the flow simulator), the receiver merging the decoded values that came;
@@ -63,19 +63,19 @@ import torch
 from p2plearn.control.estimator import seed_rates
 from p2plearn.options import Options
 from p2plearn.selection import NetworkView
-from p2plearn.selection.view import DATAGRAM_DATA
+from p2plearn.sim.arrivals import Arrivals
 from p2plearn.sim.batches import peer_steps
 from p2plearn.sim.calibrate import costs, engine_cost, round_cost
 from p2plearn.sim.control import VirtualControl, round_load
 from p2plearn.sim.hosts import Hosts
 from p2plearn.sim.links import LinkSchedule
-from p2plearn.sim.messages import Deliver, Messages, virtual_delivery
+from p2plearn.sim.messages import Messages
 from p2plearn.sim.partitioned import VirtualPartitioned
 from p2plearn.sim.replicas import Replicas
 from p2plearn.sim.simulator import PlannedSimulator
 from p2plearn.sim.tolerance import VirtualTolerance
 from p2plearn.sim.window import VirtualWindow
-from p2plearn.sync.merge import Contribution, merge_parameter
+from p2plearn.sync.merge import merge_parameter
 from p2plearn.sync.outer import OuterOptimizer
 from p2plearn.sync.partitioned import FILTER_REFUSED
 from p2plearn.sync.planner import RoundPlanner
@@ -84,7 +84,6 @@ from p2plearn.sync.window import MergeWindow
 from p2plearn.topology import Topology
 from p2plearn.train.data import Dataset
 from p2plearn.train.optimizer import describe_layers
-from p2plearn.transport.delivery import ChunkMask
 
 UNSUPPORTED = {"overlap": (True,), "transport_mode": ("multicast", "auto")}
 
@@ -165,15 +164,8 @@ class VirtualTraining:
         self.eval_s = self.costs["eval_s"] * (stretch if settings.eval_s is None else 1.0)
         self.receive_s = stretch * self.hosts.receive_s(self.costs["merge_s"], self.message_bytes, self.replica_bytes)
         self.round_s = self.hosts.round_s(self.n)
-        self.mask_rng = np.random.default_rng(settings.seed + 1)
-        # what a receiver's engine hands over of a flow's encoded message (compressed, filtered or
-        # partitioned): drawn with the mask generator; a test replays what real engines delivered
-        self.deliver: Deliver = lambda sender, receiver, msg_id, arrays, exact, delivered: virtual_delivery(
-            sender, msg_id, arrays, exact, delivered, self.mask_rng, self.message_bytes / self.replica_bytes)
-        # the same for plain float32 messages: (sender, receiver, message id, values, per layer the
-        # fraction delivered) -> what the receiver merges, or None
-        self.deliver_plain: Callable[[int, int, int, np.ndarray, np.ndarray], Contribution | None] = \
-            lambda sender, receiver, msg_id, values, delivered: Contribution(values, chunks=self._mask(delivered))
+        # which chunks of a flow's message arrive: drawn, or (a test's `arrivals.deliver`) what real engines delivered
+        self.arrivals = Arrivals(settings.seed + 1, self.message_bytes, self.replica_bytes, self.replicas.sizes)
         self.control = VirtualControl(self.n, seed_rates(topology))
         policy = {"max_fanout": options.max_fanout or None, "max_fanin": options.max_fanin or None,
                   "mixing_slack": options.mixing_slack} if options.selection == "selmcast" else {}
@@ -185,8 +177,6 @@ class VirtualTraining:
         # --robust: each receiver's own robust merge (its radius history, its per-sender record)
         self.robust = [RobustMerge(options.robust, options.robust_radius, options.robust_exclude)
                        for _ in range(self.n)] if options.robust != "none" else None
-        self.nchunks = max(1, math.ceil(self.message_bytes / DATAGRAM_DATA))
-        self.chunk_size = max(1, math.ceil(self.replica_bytes / self.nchunks))
         partitioned = options.sync == "partitioned"
         if partitioned and options.filter == "value":
             raise ValueError(FILTER_REFUSED)
@@ -209,9 +199,6 @@ class VirtualTraining:
         # The fixed policy needs no state: its bound and deadline are the options' (the scalar path).
         self.tolerance = None if options.tolerance == "fixed" else \
             VirtualTolerance(options, describe_layers(model), self.n)
-        # per chunk of a message, the layer its first byte belongs to (per-layer chunk masks)
-        layer_first_byte = [] if self.tolerance is None else self.tolerance.starts * 4
-        self.chunk_layer = np.searchsorted(layer_first_byte, np.arange(self.nchunks) * self.chunk_size, "right") - 1
         self.log = None  # a `p2plearn.monitor.SimLog` (--log-dir, --report): told each round's flows, sends and end
 
     # --- the run --------------------------------------------------------------------------
@@ -408,8 +395,10 @@ class VirtualTraining:
             rnd, src, delivered = int(pending["round"][k]), int(pending["src"][k]), float(pending["delivered"][k])  # round, sender
             dst = int(pending["dst"][k])
             if self.messages is None:
-                got = self.deliver_plain(src, dst, rnd, messages[rnd][src], pending["layer_delivered"][k])
-            elif (got := self.deliver(src, dst, rnd, *self.messages.sent(rnd, src), delivered)) is None:
+                got = self.arrivals.plain(src, dst, rnd, messages[rnd][src], delivered, pending["layer_delivered"][k])
+            else:
+                got = self.arrivals.delivery(src, dst, rnd, *self.messages.sent(rnd, src), delivered)
+            if got is None:
                 continue
             by_receiver.setdefault(dst, []).append((src, got))
         for i, received in sorted(by_receiver.items()):
@@ -422,22 +411,6 @@ class VirtualTraining:
                 merge_parameter(own[i], contributions)
             if anchors is not None:
                 self.outer[i].step([own[i]], [anchors[i]])
-
-    def _mask(self, layer_delivered: np.ndarray) -> ChunkMask | None:
-        """The chunks of a message that arrived: of each layer's (one: the whole message), the
-        fraction `layer_delivered`, the missing ones at random."""
-        if (layer_delivered >= 1.0).all():
-            return None
-        if len(layer_delivered) == 1:
-            arrived = np.zeros(self.nchunks, dtype=bool)
-            arrived[self.mask_rng.permutation(self.nchunks)[:int(layer_delivered[0] * self.nchunks)]] = True
-            return ChunkMask(arrived, 0, self.chunk_size)
-        arrived = np.ones(self.nchunks, dtype=bool)
-        for layer, fraction in enumerate(layer_delivered.tolist()):
-            if fraction < 1.0:
-                chunks = np.flatnonzero(self.chunk_layer == layer)
-                arrived[self.mask_rng.permutation(chunks)[int(fraction * len(chunks)):]] = False
-        return ChunkMask(arrived, 0, self.chunk_size)
 
     def _result(self, history, rounds, clock, wall_s: float) -> dict:
         test = (self.data.x_test, self.data.y_test)

@@ -105,7 +105,7 @@ def test_training_and_the_simulator_end_rounds_with_the_same_bits(job, compress,
     peers = job(4, Partitioned, params=lambda rank: [models[rank].copy()], compress=compress, **loss)
     received = record_deliveries(peers)
 
-    sim.deliver = replayer(received)
+    sim.arrivals.deliver = replayer(received)
     masks_with_losses = 0
     for rnd in range(3):
         run_threads(peers, 1)

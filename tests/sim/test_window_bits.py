@@ -1,11 +1,12 @@
 """Training and the simulator merge by the same rule (`sync.window.MergeWindow`): SSP rounds with a
-straggler, and plain BSP rounds with lost chunks, leave the same bits in both.
+straggler leave the same bits in both, the simulator choosing the messages of each merge by itself.
 
-SSP: two peers, rank 1 a straggler (it computes SLOW_S before every step, rank 0 nothing), so rank 0
+Two peers, rank 1 a straggler (it computes SLOW_S before every step, rank 0 nothing), so rank 0
 runs up to s rounds ahead and each merge takes messages of earlier rounds: which ones is the rule's
 decision (a message arrives a straggler's step or more before or after the merge that could take it,
-so the real run decides as the virtual one does). BSP: lost chunks (20% of the datagrams dropped, a
-loss bound of 0.3 closing sends early), the simulator handed the chunk masks the real receivers got."""
+so the real run decides as the virtual one does). The arithmetic of SSP merges with compression and
+lost chunks, the choice of messages replayed, is `test_ssp_bits.py`'s; plain BSP rounds with lost
+chunks are `test_bsp_bits.py`'s."""
 from __future__ import annotations
 
 import time
@@ -17,12 +18,9 @@ import torch
 from p2plearn.examples.mnist1d import MLP
 from p2plearn.options import Options
 from p2plearn.sim.train import Settings, VirtualTraining
-from p2plearn.sync import BSP, SSP
-from p2plearn.sync.merge import Contribution
-from p2plearn.tolerance import make_tolerance
+from p2plearn.sync import SSP
 from p2plearn.topology import homogeneous
 from p2plearn.train.data import mnist1d
-from tests.sync.recording import record_deliveries
 from tests.sync.test_rounds import job, run_threads  # noqa: F401 - job is the fixture
 
 FAST_S = 0.002
@@ -63,24 +61,3 @@ def test_ssp_with_a_straggler_merges_the_same_rounds_in_training_and_in_the_simu
         assert np.array_equal(peer.params[0], rows[i]), f"rank {i}'s model differs (merged per round: {merged})"
     assert not np.array_equal(rows[0], models[0]), "nothing was merged: the test tests nothing"
 
-
-def test_bsp_with_lost_chunks_merges_the_same_bits_in_training_and_in_the_simulator(job):  # noqa: F811
-    rounds = 3
-    sim = virtual(Options(sync="bsp", selection="all", period=1, loss_bound=0.3), 4, rounds)
-    models = sim.replicas.numpy().copy()
-    peers = job(4, BSP, params=lambda rank: [models[rank].copy()], selection="all",
-                channel_kw={"drop_prob": 0.2, "seed": 5, "max_datagram": 1400},
-                tolerance=make_tolerance("fixed", loss_bound=0.3))
-    received = record_deliveries(peers)
-    run_threads(peers, rounds)
-
-    def replay(sender, receiver, msg_id, values, delivered):
-        d = received.get((receiver, sender, msg_id))
-        return None if d is None else Contribution(values, chunks=d.chunks(0))
-
-    sim.deliver_plain = replay
-    sim.run()
-    rows = sim.replicas.numpy()
-    for i, peer in enumerate(peers):
-        assert np.array_equal(peer.params[0], rows[i]), f"rank {i}'s model differs"
-    assert sum(not d.mask.all() for d in received.values()) > 0, "no chunk was lost: the test tests nothing"
