@@ -11,8 +11,10 @@
  * - x + residual keeps a NaN x's own bits (quieted) whatever the residual holds, as numpy's
  *   x += residual does (x86 returns the first operand's NaN; the compiler may swap the operands);
  * - the fp16 codes of a NaN keep its sign and the top of its payload as numpy's cast does (not
- *   float_to_f16's one quiet NaN);
- * - a block's scale is NaN when one of its values is, and a code is float32 -> int32 -> its low byte
+ *   float_to_f16's one quiet NaN); fp16 is converted branch-free here (f16_clipped, f16_exact), in
+ *   integers where it chooses, so that its loops vectorise;
+ * - a block's scale is NaN when one of its values is (of the NaNs there, the one with the largest
+ *   payload: numpy's pick depends on its SIMD lanes), and a code is float32 -> int32 -> its low byte
  *   as numpy's cast does (0 for NaN or past int32's range), which only matters where a block's
  *   scale underflows (a subnormal largest value) or is not finite;
  * - the residual is x - read in a loop of its own: the read is a rounded float32 product, never
@@ -28,6 +30,47 @@
 #define MAX_BLOCK 2048    /* values per scale at most: two blocks (an even count, for int4) fit a chunk */
 #define FP16_MAX 65504.0f
 
+static inline uint32_t bits_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static inline float float_of(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* cond ? a : b, as a mask: both sides are computed (a ?: of float results lets the compiler move the
+ * float operation into the branch, which -ftrapping-math then keeps from vectorising). */
+static inline uint32_t pick(int cond, uint32_t a, uint32_t b) {
+    uint32_t mask = 0u - (uint32_t)(cond != 0);
+    return (a & mask) | (b & ~mask);
+}
+
+/* float (bits u) clipped to +-65504 -> binary16 as numpy casts it, without branches (so that the
+ * loop vectorises): rounded to nearest even (float_to_f16's way), and a NaN keeping its sign and the
+ * top ten bits of its payload (one more where those are all zero, so that it stays a NaN), where
+ * float_to_f16 makes every NaN 0x7e00. */
+static inline uint16_t f16_clipped(uint32_t u) {
+    uint32_t a = u & 0x7fffffffu;
+    uint32_t normal = (a - 0x38000000u + 0xfffu + ((a >> 13) & 1)) >> 13;   /* rebias 127 -> 15, round */
+    uint32_t subnormal = bits_of(float_of(a) + 0.5f) - 0x3f000000u;       /* below 2^-14: the add rounds at 2^-24 */
+    uint32_t nan = 0x7c00u + ((a & 0x7fffffu) >> 13);
+    nan += nan == 0x7c00u;
+    uint32_t h = pick(a > 0x7f800000u, nan, pick(a > 0x477fe000u, 0x7bffu, pick(a >= 0x38800000u, normal, subnormal)));
+    return (uint16_t)(((u >> 16) & 0x8000u) | h);
+}
+
+/* binary16 -> float, exactly (f16_to_float, a NaN's payload kept), without branches. */
+static inline float f16_exact(uint16_t h) {
+    uint32_t magnitude = h & 0x7fffu;
+    uint32_t normal = (magnitude << 13) + (magnitude >= 0x7c00u ? 0x70000000u : 0x38000000u);  /* rebias */
+    uint32_t subnormal = bits_of((float)magnitude * 5.9604644775390625e-8f);   /* units of 2^-24, exact */
+    return float_of((uint32_t)(h & 0x8000u) << 16 | pick(magnitude < 0x400u, subnormal, normal));
+}
+
 /* x[i] = element from + i of values (dtype P2P_F32, P2P_F64, P2P_F16 or P2P_BF16 bits) as float32. */
 VECTOR_CLONES static void load_chunk(float *restrict x, const void *values, int dtype, uint64_t from, uint64_t len) {
     switch (dtype) {
@@ -39,7 +82,7 @@ VECTOR_CLONES static void load_chunk(float *restrict x, const void *values, int 
     }
     case P2P_F16: {
         const uint16_t *restrict v = (const uint16_t *)values + from;
-        for (uint64_t i = 0; i < len; i++) x[i] = f16_to_float(v[i]);
+        for (uint64_t i = 0; i < len; i++) x[i] = f16_exact(v[i]);
         break;
     }
     default: {
@@ -49,9 +92,13 @@ VECTOR_CLONES static void load_chunk(float *restrict x, const void *values, int 
     }
 }
 
-/* x[i] += residual[i]; a NaN x stays its own NaN (x + x: quieted, whichever operand comes first). */
+/* x[i] += residual[i]; a NaN x stays its own NaN, quieted, whichever operand the add takes first.
+ * Branch-free, in integers where it chooses (the loop vectorises). */
 VECTOR_CLONES static void add_residual(float *restrict x, const float *restrict residual, uint64_t len) {
-    for (uint64_t i = 0; i < len; i++) x[i] = isnan(x[i]) ? x[i] + x[i] : x[i] + residual[i];
+    for (uint64_t i = 0; i < len; i++) {
+        uint32_t own = bits_of(x[i]), sum = bits_of(x[i] + residual[i]);
+        x[i] = float_of(pick((own & 0x7fffffffu) > 0x7f800000u, own | 0x400000u, sum));
+    }
 }
 
 /* residual[i] = x[i] - read[i]: what this round's codes did not carry, sent in the next. */
@@ -60,25 +107,12 @@ VECTOR_CLONES static void keep_residual(float *restrict residual, const float *r
     for (uint64_t i = 0; i < len; i++) residual[i] = x[i] - read[i];
 }
 
-/* float -> binary16 as numpy casts it: float_to_f16, but a NaN keeps its sign and the top ten bits
- * of its payload (one more where those are all zero, so that it stays a NaN). */
-static inline uint16_t f16_as_numpy(float f) {
-    if (!isnan(f)) return float_to_f16(f);
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint16_t bits = (uint16_t)(0x7c00 + ((u & 0x7fffffu) >> 13));
-    return (uint16_t)(((u >> 16) & 0x8000) | (bits == 0x7c00 ? 0x7c01 : bits));
-}
-
 /* fp16: values clipped to +-65504 (a NaN passes), rounded to nearest even; read[i] their value. */
 VECTOR_CLONES static void encode_f16(uint16_t *restrict codes, float *restrict read, const float *restrict x,
                                      uint64_t len) {
-    for (uint64_t i = 0; i < len; i++) {
-        float clipped = x[i] < -FP16_MAX ? -FP16_MAX : x[i] > FP16_MAX ? FP16_MAX : x[i];
-        codes[i] = f16_as_numpy(clipped);
-    }
+    for (uint64_t i = 0; i < len; i++) codes[i] = f16_clipped(bits_of(x[i]));
     if (read)
-        for (uint64_t i = 0; i < len; i++) read[i] = f16_to_float(codes[i]);
+        for (uint64_t i = 0; i < len; i++) read[i] = f16_exact(codes[i]);
 }
 
 /* bf16: rounded to nearest even, a NaN as 0x7fc0 (bfloat16.store's rounding); read[i] their value. */
@@ -90,19 +124,14 @@ VECTOR_CLONES static void encode_bf16(uint16_t *restrict codes, float *restrict 
 }
 
 /* The scale of a block of len values: max |x| / top, 1 where that is 0; a NaN value makes it NaN
- * (numpy's max: the first NaN's |x|, quieted by the division). */
+ * (the largest |x| compared as bits: a NaN's exceed every number's). */
 VECTOR_CLONES static float block_scale(const float *restrict x, uint64_t len, float top) {
-    float largest = 0.0f;
-    int nan = 0;
+    uint32_t largest = 0;
     for (uint64_t i = 0; i < len; i++) {
-        float a = fabsf(x[i]);
-        largest = a > largest ? a : largest;
-        nan |= isnan(a);
+        uint32_t magnitude = bits_of(x[i]) & 0x7fffffffu;
+        largest = magnitude > largest ? magnitude : largest;
     }
-    if (nan)
-        for (uint64_t i = 0; i < len; i++)
-            if (isnan(x[i])) return fabsf(x[i]) / top;
-    float scale = largest / top;
+    float scale = float_of(largest) / top;
     return scale == 0.0f ? 1.0f : scale;
 }
 
