@@ -28,7 +28,6 @@
 
 #define CHUNK 4096        /* values per pass: 16 KiB of float32, and as much again of reads */
 #define MAX_BLOCK 2048    /* values per scale at most: two blocks (an even count, for int4) fit a chunk */
-#define FP16_MAX 65504.0f
 
 static inline uint32_t bits_of(float f) {
     uint32_t u;
@@ -49,10 +48,10 @@ static inline uint32_t pick(int cond, uint32_t a, uint32_t b) {
     return (a & mask) | (b & ~mask);
 }
 
-/* float (bits u) clipped to +-65504 -> binary16 as numpy casts it, without branches (so that the
- * loop vectorises): rounded to nearest even (float_to_f16's way), and a NaN keeping its sign and the
- * top ten bits of its payload (one more where those are all zero, so that it stays a NaN), where
- * float_to_f16 makes every NaN 0x7e00. */
+/* float (bits u) clipped to +-65504 (0x477fe000; inf too) -> binary16 as numpy casts it, without
+ * branches (so that the loop vectorises): rounded to nearest even (float_to_f16's way), and a NaN
+ * keeping its sign and the top ten bits of its payload (one more where those are all zero, so that
+ * it stays a NaN), where float_to_f16 makes every NaN 0x7e00. */
 static inline uint16_t f16_clipped(uint32_t u) {
     uint32_t a = u & 0x7fffffffu;
     uint32_t normal = (a - 0x38000000u + 0xfffu + ((a >> 13) & 1)) >> 13;   /* rebias 127 -> 15, round */
@@ -161,7 +160,8 @@ VECTOR_CLONES static void pack_pairs(uint8_t *restrict packed, const int8_t *res
 /* 0 when every array of job is there and long enough for n values, else EINVAL. */
 static int quantize_check(const p2p_quantize_job *job, uint64_t n) {
     if (!job) return set_error(EINVAL, "quantize: no job");
-    if (job->dtype < P2P_F32 || job->dtype > P2P_BF16) return set_error(EINVAL, "quantize: values of dtype %d", job->dtype);
+    if (job->dtype < P2P_F32 || job->dtype > P2P_BF16)
+        return set_error(EINVAL, "quantize: values of dtype %d", job->dtype);
     if (job->format < P2P_F16 || job->format > P2P_I4) return set_error(EINVAL, "quantize: format %d", job->format);
     if (n && (!job->values || !job->codes)) return set_error(EINVAL, "quantize: no values or no codes");
     if (job->values_bytes < value_bytes(job->dtype, n))
@@ -215,7 +215,7 @@ static void encode_chunk(const p2p_quantize_job *job, const float *x, float *rea
 int p2p_quantize(const p2p_quantize_job *job, uint64_t n) {
     int rc = quantize_check(job, n);
     if (rc) return rc;
-    /* a whole, even number of blocks per chunk: no block and no int4 byte straddles two chunks */
+    /* a whole number of blocks, an even number of values per chunk: no block and no int4 byte straddles two */
     uint64_t chunk = job->format >= P2P_I8 ? 2 * job->block * (CHUNK / (2 * job->block)) : CHUNK;
     float x[CHUNK], reads[CHUNK];
     for (uint64_t start = 0; start < n; start += chunk) {

@@ -26,7 +26,6 @@ merges them as they come (a diverging peer's NaN then spreads, as it would uncom
 from __future__ import annotations
 
 import sys
-from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -85,20 +84,22 @@ class _Reused:
     it alive while reading: a channel until its send is done (`Channel.send`'s handle keeps the
     arrays; its `_inflight` keeps the handle until the next send), a caller while it holds the
     list. So an array no one else references is provably not in flight, and writing into it is as
-    safe as the freeing that a new array each round meant. Arrays are kept per (size, dtype), as
-    many as the last `encode` took plus one: the last round's, while its send is still referenced,
-    and this one's. Not thread-safe: its owner encodes one round at a time.
+    safe as the freeing that a new array each round meant. Arrays are kept per (size, dtype); after
+    an encode, those of the keys it took from that no one holds are let go (it did not need them,
+    and the next encode in the same state will not): what stays is this round's and what is still
+    in flight, e.g. two sets that alternate behind a channel. Not thread-safe: its owner encodes one
+    round at a time.
     """
 
     def __init__(self) -> None:
         self._kept: dict[tuple[int, str], list[np.ndarray]] = {}  # per key, least recently handed out first
-        self._taken: Counter[tuple[int, str]] = Counter()  # per key, arrays handed out since `settle`
+        self._taken: set[tuple[int, str]] = set()  # the keys taken from since `settle`
 
     def take(self, size: int, dtype: Any) -> np.ndarray:
         """An array of `size` elements of `dtype` that no one else holds (contents undefined)."""
         key = (size, np.dtype(dtype).str)
         kept = self._kept.setdefault(key, [])
-        self._taken[key] += 1
+        self._taken.add(key)
         for i in range(len(kept)):
             if _references(kept, i) == _ALONE:
                 kept.append(kept.pop(i))
@@ -107,10 +108,13 @@ class _Reused:
         return kept[-1]
 
     def settle(self) -> None:
-        """One encode is over: per key it took from, keep as many as it took plus one (the most
-        recent; an older one still held elsewhere lives on there and is freed there)."""
-        for key, taken in self._taken.items():
-            del self._kept[key][:-(taken + 1)]
+        """One encode is over (what it handed out is still held by its caller): of the keys it took
+        from, let go of the arrays that no one holds."""
+        for key in self._taken:
+            kept = self._kept[key]
+            for i in reversed(range(len(kept))):
+                if _references(kept, i) == _ALONE:
+                    del kept[i]
         self._taken.clear()
 
 

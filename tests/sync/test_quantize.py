@@ -218,6 +218,25 @@ def test_a_send_in_flight_keeps_its_arrays_and_rounds_alternate_between_two_sets
             assert all(r() is a for r, a in zip(rounds[k - 2], in_flight))
 
 
+def test_the_pool_lets_go_of_what_a_round_did_not_need():
+    """Arrays a caller held for many rounds are not all kept once released: after the next round,
+    the pool holds one set, the one it handed out."""
+    c = Compressor("int4", [3000])
+    x = np.ones(3000, np.float32)
+    held = [c.encode([x], [(0, 0, x.size)], []) for _ in range(5)]  # five sets, none reusable meanwhile
+    refs = [weakref.ref(a) for arrays in held for a in arrays]
+    del held
+    last = c.encode([x], [(0, 0, x.size)])
+    assert sum(r() is not None for r in refs) == len(last) == 2  # the codes and scales reused; the rest freed
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_empty_piece_encodes_to_empty_arrays(mode):
+    read: list[np.ndarray] = []
+    arrays = Compressor(mode, [0, 5]).encode([np.zeros(0, np.float32)], [(0, 0, 0)], read)
+    assert [a.size for a in arrays + read] == [0] * len(arrays + read)
+
+
 # ---- lengths --------------------------------------------------------------------------------------
 def _job(n: int, fmt: int = lib.P2P_I8, block: int = BLOCK, **short: int):
     """A job for n float32 values, every array of the right length but those `short` names shorter."""
