@@ -1,4 +1,4 @@
-"""cffi API-mode builder for the SELMCAST planner and the merge, run by `pip install` (setup.py: cffi_modules).
+"""cffi API-mode builder for the SELMCAST planner, the merge and compression, run by `pip install` (setup.py: cffi_modules).
 
 They are a module of their own (p2plearn._p2pcompute, API in compute.h) so that selection and sync
 call them without loading the transport's engine. The cdef comes from compute.h, and the compiler
@@ -13,7 +13,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)  # cffi runs this file by its path, which does not make its siblings importable
 from build_p2pcast import _cdef_text, _compile_args  # noqa: E402
 
-SOURCES = ["planner.c", "planner_steps.c", "planner_model.c", "planner_heap.c", "merge.c", "change.c", "robust.c", "hadamard.c", "contribution.c", "error.c"]
+SOURCES = ["planner.c", "planner_steps.c", "planner_model.c", "planner_heap.c", "merge.c", "change.c", "robust.c", "hadamard.c", "quantize.c", "contribution.c", "error.c"]
 
 ffibuilder = FFI()
 ffibuilder.cdef(_cdef_text("compute.h"))

@@ -1,4 +1,4 @@
-/* The SELMCAST planner and the mask-aware merge: plain computations on the caller's arrays, a
+/* The SELMCAST planner, the mask-aware merge and compression: plain computations on the caller's arrays, a
  * module of their own (p2plearn._p2pcompute) apart from the engine (p2pcast.h), so that selection
  * and merging need no transport.
  *
@@ -95,6 +95,38 @@ typedef struct {
 int p2p_merge(void *own, int own_dtype, uint64_t n, const p2p_contribution *contribs, uint32_t k,
               double *arrived_out, uint64_t *refused_out);
 int p2p_decode(const p2p_contribution *c, uint64_t n, float *out, uint8_t *usable, uint64_t *refused_out);
+
+/* ---- Compression (quantize.c) ----
+ * p2p_quantize encodes n values in one of the formats that travel, in one pass and in place of the
+ * caller's arrays (none allocated): x[e] = values[e] (dtype P2P_F32, P2P_F64, P2P_F16 or P2P_BF16
+ * bits, read as float32) + residual[e] (float32 sums; no residual: x = the value), then in `format`:
+ *   P2P_F16: x clipped to +-65504, rounded to nearest even (2 bytes per value at codes);
+ *   P2P_BF16: x rounded to nearest even, a NaN as 0x7fc0 (2 bytes);
+ *   P2P_I8 / P2P_I4: per block of `block` values (the last may be shorter), scales[b] = max |x| / 127
+ *     (int8) or / 7 (int4), 1 where that is 0, NaN where a value is; code = x / scale rounded to
+ *     nearest even (-127..127, -7..7); int4 codes are packed as P2P_I4 reads them (code + 8).
+ * read[e], what a receiver reads of element e (code x scale, or the fp16/bf16 value), goes to
+ * decoded[e] when decoded is not NULL; residual[e] becomes x[e] - read[e] (error feedback). Bit for
+ * bit what the numpy encoder of sync/compress.py did before, NaN and inf included (but a NaN's bits
+ * where numpy's own pick depends on its SIMD lanes: see quantize.c). The arrays must not overlap;
+ * each is checked against n (EINVAL before anything is written); block at most 2048. */
+typedef struct {
+    const void *values;           /* n elements of dtype (the caller's, read only) */
+    uint64_t values_bytes;
+    int dtype;                    /* P2P_F32, P2P_F64, P2P_F16, P2P_BF16 */
+    float *residual;              /* n floats, read and updated in place, or NULL: no error feedback */
+    uint64_t nresidual;
+    int format;                   /* P2P_F16, P2P_BF16, P2P_I8, P2P_I4 */
+    void *codes;                  /* value_bytes(format, n) bytes: (n + 1) / 2 for P2P_I4 */
+    uint64_t codes_bytes;
+    float *scales;                /* P2P_I8, P2P_I4 only: ceil(n / block) */
+    uint64_t nscales;
+    uint32_t block;
+    float *decoded;               /* n floats, or NULL */
+    uint64_t ndecoded;
+} p2p_quantize_job;
+
+int p2p_quantize(const p2p_quantize_job *job, uint64_t n);
 
 /* ---- The size of a change (change.c) ----
  * p2p_change_sumsq: *out = the sum over e < n of (now[e] - before[e])^2, both of dtype (P2P_F32,

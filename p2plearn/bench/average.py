@@ -45,7 +45,8 @@ from p2plearn.bench.models import MODELS, model_bytes, model_shapes
 ROOT = Path(__file__).resolve().parents[2]
 WARM = 2  # rounds that include connection set-up
 MODES = {"partitioned": ["--sync", "partitioned"], "bsp all": ["--sync", "bsp", "--selection", "all"],
-         "partitioned fp16": ["--sync", "partitioned", "--compress", "fp16"]}
+         "partitioned fp16": ["--sync", "partitioned", "--compress", "fp16"],
+         "partitioned int4": ["--sync", "partitioned", "--compress", "int4"]}
 GLOO_DTYPES = ("float32", "float16")  # fp16 all_reduce: what DDP's fp16_compress_hook sends
 BUCKET_MB = 25  # DDP's default bucket_cap_mb
 

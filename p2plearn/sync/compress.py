@@ -14,7 +14,8 @@
           high nibble 8, a zero); see `pack_int4`.
 Error feedback: each peer keeps, per element, what compression took off the last value it sent
 (sent = compress(x + residual), residual = x + residual - sent), so an error made in one round is
-sent in the next instead of being lost, and the errors do not add up over rounds. The receiver
+sent in the next instead of being lost, and the errors do not add up over rounds. The sender
+encodes in C (`native/quantize.c`: one pass per piece, into arrays kept across rounds); the receiver
 reads the values in the format they came in (`native/merge.c`) and averages in float32 or wider,
 so the only loss of precision is the sender's rounding.
 Non-finite values: what a receiver reads of a message is refused where it would be NaN or inf (a
@@ -24,11 +25,13 @@ merges them as they come (a diverging peer's NaN then spreads, as it would uncom
 """
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
 
-from p2plearn.sync.bfloat16 import BF16Array, store, values
+from p2plearn.compute import check, ffi, lib
+from p2plearn.sync.bfloat16 import BF16Array, store
 from p2plearn.sync.merge import Contribution, decode
 from p2plearn.transport.delivery import Delivery
 
@@ -38,13 +41,14 @@ BLOCK = 256  # int8: values per scale (4 bytes of scale per 256 of values: 1.6% 
 # MNIST-1D's CNN and MLP (relative L2 error of one round): 32 errs 14-15% less for 11% more bytes,
 # 128 errs 14-18% more for 6% fewer.
 BLOCK4 = 64
-INT4_MAX = 7  # int4 codes -7..7: symmetric, so 0 is exact and a block's largest value is sent exactly
-FP16_MAX = 65504.0
 
 Piece = tuple[int, int, int]  # (tensor index, first element, end element) of what one array carries
 # per mode: the dtypes of the arrays one piece travels in (values, then scales where there are any)
 WIRE_DTYPES = {"fp16": [np.float16], "bf16": [np.uint16], "int8": [np.int8, np.float32],
                "int4": [np.uint8, np.float32]}
+# per mode, its format in native/quantize.c; per dtype of what is encoded, how quantize.c reads it
+_FORMATS = {"fp16": lib.P2P_F16, "bf16": lib.P2P_BF16, "int8": lib.P2P_I8, "int4": lib.P2P_I4}
+_SOURCES = {np.dtype(np.float32): lib.P2P_F32, np.dtype(np.float64): lib.P2P_F64, np.dtype(np.float16): lib.P2P_F16}
 
 
 def pack_int4(q: np.ndarray) -> np.ndarray:
@@ -63,17 +67,55 @@ def unpack_int4(packed: np.ndarray, n: int) -> np.ndarray:
     return codes[:n] - 8
 
 
-def _block_quantize(x: np.ndarray, block: int, top: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """x as integers in [-top, top] (int8) times a float32 scale per block of `block` values (max |x|
-    / top of the block, so the largest is exact); returns the integers, the scales and their
-    product (what a receiver reads)."""
-    blocks = np.zeros(-(-x.size // block) * block, dtype=np.float32)
-    blocks[:x.size] = x
-    blocks = blocks.reshape(-1, block)
-    scale = np.abs(blocks).max(axis=1) / np.float32(top)
-    scale[scale == 0] = 1.0
-    q = np.rint(blocks / scale[:, None]).astype(np.int8)
-    return q.reshape(-1)[:x.size], scale, (q * scale[:, None]).reshape(-1)[:x.size]
+def _references(kept: list[np.ndarray], i: int) -> int:
+    """How many references kept[i] has (this call's own included)."""
+    return sys.getrefcount(kept[i])
+
+
+_ALONE = _references([np.empty(0)], 0)  # what an array that only its list holds counts
+
+
+class _Reused:
+    """The arrays `Compressor.encode` writes (codes, scales, reads), kept from one round to the next
+    so that a round allocates none: a fresh array each round costs a model's worth of pages that
+    the kernel zeroes every round.
+
+    An array is handed out again only when nothing but this pool holds it. Whoever reads one keeps
+    it alive while reading: a channel until its send is done (`Channel.send`'s handle keeps the
+    arrays; its `_inflight` keeps the handle until the next send), a caller while it holds the
+    list. So an array no one else references is provably not in flight, and writing into it is as
+    safe as the freeing that a new array each round meant. Arrays are kept per (size, dtype); after
+    an encode, those of the keys it took from that no one holds are let go (it did not need them,
+    and the next encode in the same state will not): what stays is this round's and what is still
+    in flight, e.g. two sets that alternate behind a channel. Not thread-safe: its owner encodes one
+    round at a time.
+    """
+
+    def __init__(self) -> None:
+        self._kept: dict[tuple[int, str], list[np.ndarray]] = {}  # per key, least recently handed out first
+        self._taken: set[tuple[int, str]] = set()  # the keys taken from since `settle`
+
+    def take(self, size: int, dtype: Any) -> np.ndarray:
+        """An array of `size` elements of `dtype` that no one else holds (contents undefined)."""
+        key = (size, np.dtype(dtype).str)
+        kept = self._kept.setdefault(key, [])
+        self._taken.add(key)
+        for i in range(len(kept)):
+            if _references(kept, i) == _ALONE:
+                kept.append(kept.pop(i))
+                return kept[-1]
+        kept.append(np.empty(size, dtype))
+        return kept[-1]
+
+    def settle(self) -> None:
+        """One encode is over (what it handed out is still held by its caller): of the keys it took
+        from, let go of the arrays that no one holds."""
+        for key in self._taken:
+            kept = self._kept[key]
+            for i in reversed(range(len(kept))):
+                if _references(kept, i) == _ALONE:
+                    del kept[i]
+        self._taken.clear()
 
 
 def stored(x: np.ndarray, like: np.ndarray) -> np.ndarray:
@@ -98,25 +140,27 @@ class Compressor:
         self.mode = mode
         self.keep_nonfinite = keep_nonfinite
         self.residuals = None if sizes is None else [np.zeros(n, dtype=np.float32) for n in sizes]
+        self._reused = _Reused()  # what encode writes, kept across rounds
 
     def encode(self, pieces: list[np.ndarray], at: list[Piece],
                decoded: list[np.ndarray] | None = None) -> list[np.ndarray]:
         """The arrays that carry `pieces` (flat parameter values; piece i is elements at[i] of its
         tensor): one per piece, and for int8 and int4 one scale array per piece after them.
-        `decoded`, when given, gets what a receiver reads of each piece (float32)."""
+        `decoded`, when given, gets what a receiver reads of each piece (float32).
+
+        Each piece is encoded in one pass in C (`native/quantize.c`: its residual added and
+        updated there, no temporary its size). The arrays returned are this compressor's own,
+        written again by a later `encode` once no one holds them (see `_Reused`): keep them
+        referenced while they are read (a channel does until its send is done)."""
         sent, scales = [], []
         for piece, (t, a, b) in zip(pieces, at):
-            x = values(piece).reshape(-1).astype(np.float32)
-            if self.residuals is not None:
-                residual = self.residuals[t][a:b]
-                x += residual
-            wire, read = self._quantize(x)
-            if self.residuals is not None:
-                np.subtract(x, read, out=residual)
+            residual = None if self.residuals is None else self.residuals[t][a:b]
+            wire, read = self._quantize(piece, residual, decoded is not None)
             if decoded is not None:
                 decoded.append(read)
             sent.append(wire[0])
             scales.extend(wire[1:])
+        self._reused.settle()
         return sent + scales
 
     def forget(self, at: list[Piece]) -> None:
@@ -124,19 +168,35 @@ class Compressor:
         for t, a, b in at:
             self.residuals[t][a:b] = 0.0
 
-    def _quantize(self, x: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
-        if self.mode == "fp16":
-            half = np.clip(x, -FP16_MAX, FP16_MAX).astype(np.float16)
-            return [half], half.astype(np.float32)
-        if self.mode == "bf16":
-            bits = np.zeros(x.size, dtype=np.uint16).view(BF16Array)
-            store(bits, x)
-            return [np.asarray(bits)], values(bits)
-        if self.mode == "int8":
-            q, scale, decoded = _block_quantize(x, BLOCK, 127)
-            return [q, scale], decoded
-        q, scale, decoded = _block_quantize(x, BLOCK4, INT4_MAX)
-        return [pack_int4(q), scale], decoded
+    def _quantize(self, piece: np.ndarray, residual: np.ndarray | None,
+                  read: bool) -> tuple[list[np.ndarray], np.ndarray | None]:
+        """The arrays that carry one piece (with error feedback into `residual`, float32 of its size,
+        when given), and what a receiver reads of it when `read`."""
+        if isinstance(piece, BF16Array):
+            source, dtype = np.ascontiguousarray(piece).view(np.uint16).reshape(-1), lib.P2P_BF16
+        elif np.dtype(piece.dtype) in _SOURCES:
+            source = np.ascontiguousarray(piece).reshape(-1)
+            dtype = _SOURCES[source.dtype]
+        else:  # any other dtype (integers): as float32, as numpy would add it to the residual
+            source, dtype = np.ascontiguousarray(piece, dtype=np.float32).reshape(-1), lib.P2P_F32
+        n, block = source.size, self.block
+        if residual is not None and residual.size != n:
+            raise ValueError(f"a piece of {n} elements with a residual of {residual.size}")
+        job = ffi.new("p2p_quantize_job *")
+        job.values, job.values_bytes, job.dtype = ffi.from_buffer(source), source.nbytes, dtype
+        codes = self._reused.take(-(-n // 2) if self.mode == "int4" else n, WIRE_DTYPES[self.mode][0])
+        job.format, job.codes, job.codes_bytes = _FORMATS[self.mode], ffi.from_buffer(codes), codes.nbytes
+        wire = [codes]
+        if block:
+            wire.append(self._reused.take(-(-n // block), np.float32))
+            job.scales, job.nscales, job.block = ffi.from_buffer("float[]", wire[1]), wire[1].size, block
+        if residual is not None:
+            job.residual, job.nresidual = ffi.from_buffer("float[]", residual), n
+        decoded = self._reused.take(n, np.float32) if read else None
+        if decoded is not None:
+            job.decoded, job.ndecoded = ffi.from_buffer("float[]", decoded), n
+        check(lib.p2p_quantize(job, n))
+        return wire, decoded
 
     @property
     def block(self) -> int:
