@@ -19,19 +19,31 @@
 #define VECTOR_CLONES
 #endif
 
-static inline float f16_to_float(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
-    if (exp == 0x1f) {
-        bits = sign | 0x7f800000u | (mant << 13);           /* inf, NaN */
-    } else if (exp) {
-        bits = sign | ((exp + 112) << 23) | (mant << 13);   /* normal: rebias 15 -> 127 */
-    } else {
-        float f = ldexpf((float)mant, -24);                 /* subnormal (or zero) */
-        return sign ? -f : f;
-    }
+static inline uint32_t bits_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static inline float float_of(uint32_t u) {
     float f;
-    memcpy(&f, &bits, 4);
+    memcpy(&f, &u, 4);
     return f;
+}
+
+/* cond ? a : b, as a mask: both sides are computed (a ?: of float results lets the compiler move the
+ * float operation into the branch, which -ftrapping-math then keeps from vectorising). */
+static inline uint32_t pick(int cond, uint32_t a, uint32_t b) {
+    uint32_t mask = 0u - (uint32_t)(cond != 0);
+    return (a & mask) | (b & ~mask);
+}
+
+/* binary16 -> float, exactly (inf and a NaN's payload kept), without branches (loops vectorise). */
+static inline float f16_to_float(uint16_t h) {
+    uint32_t magnitude = h & 0x7fffu;
+    uint32_t normal = (magnitude << 13) + (magnitude >= 0x7c00u ? 0x70000000u : 0x38000000u);  /* rebias */
+    uint32_t subnormal = bits_of((float)magnitude * 5.9604644775390625e-8f);   /* units of 2^-24, exact */
+    return float_of((uint32_t)(h & 0x8000u) << 16 | pick(magnitude < 0x400u, subnormal, normal));
 }
 
 static inline float bf16_to_float(uint16_t b) {

@@ -11,7 +11,7 @@
  * - x + residual keeps a NaN x's own bits (quieted) whatever the residual holds, as numpy's
  *   x += residual does (x86 returns the first operand's NaN; the compiler may swap the operands);
  * - the fp16 codes of a NaN keep its sign and the top of its payload as numpy's cast does (not
- *   float_to_f16's one quiet NaN); fp16 is converted branch-free here (f16_clipped, f16_exact), in
+ *   float_to_f16's one quiet NaN); fp16 is written branch-free here (f16_clipped; read by contribution.h's f16_to_float), in
  *   integers where it chooses, so that its loops vectorise;
  * - a block's scale is NaN when one of its values is (of the NaNs there, the one with the largest
  *   payload: numpy's pick depends on its SIMD lanes), and a code is float32 -> int32 -> its low byte
@@ -29,25 +29,6 @@
 #define CHUNK 4096        /* values per pass: 16 KiB of float32, and as much again of reads */
 #define MAX_BLOCK 2048    /* values per scale at most: two blocks (an even count, for int4) fit a chunk */
 
-static inline uint32_t bits_of(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-
-static inline float float_of(uint32_t u) {
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* cond ? a : b, as a mask: both sides are computed (a ?: of float results lets the compiler move the
- * float operation into the branch, which -ftrapping-math then keeps from vectorising). */
-static inline uint32_t pick(int cond, uint32_t a, uint32_t b) {
-    uint32_t mask = 0u - (uint32_t)(cond != 0);
-    return (a & mask) | (b & ~mask);
-}
-
 /* float (bits u) clipped to +-65504 (0x477fe000; inf too) -> binary16 as numpy casts it, without
  * branches (so that the loop vectorises): rounded to nearest even (float_to_f16's way), and a NaN
  * keeping its sign and the top ten bits of its payload (one more where those are all zero, so that
@@ -62,14 +43,6 @@ static inline uint16_t f16_clipped(uint32_t u) {
     return (uint16_t)(((u >> 16) & 0x8000u) | h);
 }
 
-/* binary16 -> float, exactly (f16_to_float, a NaN's payload kept), without branches. */
-static inline float f16_exact(uint16_t h) {
-    uint32_t magnitude = h & 0x7fffu;
-    uint32_t normal = (magnitude << 13) + (magnitude >= 0x7c00u ? 0x70000000u : 0x38000000u);  /* rebias */
-    uint32_t subnormal = bits_of((float)magnitude * 5.9604644775390625e-8f);   /* units of 2^-24, exact */
-    return float_of((uint32_t)(h & 0x8000u) << 16 | pick(magnitude < 0x400u, subnormal, normal));
-}
-
 /* x[i] = element from + i of values (dtype P2P_F32, P2P_F64, P2P_F16 or P2P_BF16 bits) as float32. */
 VECTOR_CLONES static void load_chunk(float *restrict x, const void *values, int dtype, uint64_t from, uint64_t len) {
     switch (dtype) {
@@ -81,7 +54,7 @@ VECTOR_CLONES static void load_chunk(float *restrict x, const void *values, int 
     }
     case P2P_F16: {
         const uint16_t *restrict v = (const uint16_t *)values + from;
-        for (uint64_t i = 0; i < len; i++) x[i] = f16_exact(v[i]);
+        for (uint64_t i = 0; i < len; i++) x[i] = f16_to_float(v[i]);
         break;
     }
     default: {
@@ -111,7 +84,7 @@ VECTOR_CLONES static void encode_f16(uint16_t *restrict codes, float *restrict r
                                      uint64_t len) {
     for (uint64_t i = 0; i < len; i++) codes[i] = f16_clipped(bits_of(x[i]));
     if (read)
-        for (uint64_t i = 0; i < len; i++) read[i] = f16_exact(codes[i]);
+        for (uint64_t i = 0; i < len; i++) read[i] = f16_to_float(codes[i]);
 }
 
 /* bf16: rounded to nearest even, a NaN as 0x7fc0 (bfloat16.store's rounding); read[i] their value. */
