@@ -4,7 +4,7 @@
                                           [--megabytes 10] [--rounds 8] [--json]
     sudo python -m p2plearn.bench average --model gpt2-small --topologies loopback,homogeneous-4 --rounds 5 \
                                           --modes partitioned,"partitioned fp16"
-    python -m p2plearn.bench average --topologies loopback --rounds 12 --profile   [where the CPU goes: perf]
+    python -m p2plearn.bench average --topologies loopback --rounds 60 --profile   [where the CPU goes: perf]
 
 For each topology, jobs average a model, --rounds times, with no computation between: one float32
 tensor of --megabytes MiB (--model flat), or GPT-2 small's 148 tensors (--model gpt2-small: 124.4M

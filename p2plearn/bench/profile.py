@@ -2,8 +2,8 @@
 
 `bench average --profile` and `bench ddp --profile` record each job's processes (`perf record -g -p
 <pids>`) for --profile-seconds once every one of them has finished its warm-up rounds, and print
-each phase's share of their CPU beside the ratios. A phase is a group of perf's (shared object,
-symbol) pairs, the first of GROUPS that matches. The processes say when their warm-up is over by
+each phase's share of their CPU beside the ratios. A phase (GROUPS) is a group of perf's (shared
+object, symbol) pairs: `phase_of` says which. The processes say when their warm-up is over by
 `mark_steady` (a file named after their pid in a directory the benchmark gives them), which is also
 how the profiler learns their pids, wherever a launcher or a testbed started them.
 
