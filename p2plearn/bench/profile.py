@@ -32,6 +32,7 @@ PAGE_FAULT = re.compile(r"clear_(huge_)?page|page_fault|handle_mm_fault|do_anony
                         r"rmqueue|zap_pte_range|unmap_page_range|free_unref_page|free_pcppages_bulk|release_pages|"
                         r"mem_cgroup_charge|lru_add")
 MEMCPY = re.compile(r"mem(move|cpy|set)")
+ENGINE_TAGS = re.compile(r"ghash|gmac|auth_|datagram_tag")  # the engine's own GHASH (native/ghash.c), its tag calls
 LIBRARIES = (("merge", re.compile(r"_p2pcompute")), ("engine", re.compile(r"_p2pcast")),
              ("numpy", re.compile(r"_multiarray|.*openblas")), ("torch", re.compile(r"libtorch|libc10")),
              ("Python", re.compile(r"libpython|python3|_cffi_backend")))  # by the shared object's name
@@ -40,10 +41,10 @@ GROUPS = (
     ("kernel copies", "the socket's copies to and from user memory (_copy_to_iter, _copy_from_iter, ...)"),
     ("page faults", "faulting in, zeroing and unmapping pages (exc_page_fault, clear_page_*, zap_pte_range, ...)"),
     ("other kernel", "the rest of the kernel: UDP/TCP, scheduling, syscalls"),
-    ("tags", "libcrypto: the engine's AES-GMAC tags"),
+    ("tags", "the datagrams' AES-GMAC tags: libcrypto, and the engine's own GHASH"),
     ("memcpy", "libc's memmove/memcpy/memset"),
     ("merge", "_p2pcompute: the merge, change norms, the Hadamard transform"),
-    ("engine", "_p2pcast: the transport engine"),
+    ("engine", "_p2pcast: the transport engine, less its tags"),
     ("numpy", "numpy's C code"),
     ("torch", "libtorch/libc10: the model's forward and backward, gloo"),
     ("Python", "the interpreter (libpython) and cffi's calls into the C modules"),
@@ -58,7 +59,7 @@ def phase_of(dso: str, symbol: str) -> str:
     if symbol.startswith("[k]") or dso.startswith("[kernel"):
         return ("kernel copies" if KERNEL_COPY.search(name) else "page faults" if PAGE_FAULT.search(name)
                 else "other kernel")
-    if dso.startswith("libcrypto"):
+    if dso.startswith("libcrypto") or (dso.startswith("_p2pcast") and ENGINE_TAGS.search(name)):
         return "tags"
     if dso.startswith("libc.so") or dso.startswith("libc-"):
         return "memcpy" if MEMCPY.search(name) else "other"
