@@ -48,14 +48,17 @@ bench: $(STAMP)
 # Python, so each leak reported is the engine's; it is linked with every native/*.c, the planner and
 # the merge included), then the transport, selection and merge tests on sanitized builds of both
 # modules, _p2pcast and _p2pcompute (leak detection off there: the interpreter keeps its own memory
-# until exit).
+# until exit). Undefined behaviour is fatal (NO_RECOVER): the first finding stops the run. The
+# modules get it through CFLAGS, which replaces Python's default flags there: without -fwrapv and
+# -DNDEBUG, signed overflow is checked too and assert()s run.
 ENGINE_C := $(wildcard native/*.c)
+NO_RECOVER := -fno-sanitize-recover=undefined
 asan: $(STAMP)
 	mkdir -p build
-	gcc -O1 -g -std=gnu11 -Wall -Wextra -pthread -fno-omit-frame-pointer -fsanitize=address,undefined \
+	gcc -O1 -g -std=gnu11 -Wall -Wextra -pthread -fno-omit-frame-pointer -fsanitize=address,undefined $(NO_RECOVER) \
 	  -Inative $(ENGINE_C) tests/native/engine_leaks.c -lcrypto -lm -o build/engine_leaks
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 build/engine_leaks
-	P2PCAST_SANITIZE=1 $(VPY) -m pip install -q --no-build-isolation --no-deps -e .
+	CFLAGS="$(NO_RECOVER)" P2PCAST_SANITIZE=1 $(VPY) -m pip install -q --no-build-isolation --no-deps -e .
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	  $(VPY) -m pytest -q -x --capture=sys -p no:cacheprovider tests/transport tests/selection tests/sync/test_merge.py tests/sync/test_compress.py \

@@ -72,7 +72,8 @@ static void trim(struct bufpool *pool, uint64_t limit) {
     }
 }
 
-uint8_t *bufpool_take(struct bufpool *pool, uint64_t size) {
+uint8_t *bufpool_take(struct bufpool *pool, uint64_t size, int *fresh) {
+    *fresh = 0;
     if (size > SIZE_MAX - 2 * HEADER) return NULL;
     uint64_t rounded = ((size + HEADER - 1) / HEADER) * HEADER;
     if (size < POOL_MIN) {
@@ -111,6 +112,7 @@ uint8_t *bufpool_take(struct bufpool *pool, uint64_t size) {
         }
         h->size = rounded;
         h->pool = pool;
+        *fresh = 1;
     }
     return (uint8_t *)h + HEADER;
 }

@@ -185,6 +185,8 @@ typedef struct {
     uint64_t mcast_datagrams_received; /* datagrams that arrived through a group */
     uint64_t mcast_refused;       /* announced messages this engine could not join the group of (got them by unicast) */
     uint64_t drop_not_member;     /* multicast DATA for a message not announced to this engine */
+    uint64_t rx_buffers_allocated; /* receive buffers of 256 KiB or more allocated anew, none kept fitting
+                                   * (bufpool.c); flat across rounds once the pool holds a round's sizes */
     /* Gauges, not counters: incoming messages still being received now, and their bytes still to come;
      * delivered messages waiting for p2p_recv, and the bytes they claim (max_queued_*). */
     uint64_t receiving_messages;

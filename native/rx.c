@@ -249,7 +249,9 @@ static struct rx *rx_create(p2p_engine *eng, const struct wire_hdr *h, const str
     /* The data region starts 64-byte aligned (the pool's buffers are) so that arrays over it are
      * aligned too. The buffer is not zeroed: only what arrived is read, and a delivery zeroes its holes. */
     size_t pad = (64 - h->meta_len % 64) % 64;
-    m->base = bufpool_take(eng->rxpool, pad + m->cap + 64);
+    int fresh;
+    m->base = bufpool_take(eng->rxpool, pad + m->cap + 64, &fresh);
+    if (fresh) CNT(eng, rx_buffers_allocated, 1);
     m->flat = m->base ? m->base + pad : NULL;
     if (!m->bitmap || !m->base) {
         free(m->bitmap);

@@ -4,6 +4,7 @@
                                           [--megabytes 10] [--rounds 8] [--json]
     sudo python -m p2plearn.bench average --model gpt2-small --topologies loopback,homogeneous-4 --rounds 5 \
                                           --modes partitioned,"partitioned fp16"
+    python -m p2plearn.bench average --topologies loopback --rounds 60 --profile   [where the CPU goes: perf]
 
 For each topology, jobs average a model, --rounds times, with no computation between: one float32
 tensor of --megabytes MiB (--model flat), or GPT-2 small's 148 tensors (--model gpt2-small: 124.4M
@@ -26,10 +27,15 @@ and the peak RSS of the largest rank. Targets (issues 15, 30): <= 1.0x gloo on c
 under loss and incast; 125M parameters <= 1.5x gloo on loopback, 10 MiB <= 2x, <= 1.05x on
 homogeneous-4; peak RSS per peer <= the model's size x (1 + what the options keep) + 200 MB.
 Memory: the gpt2-small row needs ~1 GB per gloo rank and more per p2plearn peer, 4 of each in turn.
+
+--profile: each job's processes are also recorded with perf for --profile-seconds of the rounds after
+the warm-up, and a second table gives each phase's share of their CPU (page faults, kernel copies,
+tags, memcpy, merge, engine, numpy, Python: bench.profile); give enough --rounds to fill the window.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -40,6 +46,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from p2plearn.bench import profile
 from p2plearn.bench.models import MODELS, model_bytes, model_shapes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -75,6 +82,7 @@ def gloo_peer(out: str, model: str, megabytes: float, rounds: int, dtype: str) -
             bucket /= dist.get_world_size()
         times.append(time.monotonic() - t0)
         cpu.append(time.process_time() - c0)
+        profile.mark_steady(len(times))
     slowest = torch.tensor(times)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     mine = torch.tensor([*cpu, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e6], dtype=torch.float64)
@@ -105,12 +113,12 @@ def topology_file(name: str) -> Path:
 
 
 def gloo_job(topology: str, n: int, model: str, megabytes: float, rounds: int, testbed: bool,
-             dtype: str) -> dict:
+             dtype: str, extra_env: dict[str, str]) -> dict:
     with tempfile.TemporaryDirectory(prefix="p2pbench-") as tmp:
         out = Path(tmp) / "gloo.json"
         argv = [sys.executable, "-m", "p2plearn.bench.average", "--gloo-peer", str(out), model, str(megabytes),
                 str(rounds), dtype]
-        env = {"WORLD_SIZE": str(n), "MASTER_PORT": "29710", "OMP_NUM_THREADS": "1"}
+        env = {**extra_env, "WORLD_SIZE": str(n), "MASTER_PORT": "29710", "OMP_NUM_THREADS": "1"}
         if testbed and topology != "loopback":
             from p2plearn.testbed import Testbed
 
@@ -127,13 +135,14 @@ def gloo_job(topology: str, n: int, model: str, megabytes: float, rounds: int, t
         return json.loads(out.read_text())
 
 
-def p2plearn_job(topology: str, n: int, mode: str, model: str, megabytes: float, rounds: int, testbed: bool) -> dict:
+def p2plearn_job(topology: str, n: int, mode: str, model: str, megabytes: float, rounds: int, testbed: bool,
+                 extra_env: dict[str, str]) -> dict:
     with tempfile.TemporaryDirectory(prefix="p2pbench-") as out:
         network = [] if topology == "loopback" else ["--topology", str(topology_file(topology)),
                                                      "--testbed" if testbed else "--emulate"]
         cmd = [sys.executable, "-m", "p2plearn.launch", "-np", str(n), *network, *MODES[mode], "--period", "1", "--",
                sys.executable, "-m", "p2plearn.bench.rounds", "--peer", out, str(megabytes), str(rounds), model]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env={**os.environ, **extra_env})
         if proc.returncode:
             raise RuntimeError(f"p2plearn {mode} on {topology}: the job failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
         peers = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(n)]
@@ -177,6 +186,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--gloo-dtypes", default=",".join(GLOO_DTYPES),
                     help="comma-separated dtypes of gloo's all_reduce (default: %(default)s)")
     ap.add_argument("--json", action="store_true", help="print the raw results as JSON instead of a table")
+    profile.add_arguments(ap)
     args = ap.parse_args(argv)
     if args.rounds <= WARM:
         ap.error(f"--rounds must be more than the {WARM} warm-up rounds")
@@ -187,16 +197,22 @@ def main(argv: list[str]) -> None:
                  f"float32 among them: the ratios are to it)")
     testbed = os.geteuid() == 0
     size = model_bytes(args.model, args.megabytes)
-    results = []
+    profiling = profile.wanted(args)
+    results, profiles = [], []
     for topology in args.topologies.split(","):
         n = peers_of(topology)
-        for dtype in dtypes:
-            measured = gloo_job(topology, n, args.model, args.megabytes, args.rounds, testbed, dtype)
-            results.append({"topology": topology, "peers": n, "system": f"gloo {dtype}", **summarise(measured, size)})
-            print(f"  {results[-1]}", file=sys.stderr, flush=True)
-        for mode in modes:
-            measured = p2plearn_job(topology, n, mode, args.model, args.megabytes, args.rounds, testbed)
-            results.append({"topology": topology, "peers": n, "system": f"p2plearn {mode}", **summarise(measured, size)})
+        jobs = [(f"gloo {dtype}", lambda env, dtype=dtype: gloo_job(topology, n, args.model, args.megabytes, args.rounds,
+                                                                    testbed, dtype, env)) for dtype in dtypes]
+        jobs += [(f"p2plearn {mode}", lambda env, mode=mode: p2plearn_job(topology, n, mode, args.model, args.megabytes,
+                                                                          args.rounds, testbed, env)) for mode in modes]
+        for system, job in jobs:
+            prof = profile.Profile(n, WARM, args.profile_seconds, args.profile_dir,
+                                   name=f"{topology}-{system}".replace(" ", "-")) if profiling else None
+            with prof or contextlib.nullcontext():
+                measured = job(prof.env if prof else {})
+            results.append({"topology": topology, "peers": n, "system": system, **summarise(measured, size),
+                            **({"profile": prof.shares, "profile_note": prof.note} if prof else {})})
+            profiles.append((f"{topology}: {system}", prof))
             print(f"  {results[-1]}", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(results, indent=1))
@@ -217,6 +233,8 @@ def main(argv: list[str]) -> None:
         print(f"| {r['topology']} | {r['peers']} | {r['system']} | {r['round_s']:.3f} | "
               f"{r['round_s'] / base['round_s']:.2f} | {r['cpu_s_per_100mb']:.3f} | "
               f"{r['cpu_s_per_100mb'] / base['cpu_s_per_100mb']:.2f} | {r['peak_rss_mb']:.0f} |")
+    if profiling:
+        profile.print_table(profiles, f"each job's {'ranks' if testbed else 'processes'} (launcher and coordinator not counted)")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python -m p2plearn.bench ddp [--ranks 4] [--hidden 1024] [--layers 4] [--steps 40]
                                  [--configs gloo,p2plearn,hook,hook-hadamard] [--json]
+                                 [--profile [--profile-seconds 5] [--profile-dir DIR]]
 
 Each configuration starts --ranks processes on loopback (one thread each, as torchrun would with
 OMP_NUM_THREADS=1), wraps the same MLP (--layers linear layers of --hidden units: hidden^2 x layers
@@ -11,11 +12,14 @@ backward with DDP's bucket all-reduces, SGD step), after 5 unmeasured ones. Conf
 (p2plearn's `loss_tolerant_hook`, fixed 5% bound); ``hook-hadamard`` (the same with its randomized
 Hadamard transform). The table gives each one's median step time and all ranks' CPU seconds per
 step, each as a ratio to gloo's of the same run. Run it alone on a quiet machine: the ranks share
-the machine's cores with each other, and with anything else running.
+the machine's cores with each other, and with anything else running. --profile: each configuration's
+ranks are also recorded with perf for --profile-seconds of the steps after the warm-up (bench.profile),
+and a second table gives each phase's share of their CPU (compute in torch, merge, tags, copies...).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -24,6 +28,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from p2plearn.bench import profile
 
 CONFIGS = ("gloo", "p2plearn", "hook", "hook-hadamard")
 WARM = 5  # steps that include DDP's first-iteration set-up and the first plans
@@ -58,6 +64,7 @@ def rank_main(out: str, config: str, hidden: int, layers: int, steps: int) -> No
         if step >= WARM:
             times.append(time.monotonic() - t0)
             cpu.append(time.process_time() - c0)
+        profile.mark_steady(step + 1)
     Path(out, f"rank{dist.get_rank()}.json").write_text(json.dumps({"step_s": times, "cpu_s": cpu}))
     dist.destroy_process_group()
 
@@ -68,10 +75,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_config(config: str, ranks: int, hidden: int, layers: int, steps: int) -> dict:
+def run_config(config: str, ranks: int, hidden: int, layers: int, steps: int, extra_env: dict[str, str]) -> dict:
     """Median step time (rank 0's) and all ranks' CPU seconds per step (median over steps)."""
     with tempfile.TemporaryDirectory(prefix="p2pbench-ddp-") as out:
-        env = {**os.environ, "WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+        env = {**os.environ, **extra_env, "WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
                "OMP_NUM_THREADS": "1", "LOCAL_WORLD_SIZE": str(ranks)}
         argv = [sys.executable, "-m", "p2plearn.bench.ddp", "--rank", out, config, str(hidden), str(layers), str(steps)]
         procs = [subprocess.Popen(argv, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(ranks)]
@@ -101,12 +108,22 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--configs", default=",".join(CONFIGS),
                     help="comma-separated, gloo (the baseline) among them (default: %(default)s)")
     ap.add_argument("--json", action="store_true", help="print the raw results as JSON instead of a table")
+    profile.add_arguments(ap)
     args = ap.parse_args(argv)
     configs = args.configs.split(",")
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown or "gloo" not in configs:
         ap.error(f"--configs: {', '.join(unknown) or 'gloo (the baseline) is missing'}; choose of {', '.join(CONFIGS)}")
-    rows = [run_config(c, args.ranks, args.hidden, args.layers, args.steps) for c in configs]
+    profiling = profile.wanted(args)
+    rows, profiles = [], []
+    for config in configs:
+        prof = profile.Profile(args.ranks, WARM, args.profile_seconds, args.profile_dir, name=f"ddp-{config}") \
+            if profiling else None
+        with prof or contextlib.nullcontext():
+            rows.append(run_config(config, args.ranks, args.hidden, args.layers, args.steps, prof.env if prof else {}))
+        if prof:
+            rows[-1].update(profile=prof.shares, profile_note=prof.note)
+        profiles.append((config, prof))
     if args.json:
         print(json.dumps(rows, indent=1))
         return
@@ -119,6 +136,8 @@ def main(argv: list[str]) -> None:
     for r in rows:
         print(f"| {r['config']} | {1e3 * r['step_s']:.1f} | {r['step_s'] / base['step_s']:.2f} | {r['cpu_s']:.3f} | "
               f"{r['cpu_s'] / base['cpu_s']:.2f} |")
+    if profiling:
+        profile.print_table(profiles, f"the {args.ranks} ranks' processes")
 
 
 if __name__ == "__main__":

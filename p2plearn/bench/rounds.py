@@ -43,6 +43,7 @@ def peer_main(out_dir: str, megabytes: float, rounds: int, model_name: str = "fl
     import torch
 
     import p2plearn
+    from p2plearn.bench import profile
     from p2plearn.bench.models import model_tensors
 
     rt = p2plearn.init()
@@ -58,6 +59,7 @@ def peer_main(out_dir: str, megabytes: float, rounds: int, model_name: str = "fl
         times.append({"comm_s": rs.comm_s, "planned_s": rs.planned_s, "fanout": rs.fanout, "delivered": rs.delivered,
                       "uplink_bytes": opt.channel.stats()["bytes_sent"] - before, "retransmitted": rs.retransmitted,
                       "cpu_s": time.process_time() - cpu})
+        profile.mark_steady(len(times))  # (bench average --profile: perf starts once every peer is past its warm-up)
     peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # Linux: KiB
     with open(os.path.join(out_dir, f"rank{rt.rank}.json"), "w") as f:
         json.dump({"rounds": times, "peak_rss_mb": peak_kib * 1024 / 1e6}, f)

@@ -31,10 +31,12 @@ def test_rounds_of_large_messages_fault_in_no_fresh_pages(channels):
     for i in range(5):  # the pool fills, the sender's staging too
         round_trip(i)
     before = _faults()
+    allocated = b.stats()["rx_buffers_allocated"]
     rounds = 40
     for i in range(5, 5 + rounds):
         round_trip(i)
     per_round = (_faults() - before) / rounds
+    assert allocated >= 1 and b.stats()["rx_buffers_allocated"] == allocated  # every message took a kept buffer
     np.testing.assert_array_equal(y, x)
     # A fresh 4 MiB buffer per message faults in 1,024 pages (about 100 with transparent huge pages);
     # reused, a round faults in only small allocations.
