@@ -138,5 +138,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--attack", choices=ATTACKS, default=None,
                        help=f"what the --attackers send instead of their models each round ({describe()}; "
                             "default: none)")
-    group.add_argument("--attackers", type=parse_ranks, default=[], metavar="RANKS",
-                       help="the attacking ranks, e.g. 60-63; the last ranks keep --eval-peers honest")
+    group.add_argument("--attackers", type=parse_ranks, default=None, metavar="RANKS",
+                       help="the attacking ranks, e.g. 60-63; the last ranks keep --eval-peers honest (default: none)")
