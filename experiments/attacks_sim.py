@@ -2,7 +2,7 @@
 within 2 points of the run without attackers for every attack, and without attackers costs <= 0.5
 points and <= 1.1x the time to target.
 
-    python experiments/attacks_sim.py [--quick] [--seeds N] [--configs 64:bsp,64:ssp,256:bsp] [--out DIR]
+    python experiments/attacks_sim.py [--quick] [--seeds N] [--configs 64:bsp,64:ssp,256:bsp] [--jobs N] [--out DIR]
 
 attacks.py's setting and attacks (`p2plearn.sim.attacks`, through `p2plearn-sim train --attack A
 --attackers RANKS`: heterogeneous tiers 25/50/100 Mbit/s, steady, i.i.d., SELMCAST p=1, the MNIST-1D
@@ -17,15 +17,18 @@ attackers, rounded down to 5 points (a target the clean runs reach mid-run, not 
 evaluation, where one evaluation more or less would decide the ratio).
 Targets, per row, on the medians over seeds against the plain run without attackers: clip without
 attackers within 0.5 points and 1.1x the time to target; clip under each attack within 2 points.
-Quick: 64 peers, BSP, sign flip only, one seed.
+--jobs N runs N virtual runs at once, each in a process of its own (a run is a function of its flags
+and seed: the figures do not depend on N). Quick: 64 peers, BSP, sign flip only, one seed.
 """
 from __future__ import annotations
 
 import math
 import os
+import resource
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import attacks
@@ -72,9 +75,21 @@ def judge(group: list[c.Row]) -> dict[tuple[str, str], str]:
     return verdicts
 
 
+def one_run(job: tuple[c.Row, int]) -> list[c.Row]:
+    """One configuration's run of one seed, as `c.repeat` records it (in a worker process: its own
+    temporary directory for the topology and the result)."""
+    cfg, seed = job
+    n = cfg["peers"]
+    with tempfile.TemporaryDirectory(prefix="p2psim-") as tmp:
+        return c.repeat(cfg, 1, lambda s: attacks.run(Path(tmp), n, cfg["attack"], cfg["robust"], s,
+                                                      attackers=n // PER_ATTACKER, flags=SYNC_FLAGS[cfg["sync"]]),
+                        first_seed=seed)
+
+
 def extra_flags(ap) -> None:
     ap.add_argument("--configs", default="64:bsp,64:ssp,256:bsp",
                     help="comma-separated PEERS:SYNC settings (bsp or ssp) (default: %(default)s)")
+    ap.add_argument("--jobs", type=int, default=1, help="virtual runs at once (default: %(default)s)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -82,17 +97,13 @@ def main(argv: list[str] | None = None) -> None:
     os.chdir(c.ROOT)
     configs = [(64, "bsp")] if args.quick else [(int(n), s) for n, s in (x.split(":") for x in args.configs.split(","))]
     names = ("none", "sign flip") if args.quick else ("none", *attack_models.ATTACKS)
-    rows: list[c.Row] = []
-    t0, cpu0 = time.monotonic(), time.process_time()
-    with tempfile.TemporaryDirectory(prefix="p2psim-") as tmp:
-        for n, sync in configs:
-            for attack in names:
-                for robust in MODES:
-                    cfg = {"peers": n, "sync": sync, "attack": attack, "robust": robust}
-                    rows += c.repeat(cfg, args.seeds, lambda seed, cfg=cfg: attacks.run(
-                        Path(tmp), n, cfg["attack"], cfg["robust"], seed, attackers=n // PER_ATTACKER,
-                        flags=SYNC_FLAGS[sync]))
-    cpu_min = (time.process_time() - cpu0) / 60
+    jobs = [({"peers": n, "sync": sync, "attack": attack, "robust": robust}, seed) for n, sync in configs
+            for attack in names for robust in MODES for seed in range(args.seeds)]
+    t0 = time.monotonic()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        rows: list[c.Row] = [row for done in pool.map(one_run, jobs) for row in done]
+    # the workers' CPU (they have ended: the pool has waited for them)
+    cpu_min = sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2]) / 60
     print(f"{len(rows)} runs in {time.monotonic() - t0:.0f} s, {cpu_min:.1f} CPU-minutes", file=sys.stderr)
     tables, notes = [], []
     for (n, sync), group in c.groups(rows, ["peers", "sync"]).items():
@@ -122,7 +133,7 @@ def main(argv: list[str] | None = None) -> None:
              f"{PER_ATTACKER} (the last ranks); SSP with s=2; {args.seeds} seed(s). Attacks: {attack_models.describe()}; "
              f"clip: --robust clip at the default radius 2. Cells: median [min-max] over seeds; goal: on the "
              f"medians, against the plain run without attackers (final accuracy; for clip without attackers also "
-             f"the time to target). The whole run took {cpu_min:.1f} CPU-minutes of this process. Virtual times "
+             f"the time to target). The runs took {cpu_min:.1f} CPU-minutes. Virtual times "
              f"do not depend on the host's load. " + c.load_note(rows))
 
     def draw(ax) -> None:
