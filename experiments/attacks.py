@@ -3,19 +3,12 @@ accuracy, whatever it sends; without it, the table shows what each attack does.
 
     python experiments/attacks.py [--quick] [--seeds N] [--peers 8,16] [--modes none,clip,clip:1] [--out DIR]
 
-In virtual time (`p2plearn.sim`), the setting of `sim_scale.py` (heterogeneous tiers 25/50/100 Mbit/s,
-steady; i.i.d. shards; BSP, SELMCAST p=1; the MNIST-1D MLP, hidden sim_scale.HIDDEN, a round every
-sim_scale.PERIOD steps, sim_scale.STEPS local steps). The attackers are the last ranks (n/8 of them);
-each trains honestly, merges honestly, and sends, instead of its model, what the attack makes of it
-each round (the others' models are known to it: the strongest attacker of the literature):
-- sign flip: its own model's change since its last round, reversed and scaled by FLIP;
-- scaled: that change scaled by SCALE;
-- gaussian: its model plus N(0, NOISE^2) per value;
-- alie ("a little is enough", Baruch et al. 2019): the honest models' mean minus ALIE_Z standard
-  deviations, per value (inside the honest spread, so that it escapes outlier tests);
-- ipm (inner-product manipulation, Xie et al. 2020): the honest mean's last round minus IPM_EPS
-  times the honest mean's change since (the update the others agree on, reversed);
-- stale: its model of STALE rounds ago.
+In virtual time (`p2plearn-sim train --attack A --attackers RANKS`), the setting of `sim_scale.py`
+(heterogeneous tiers 25/50/100 Mbit/s, steady; i.i.d. shards; BSP, SELMCAST p=1; the MNIST-1D MLP,
+hidden sim_scale.HIDDEN, a round every sim_scale.PERIOD steps, sim_scale.STEPS local steps). The
+attackers are the last ranks (n/8 of them); each trains honestly, merges honestly, and sends, instead
+of its model, what the attack makes of it each round (`p2plearn.sim.attacks`, which says what each
+attack sends and how strong it is; experiments/attacks_sim.py runs the same attacks at 64 and 256 peers).
 Accuracy: the mean over the honest ranks 0..EVAL_PEERS-1's own models at the end (and at each
 evaluation); "final" is the honest models' average. Clipped: the share of the attackers' merges (at
 their receivers) where most of the values were clipped, and the same share for honest senders.
@@ -23,6 +16,7 @@ Quick: 8 peers, sign flip and alie only, one seed.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -31,100 +25,44 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-import torch
-
 import common as c
 import sim_scale as scale
 
+from p2plearn.sim import attacks as attack_models
+from p2plearn.sim.__main__ import main as sim_main
+
 NAME = "attacks"
-ATTACKS = ("none", "sign flip", "scaled", "gaussian", "alie", "ipm", "stale")
-FLIP = 10.0      # sign flip: the change reversed, x10
-SCALE = 10.0     # scaled: the change x10
-NOISE = 1.0      # gaussian: the noise's standard deviation per value (the MLP's weights are ~0.1)
-ALIE_Z = 1.0     # alie: standard deviations below the honest mean
-IPM_EPS = 4.0    # ipm: the honest mean change, reversed, x4
-STALE = 10       # stale: rounds behind
+ATTACKS = ("none", *attack_models.ATTACKS)
 
 
-def attacked_training(attack: str, attackers: list[int]):
-    """A `VirtualTraining` whose `attackers` send what `attack` makes of their models (see the doc)."""
-    from p2plearn.sim.train import VirtualTraining
-
-    class Attacked(VirtualTraining):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.rng = np.random.default_rng(self.settings.seed + 7)
-            self.honest = [i for i in range(self.n) if i not in attackers]
-            self.sent_rounds: dict[int, np.ndarray] = {}  # round -> every peer's true message (before tampering)
-
-        def _merge(self, pending, taken, messages, anchors):
-            for rnd in sorted({int(r) for r in pending["round"][taken]}):
-                if rnd not in self.sent_rounds:
-                    self._tamper(rnd, messages[rnd])
-            super()._merge(pending, taken, messages, anchors)
-
-        def _tamper(self, rnd: int, rows: np.ndarray) -> None:
-            true = rows.copy()
-            self.sent_rounds[rnd] = true
-            self.sent_rounds.pop(rnd - STALE - 1, None)
-            last = self.sent_rounds.get(rnd - 1, true)
-            mean, last_mean = true[self.honest].mean(0), last[self.honest].mean(0)
-            for a in attackers:
-                if attack == "sign flip":
-                    rows[a] = last[a] - FLIP * (true[a] - last[a])
-                elif attack == "scaled":
-                    rows[a] = last[a] + SCALE * (true[a] - last[a])
-                elif attack == "gaussian":
-                    rows[a] = true[a] + self.rng.normal(0.0, NOISE, true[a].size).astype(np.float32)
-                elif attack == "alie":
-                    rows[a] = mean - ALIE_Z * true[self.honest].std(0)
-                elif attack == "ipm":
-                    rows[a] = last_mean - IPM_EPS * (mean - last_mean)
-                elif attack == "stale":
-                    rows[a] = self.sent_rounds[min(self.sent_rounds)][a]
-
-    return Attacked
-
-
-def run(tmp: Path, peers: int, attack: str, mode: str, seed: int) -> dict | None:
-    """One virtual run; mode: a --robust value, with :RADIUS for --robust-radius (clip:1)."""
-    from p2plearn.examples.mnist1d import make_model
-    from p2plearn.options import Options
-    from p2plearn.sim.__main__ import parser
-    from p2plearn.sim.train import Settings
-    from p2plearn.topology import load
-    from p2plearn.train.data import mnist1d
-
+def run(tmp: Path, peers: int, attack: str, mode: str, seed: int, attackers: int | None = None,
+        flags: tuple[str, ...] = ("--sync", "bsp"), steps: int = scale.STEPS) -> dict | None:
+    """One `p2plearn-sim train` run; mode: a --robust value, with :RADIUS for --robust-radius (clip:1);
+    `attackers`: how many of the last ranks attack (default n/8); `flags`: the sync mode's."""
     robust, _, radius = mode.partition(":")
-    attackers = list(range(peers - max(1, peers // 8), peers)) if attack != "none" else []
+    count = 0 if attack == "none" else attackers or max(1, peers // 8)
+    ranks = list(range(peers - count, peers))
     samples = max(12000, math.ceil(peers * 32 * 4 / 0.8))
-    argv = ["train", "--topology", str(scale.topology_file(tmp, peers, False)), "--sync", "bsp", "--selection",
-            "selmcast", "--fanout", "1", "--period", str(scale.PERIOD), "--model", "mlp", "--hidden",
-            str(scale.HIDDEN), "--steps", str(scale.STEPS), "--samples", str(samples), "--eval-every",
-            str(scale.EVAL_EVERY), "--eval-peers", str(min(scale.EVAL_PEERS, peers - len(attackers))),
-            "--message-bytes", str(scale.MESSAGE_BYTES), "--seed", str(seed), "--robust", robust,
-            *(["--robust-radius", radius] if radius else [])]
-    args = parser().parse_args(argv)
-    torch.set_num_threads(1)
-    options = Options.from_args(args)
-    settings = Settings(batch_size=args.batch_size, lr=args.lr, steps=args.steps, seed=seed,
-                        eval_every=args.eval_every, eval_peers=args.eval_peers, message_bytes=args.message_bytes)
-    training = attacked_training(attack, attackers)(options, settings, load(options.topology), mnist1d(args.samples),
-                                                    lambda: make_model(args), f"mlp-{scale.HIDDEN}")
-    r = training.run()
-    honest = [i for i in range(peers) if i not in attackers]
-    final = training.replicas.accuracy(training.replicas.flat[honest].mean(0), training.data.x_test,
-                                       training.data.y_test)
-    row = {"final_accuracy": final, "own_accuracy_end": r["history"][-1][2] if r["history"] else math.nan,
+    out = tmp / "run.json"
+    argv = ["train", "--topology", str(scale.topology_file(tmp, peers, False)), *flags, "--selection", "selmcast",
+            "--fanout", "1", "--period", str(scale.PERIOD), "--model", "mlp", "--hidden", str(scale.HIDDEN),
+            "--steps", str(steps), "--samples", str(samples), "--eval-every", str(scale.EVAL_EVERY),
+            "--eval-peers", str(min(scale.EVAL_PEERS, peers - count)), "--message-bytes", str(scale.MESSAGE_BYTES),
+            "--seed", str(seed), "--robust", robust, *(["--robust-radius", radius] if radius else []),
+            *(["--attack", attack, "--attackers", f"{ranks[0]}-{ranks[-1]}"] if count else []), "--json", str(out)]
+    if sim_main(argv) != 0:
+        return None
+    r = json.loads(out.read_text())
+    row = {"final_accuracy": r["attack"]["honest_averaged_accuracy"] if count else r["averaged_accuracy"],
+           "own_accuracy_end": r["history"][-1][2] if r["history"] else math.nan,
            "history": [(t, mean) for t, _, mean in r["history"]], "virtual_s": r["virtual_s"], "wall_s": r["wall_s"],
-           "parameters": r["parameters"], "attackers": attackers}
+           "parameters": r["parameters"], "attackers": ranks}
     if "robust" in r:
-        senders = r["robust"]["senders"]
+        senders = {int(k): v for k, v in r["robust"]["senders"].items()}
         share = (lambda who: sum(senders.get(s, {}).get("clipped", 0) for s in who) /
                  max(1, sum(senders.get(s, {}).get("merges", 0) for s in who)))
-        row["attackers_clipped"] = share(attackers) if attackers else math.nan
-        row["honest_clipped"] = share(honest)
+        row["attackers_clipped"] = share(ranks) if count else math.nan
+        row["honest_clipped"] = share(range(peers - count))
     return row
 
 
@@ -172,9 +110,8 @@ def main(argv: list[str] | None = None) -> None:
              f"Virtual time (`p2plearn.sim`), MNIST-1D MLP hidden {scale.HIDDEN} ({rows[0].get('parameters', '?')} "
              f"parameters), a message {scale.MESSAGE_BYTES / 1e6:g} MB on the simulated network, BSP, SELMCAST p=1, a "
              f"round every {scale.PERIOD} steps, {scale.STEPS} local steps, batch 32, SGD lr 0.1 momentum 0.9, i.i.d., "
-             f"heterogeneous tiers 25/50/100 Mbit/s, steady; {args.seeds} seed(s). Attacks: sign flip x{FLIP:g}, "
-             f"scaled x{SCALE:g}, gaussian sigma {NOISE:g}, alie z {ALIE_Z:g}, ipm eps {IPM_EPS:g}, stale "
-             f"{STALE} rounds; clip: --robust clip at the default --robust-radius 2, clip:1 at 1. Cells: median [min-max] over seeds. "
+             f"heterogeneous tiers 25/50/100 Mbit/s, steady; {args.seeds} seed(s). Attacks: "
+             f"{attack_models.describe()}; clip: --robust clip at the default --robust-radius 2, clip:1 at 1. Cells: median [min-max] over seeds. "
              f"Virtual times do not depend on the host's load. " + c.load_note(rows))
 
     def draw(ax) -> None:

@@ -23,6 +23,7 @@ import torch
 from p2plearn.examples.mnist1d import add_model_arguments, make_model
 from p2plearn.monitor import SimLog, write_report
 from p2plearn.options import Options, OptionsError, add_arguments
+from p2plearn.sim import attacks
 from p2plearn.sim.train import Progress, Settings, VirtualTraining
 from p2plearn.topology import TopologyError, load
 from p2plearn.train.data import mnist1d
@@ -88,6 +89,7 @@ def parser() -> argparse.ArgumentParser:
     sim.add_argument("--threads", type=int, default=1,
                      help="torch threads stepping the replicas; the calibrated step time stays one thread's "
                           "(default: %(default)s)")
+    attacks.add_arguments(train)
     return ap
 
 
@@ -132,13 +134,17 @@ def main(argv: list[str] | None = None) -> int:
                         step_s=args.step_ms / 1000 if args.step_ms else None,
                         eval_s=args.eval_ms / 1000 if args.eval_ms is not None else None, batched=not args.sequential,
                         recalibrate=args.recalibrate, threads=args.threads, colocate=args.colocate, hosts=args.hosts)
+    if bool(args.attack) != bool(args.attackers):
+        print("error: --attack and --attackers go together", file=sys.stderr)
+        return 2
     name = f"cnn-{args.width}" if args.model == "cnn" else f"mlp-{args.hidden}"
     print(f"p2plearn-sim: {ranks} virtual peers of {name} on {topology.name}: preparing the data, the replicas and "
           f"the step time ({'given' if args.step_ms else 'calibrated once per model, then cached'})",
           file=sys.stderr, flush=True)
     with ExitStack() as stack:
         try:
-            run = VirtualTraining(options, settings, topology, mnist1d(args.samples), lambda: make_model(args), name)
+            training = attacks.attacked_training(args.attack, args.attackers) if args.attack else VirtualTraining
+            run = training(options, settings, topology, mnist1d(args.samples), lambda: make_model(args), name)
             log_dir = options.log_dir or (stack.enter_context(tempfile.TemporaryDirectory(prefix="p2plearn-sim-"))
                                           if args.report else None)
             if log_dir:
@@ -161,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     if "bytes_per_message" in result:
         print(f"{result['messages']}: {result['bytes_per_message'] / 1e6:.3g} MB per message on the network, "
               f"{result['bytes_ratio']:.3f} of the dense message")
+    if "attack" in result:
+        print(f"--attack {args.attack} by ranks {args.attackers}: the honest models' average "
+              f"{result['attack']['honest_averaged_accuracy']:.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f)

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,13 +9,10 @@ import pytest
 from p2plearn.examples.mnist1d import make_model
 from p2plearn.options import ROBUST_PARTITIONED, Options
 from p2plearn.sim.__main__ import main, parser
+from p2plearn.sim.attacks import attacked_training  # the experiments' attacker, not a copy of it
 from p2plearn.sim.train import Settings
 from p2plearn.topology import load
 from p2plearn.train.data import mnist1d
-
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "experiments"))
-from attacks import attacked_training  # noqa: E402  (the experiment's attacker, not a copy of it)
 
 JOB = ["--topology", "topology/heterogeneous-8.json", "--sync", "bsp", "--fanout", "1", "--model", "mlp",
        "--hidden", "32", "--samples", "4000", "--steps", "96", "--period", "4", "--batch-size", "32",
