@@ -87,13 +87,13 @@ def test_receivers_merge_what_the_attack_made_of_the_round():
 
     training.attack.tamper = recording_tamper
     merged = []
-    deliver = training.deliver_plain
+    plain = training.arrivals.plain
 
-    def recording_deliver(sender, receiver, msg_id, values, delivered):
+    def recording_plain(sender, receiver, msg_id, values, delivered, layer_delivered):
         merged.append((sender, msg_id, values.copy()))
-        return deliver(sender, receiver, msg_id, values, delivered)
+        return plain(sender, receiver, msg_id, values, delivered, layer_delivered)
 
-    training.deliver_plain = recording_deliver
+    training.arrivals.plain = recording_plain
     result = training.run()
     assert result["attack"]["attackers"] == [7] and result["rounds"] == len(before) == 6
     from_attacker = [(rnd, values) for sender, rnd, values in merged if sender == 7]
