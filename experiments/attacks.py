@@ -115,18 +115,22 @@ def main(argv: list[str] | None = None) -> None:
              f"Virtual times do not depend on the host's load. " + c.load_note(rows))
 
     def draw(ax) -> None:
-        shown = [r for r in rows if r["ok"] and r["seed"] == 0 and r["peers"] == sizes[0]]
-        for r in shown:
-            t, a = zip(*r["history"])
-            ax.plot(t, a, label=f"{r['attack']}, --robust {r['robust']}",
-                    linestyle="-" if r["robust"] != "none" else ":")
-        ax.set_xlabel("virtual seconds")
-        ax.set_ylabel("honest peers' mean test accuracy")
-        ax.set_title(f"{sizes[0]} peers, {max(1, sizes[0] // 8)} attacker(s), seed 0")
-        ax.legend(fontsize=6)
+        draw_curves(ax, [r for r in rows if r["ok"] and r["seed"] == 0 and r["peers"] == sizes[0]],
+                    f"{sizes[0]} peers, {max(1, sizes[0] // 8)} attacker(s), seed 0")
 
     c.write_results(args.out, NAME, rows, "Lying members: attacks against the plain and the robust merge", setup,
                     "\n\n".join(tables), draw, notes="\n".join(verdicts))
+
+
+def draw_curves(ax, shown: list[c.Row], title: str) -> None:
+    """The honest peers' accuracy over virtual time of each run in `shown` (dotted: the plain merge)."""
+    for r in shown:
+        t, a = zip(*r["history"])
+        ax.plot(t, a, label=f"{r['attack']}, --robust {r['robust']}", linestyle="-" if r["robust"] != "none" else ":")
+    ax.set_xlabel("virtual seconds")
+    ax.set_ylabel("honest peers' mean test accuracy")
+    ax.set_title(title)
+    ax.legend(fontsize=6)
 
 
 if __name__ == "__main__":

@@ -138,16 +138,9 @@ def main(argv: list[str] | None = None) -> None:
 
     def draw(ax) -> None:
         first = rows[0]
-        shown = [r for r in rows if r["ok"] and r["seed"] == 0 and (r["peers"], r["sync"]) ==
-                 (first["peers"], first["sync"])]
-        for r in shown:
-            t, a = zip(*r["history"])
-            ax.plot(t, a, label=f"{r['attack']}, --robust {r['robust']}",
-                    linestyle="-" if r["robust"] != "none" else ":")
-        ax.set_xlabel("virtual seconds")
-        ax.set_ylabel("honest peers' mean test accuracy")
-        ax.set_title(f"{first['peers']} peers, {first['peers'] // PER_ATTACKER} attackers, {first['sync']}, seed 0")
-        ax.legend(fontsize=6)
+        attacks.draw_curves(ax, [r for r in rows if r["ok"] and r["seed"] == 0 and (r["peers"], r["sync"]) ==
+                                 (first["peers"], first["sync"])],
+                            f"{first['peers']} peers, {first['peers'] // PER_ATTACKER} attackers, {first['sync']}, seed 0")
 
     c.write_results(args.out, NAME, rows, "Lying members at 64 and 256 peers, in virtual time", setup,
                     "\n\n".join(tables), draw, notes="\n".join(notes))
