@@ -9,6 +9,7 @@ with the reason, without them; lines for launchers that are not installed are sk
 """
 
 import contextlib
+import dataclasses
 import os
 import re
 import shlex
@@ -26,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 DOCS = {path.name: path.read_text() for path in sorted((ROOT / "docs").glob("*.md"))}
 BIN = Path(sys.executable).parent  # the environment's python, p2plearn-run and torchrun
+CPU_PER_RANK: dict[str, float] = {}  # launcher line -> its ranks' median CPU seconds (from their closing lines)
 pytestmark = pytest.mark.timeout(1200)
 
 
@@ -101,6 +103,21 @@ def test_training_script_runs_as_written(line, tmp_path):
     assert "Traceback" not in out and "Warning" not in out, out[-4000:]
     # the ranks' torch threads fit the cores under every launcher (srun's ran 4.7x slower when they did not)
     assert "torch threads each on" not in out, out[-4000:]
+    cpu = sorted(float(s) for s in re.findall(r"p2plearn rank \d+: .*, CPU ([\d.]+) s,", out))
+    assert len(cpu) == size, out[-4000:]
+    CPU_PER_RANK[line] = cpu[len(cpu) // 2]
+
+
+@pytest.mark.slow
+def test_every_launcher_costs_what_p2plearn_run_costs():
+    """Each launcher line's ranks spend about the CPU time p2plearn-run's do on the same script, in this
+    session (CPU, not wall time: other work on the host slows wall clocks, not the CPU a rank burns).
+    Threads oversubscribing the cores burn it spinning: srun's ranks once took 4.7x the wall time."""
+    reference = next((line for line in LINES if line.startswith("p2plearn-run -np 4 -- ")), None)
+    if reference not in CPU_PER_RANK or len(CPU_PER_RANK) < 2:
+        pytest.skip("runs after test_training_script_runs_as_written, with p2plearn-run's line and another")
+    for line, cpu in CPU_PER_RANK.items():
+        assert cpu <= 1.5 * CPU_PER_RANK[reference], (line, CPU_PER_RANK)
 
 
 @pytest.mark.slow
@@ -175,3 +192,21 @@ def test_documented_command_names_only_flags_its_help_lists(doc, command):
     assert done.returncode == 0, f"{doc}: {' '.join(argv)}\n{done.stdout[-2000:]}{done.stderr[-2000:]}"
     missing = [flag for flag in flags if not re.search(rf"{re.escape(flag)}\b", done.stdout)]
     assert not missing, f"{doc}: `{command}` uses {missing}, which `{' '.join(argv[1:])}` does not list"
+
+
+def test_the_runtime_attributes_the_readme_names_exist():
+    from p2plearn.runtime import Runtime
+
+    named = set(re.findall(r"\brt\.(\w+)", README))
+    assert {"rank", "world_size"} <= named  # the pattern finds them
+    assert named <= {f.name for f in dataclasses.fields(Runtime)}, named
+
+
+def test_the_docs_and_the_flags_say_one_merge_precision():
+    """Compressed values are summed in double in native/merge.c: --compress's help and the guide say so."""
+    from p2plearn.options import Options
+
+    help_text = next(f for f in dataclasses.fields(Options) if f.name == "compress").metadata["help"]
+    assert "merged in float64" in help_text, help_text
+    assert "summing in float64" in DOCS["guide.md"]
+    assert "double" in (ROOT / "native" / "merge.c").read_text().split("static", 1)[0]  # the unit's own account

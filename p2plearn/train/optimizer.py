@@ -156,6 +156,7 @@ class DecentralizedOptimizer(Optimizer):
         client.on_event(self.final_average.on_event)
         client.on_event(self.state_transfer.on_event)
         self._stats = TrainingStats()
+        self._cpu_at_start = time.process_time()
         self.last_round: RoundStats | None = None
         self.round_log = _round_log(self.options.log_dir, rank)  # --log-dir: owned, closed by close()
         self._round_loss: float | None = None  # the loss the latest round started with (for the log)
@@ -286,6 +287,7 @@ class DecentralizedOptimizer(Optimizer):
 
     def stats(self) -> TrainingStats:
         self._stats.bytes_received = self.channel.stats().get("bytes_received", 0)
+        self._stats.cpu_s = time.process_time() - self._cpu_at_start
         self._stats.coordinator_changes = self.runtime.client.coordinator_changes
         self._stats.nonfinite = sum(self.sync.nonfinite.values())
         self._stats.robust = self.sync.robust.stats() if self.sync.robust is not None else None

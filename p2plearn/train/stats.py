@@ -20,6 +20,8 @@ class TrainingStats:
     merged_per_round: float = 0.0
     comm_s: float = 0.0             # wall time in communication rounds
     compute_s: float = 0.0          # wall time outside them (forward, backward, local step, data)
+    cpu_s: float = 0.0              # this process's CPU time (all its threads) since the optimizer was made:
+                                    # far above comm_s + compute_s, its threads fight over too few cores
     merges: int = 0                 # messages merged, over all rounds
     mixed_with: set[int] = field(default_factory=set)  # the peers whose messages were merged
     rejoins: int = 0                # times this peer was taken for dead, came back and got the state again
@@ -37,6 +39,7 @@ class TrainingStats:
         mixed = ",".join(map(str, sorted(self.mixed_with))) or "none"
         return (f"{self.rounds} rounds, {self.merges} merges, mixed with {len(self.mixed_with)} peers ({mixed}), "
                 f"{self.bytes_sent / 1e6:.1f} MB sent, comm {self.comm_s:.1f} s / compute {self.compute_s:.1f} s, "
+                f"CPU {self.cpu_s:.1f} s, "
                 f"{self.rejoins} rejoins, {self.coordinator_changes} coordinator changes"
                 + (f", {self.nonfinite} non-finite values refused" if self.nonfinite else ""))
 
