@@ -133,7 +133,7 @@ class Options:
                                   "the tensors", valid=_within(0.0, 1e6, low_open=True))
     compress: str = _opt("none", "send values as fp16 (half the bytes), bf16 (half), int8 with a scale per 256 "
                                  "values (a little over a quarter) or int4 with a scale per 64 (a seventh), with error "
-                                 "feedback, merged in float32; fp16's error (5e-4 of a value) is far below an SGD "
+                                 "feedback, merged in float64; fp16's error (5e-4 of a value) is far below an SGD "
                                  "step's, int8's (1/254 of the block's largest) and int4's (1/14) are not",
                          ("none", "fp16", "bf16", "int8", "int4"))
     keep_nonfinite: bool = _opt(False, "--compress: merge a peer's NaN and inf values (and int8/int4 scales that read "
