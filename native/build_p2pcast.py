@@ -10,7 +10,7 @@ from cffi import FFI
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = ["api.c", "send.c", "delivery.c", "bufpool.c", "io.c", "datagram.c", "tx.c", "txr.c", "group.c", "batch.c", "pacer.c",
-           "rx.c", "wire.c", "auth.c", "ghash.c", "replay.c", "mcast.c", "error.c"]
+           "rx.c", "rx_store.c", "rx_ack.c", "wire.c", "auth.c", "ghash.c", "replay.c", "mcast.c", "error.c"]
 
 
 def _cdef_text(header: str = "p2pcast.h") -> str:

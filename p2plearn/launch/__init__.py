@@ -1,4 +1,4 @@
-"""The ``p2plearn-run`` launcher (see ``p2plearn.launch.run`` for its manual)."""
+"""The ``p2plearn-run`` launcher (see ``p2plearn.launch.cli`` for its manual)."""
 
 from .run import main
 
