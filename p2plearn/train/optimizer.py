@@ -31,6 +31,7 @@ from p2plearn.control import ControlError
 from p2plearn.protocols import DataChannel
 from p2plearn.runtime import Runtime, init
 from p2plearn.sync import RoundStats, Synchronizer
+from p2plearn.train.advice import closing_hint
 from p2plearn.train.channel import make_channel
 from p2plearn.train.final_average import FinalAverage
 from p2plearn.train.layout import ModelLayout, describe_layers, exchanged_tensors, layers_on_pieces
@@ -362,6 +363,9 @@ class DecentralizedOptimizer(Optimizer):
         finally:
             checkpoint.closing(self)  # nothing left to train, said; a job's end marked at its last save
             print(f"p2plearn rank {self.runtime.rank}: {self.stats().summary()}", flush=True)
+            hint = closing_hint(self.options, self._stats) if self.runtime.rank == 0 else None
+            if hint:
+                print(hint, flush=True)
             if self.round_log is not None:
                 self.round_log.close()
             if self.reach is not None:
