@@ -99,8 +99,7 @@ RESULTS: dict[str, Entry] = {
     "sim_scale_256_bursts_dirichlet": _entry(f"{_SIM_SCALE} --bursts yes --sync bsp --data dirichlet "
                                              "--name sim_scale_256_bursts_dirichlet", SIMULATOR),
     "defaults_sim": _entry(f"{_DEFAULTS_SIM} --peers 64 --bursts both", SIMULATOR, _SIM_SCALE_CODE),
-    "defaults_sim_256": _entry(f"{_DEFAULTS_SIM} --peers 256 --seeds 2 --name defaults_sim_256", SIMULATOR,
-                               _SIM_SCALE_CODE),
+    "defaults_sim_256": _entry(f"{_DEFAULTS_SIM} --peers 256 --name defaults_sim_256", SIMULATOR, _SIM_SCALE_CODE),
     "sim_slow_close": _entry(_SLOW, SIMULATOR),
     "sim_slow_close_ssp": _entry(f"{_SLOW} --sync ssp --slow 0,1.5 --name sim_slow_close_ssp", SIMULATOR),
     "sim_slow_close_256": _entry(f"{_SLOW} --peers 256 --slow 0,1.5 --selections selmcast:1,random:1,exponential:1 "
