@@ -52,6 +52,8 @@ _CHARLM_TORCH = ["experiments/torch_charlm.py"]
 _SVR = "sudo python experiments/selmcast_vs_random.py"
 _SIM_SCALE = "python experiments/sim_scale.py --peers 256"
 _SLOW = "python experiments/sim_slow_close.py"
+_DEFAULTS_SIM = "python experiments/defaults_sim.py"
+_SIM_SCALE_CODE = ["experiments/sim_scale.py", "experiments/selmcast_vs_random.py"]
 
 RESULTS: dict[str, Entry] = {
     "time_to_accuracy": _entry("sudo python experiments/time_to_accuracy.py", TRAINING, _MNIST_TORCH),
@@ -96,6 +98,8 @@ RESULTS: dict[str, Entry] = {
                                        "--name sim_scale_256_bursts_iid", SIMULATOR),
     "sim_scale_256_bursts_dirichlet": _entry(f"{_SIM_SCALE} --bursts yes --sync bsp --data dirichlet "
                                              "--name sim_scale_256_bursts_dirichlet", SIMULATOR),
+    "defaults_sim": _entry(f"{_DEFAULTS_SIM} --peers 64 --bursts both", SIMULATOR, _SIM_SCALE_CODE),
+    "defaults_sim_256": _entry(f"{_DEFAULTS_SIM} --peers 256 --name defaults_sim_256", SIMULATOR, _SIM_SCALE_CODE),
     "sim_slow_close": _entry(_SLOW, SIMULATOR),
     "sim_slow_close_ssp": _entry(f"{_SLOW} --sync ssp --slow 0,1.5 --name sim_slow_close_ssp", SIMULATOR),
     "sim_slow_close_256": _entry(f"{_SLOW} --peers 256 --slow 0,1.5 --selections selmcast:1,random:1,exponential:1 "
