@@ -42,8 +42,8 @@ nn.Linear, torch.func vmap for other models); --sequential steps them one by one
 value filter (residuals, error feedback), a receiver merges the decoded values that travelled, and a
 message occupies its encoded bytes on the network (times --message-bytes / the replica's bytes);
 the result gives bytes_per_message and bytes_ratio (to the dense float32 message).
-Not simulated yet: --sync partitioned, --tolerance other than fixed, --overlap, --transport-mode
-other than unicast (each refused with a message).
+Not simulated yet (refused with a message): --overlap, --transport-mode other than unicast,
+--fragments, --tolerance layerwise with --compress, --filter value or --sync partitioned.
 """
 
 

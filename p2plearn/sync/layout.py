@@ -88,8 +88,10 @@ class PartLayout:
         up = np.asarray(view.uplink, dtype=float)[ranks]
         down = np.asarray(view.downlink, dtype=float)[ranks]
         capacity = np.minimum(up, down)
-        m = part_bytes(capacity, model_bytes)
-        cut = partition(numels, m)
+        cut = partition(numels, part_bytes(capacity, model_bytes))
+        # pace each flow for its part as cut: on a small model the ALIGN rounding moves a part's size
+        # by a large factor, and a part paced for its planned bytes would crawl (or flood)
+        m = model_bytes * np.array([sum(end - start for _, start, end in s) for s in cut], dtype=float) / max(sum(numels), 1)
         n = len(ranks)
         slices = {k: cut[i] for i, k in enumerate(ranks)}
         # each sender's flows end together: its uplink shared in proportion to their sizes, capped
