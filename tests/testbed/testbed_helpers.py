@@ -72,8 +72,9 @@ def assert_nothing_left(name):
     assert "p2pl-" not in root_links
 
 
-def measure_until(measure, passes, attempts=3):
-    """Call ``measure()`` until ``passes(result)``, at most ``attempts`` times; all results, in order.
+def measure_until(measure, passes, attempts=5, pause_s=1.0):
+    """Call ``measure()`` until ``passes(result)``, at most ``attempts`` times ``pause_s`` apart (a
+    burst of other work on the host passes); all results, in order.
 
     On a busy 2-core machine a probe may wait for a core long enough to fall short of a link's
     rate, or start too late for an event; load never makes a shaped link faster. So a lower bound
@@ -82,5 +83,6 @@ def measure_until(measure, passes, attempts=3):
     """
     results = [measure()]
     while not passes(results[-1]) and len(results) < attempts:
+        time.sleep(pause_s)
         results.append(measure())
     return results
