@@ -147,12 +147,9 @@ def setup_text(rows: list[c.Row], seeds: int, bursty: bool, wall: float) -> str:
             f"average model's. MB sent per peer: bsp, rounds x average p x the mean message; partitioned (whose "
             f"result gives no byte count), 2 (n-1)/n of a model per round in the change's format (every "
             f"{RESYNC_ROUNDS}th round from round 0 in values, int4's at 8 bits), parts taken as equal. "
-            f"Partitioned rounds and the small replica: the parts are cut on {ALIGN}-element boundaries of the "
-            f"replica (about {parameters // 256} elements a part at 256 peers, {parameters // 64} at 64), while each "
-            f"flow is paced to its part as planned before that rounding (`sync.layout.PartLayout.from_view`): a "
-            f"part rounded up travels at a smaller one's rate, so these rounds take longer than their plan (compare "
-            f"round s with planned round s); the parts of the model that {scale.MESSAGE_BYTES / 1e6:g} MB stands "
-            f"for would round by a few percent. "
+            f"Partitioned parts are cut on {ALIGN}-element boundaries of the replica (about "
+            f"{parameters // 256} elements a part at 256 peers, {parameters // 64} at 64) and each flow is paced for "
+            f"its part as cut. "
             f"This run: {len(rows)} runs in {wall:.0f} s of wall time. " + c.load_note(rows))
 
 
