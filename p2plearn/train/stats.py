@@ -20,8 +20,8 @@ class TrainingStats:
     merged_per_round: float = 0.0
     comm_s: float = 0.0             # wall time in communication rounds
     compute_s: float = 0.0          # wall time outside them (forward, backward, local step, data)
-    cpu_s: float = 0.0              # this process's CPU time (all its threads) since the optimizer was made:
-                                    # far above comm_s + compute_s, its threads fight over too few cores
+    cpu_s: float = 0.0              # this process's CPU time (all its threads, the engine's too) since the
+                                    # optimizer was made: torch threads spinning on too few cores inflate it
     merges: int = 0                 # messages merged, over all rounds
     mixed_with: set[int] = field(default_factory=set)  # the peers whose messages were merged
     rejoins: int = 0                # times this peer was taken for dead, came back and got the state again
