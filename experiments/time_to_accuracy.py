@@ -13,7 +13,7 @@ Same model (MNIST-1D MLP, 2 hidden layers of 1536, 2.4M parameters, 9.7 MB), sam
 per rank, same optimizer (SGD lr 0.1 momentum 0.9, batch 128 per rank), the same period for p2plearn
 and local SGD; test accuracy every EVAL_EVERY steps of rank 0 (the single process: every
 EVAL_EVERY x 4 steps, the same samples seen). DDP stops at a time budget (a run of it on
-heterogeneous-4 would take ~20 min). Full: 10 epochs, 12000 samples, 3 seeds (~60 min).
+heterogeneous-4 would take ~20 min). Full: 10 epochs, 12000 samples, 3 seeds (~90 min).
 Quick: 2 epochs (2 rounds), 1 seed, homogeneous-4 only.
 
 --rows streaming (time_to_accuracy_streaming.*): streaming rounds (--fragments, --overlap-steps,
