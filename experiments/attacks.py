@@ -44,7 +44,8 @@ def run(tmp: Path, peers: int, attack: str, mode: str, seed: int, attackers: int
     ranks = list(range(peers - count, peers))
     samples = max(12000, math.ceil(peers * 32 * 4 / 0.8))
     out = tmp / "run.json"
-    argv = ["train", "--topology", str(scale.topology_file(tmp, peers, False)), *flags, "--selection", "selmcast",
+    argv = ["train", "--topology", str(scale.topology_file(tmp, peers, False)), "--compress", "none", *flags,
+            "--selection", "selmcast",
             "--fanout", "1", "--period", str(scale.PERIOD), "--model", "mlp", "--hidden", str(scale.HIDDEN),
             "--steps", str(steps), "--samples", str(samples), "--eval-every", str(scale.EVAL_EVERY),
             "--eval-peers", str(min(scale.EVAL_PEERS, peers - count)), "--message-bytes", str(scale.MESSAGE_BYTES),

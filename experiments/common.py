@@ -57,9 +57,9 @@ def train(np_: int, options: dict[str, Any], script: dict[str, Any], *, topology
     """Run `p2plearn.launch -np N [options] -- python -m p2plearn.examples.<example> [script]`; rank 0's
     JSON, or None (with the tail of the output on stderr) when the job failed."""
     flags: list[str] = []  # the failure detector's defaults: a start-up grace covers slow imports
-    # The claims measured before the defaults became --period 16 --fanout 1 compare per-step rounds
-    # with p=2: they keep that unless they say otherwise.
-    options = {"period": 1, "fanout": 2, **options}
+    # The claims measured before the defaults became --period 16 --fanout 1 --compress int4 compare
+    # uncompressed per-step rounds with p=2: they keep that unless they say otherwise.
+    options = {"period": 1, "fanout": 2, "compress": "none", **options}
     if topology:
         flags += ["--topology", str(topology), "--testbed" if testbed else "--emulate"]
     for key, value in options.items():  # True: a flag alone (--overlap); False: left out

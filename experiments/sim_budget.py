@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
             out = Path(tmp) / "run.json"
             samples = max(12000, n * 32 * 2 * 5 // 4)  # 2 batches per peer per epoch
             t0 = time.monotonic()
-            assert sim_main(["train", "--topology", str(topology), "--sync", "bsp", "--period", "16", "--model", "mlp",
+            assert sim_main(["train", "--topology", str(topology), "--sync", "bsp", "--compress", "none",
+                             "--period", "16", "--model", "mlp",
                              "--hidden", str(HIDDEN), "--steps", str(args.steps), "--samples", str(samples),
                              "--eval-every", str(args.steps), "--threads", str(args.threads),
                              "--json", str(out)]) == 0

@@ -67,9 +67,11 @@ def virtual_run(tmp: Path, topology: Path, peers: int, seed: int, flags: list[st
     EVAL_EVERY, EVAL_PEERS, MESSAGE_BYTES) with `flags`; its figures, or None if it failed."""
     out = tmp / "run.json"
     samples = max(12000, math.ceil(peers * 32 * 4 / 0.8))  # >= 4 batches of 32 per peer per epoch
-    argv = ["train", "--topology", str(topology), "--period", str(PERIOD), "--model", "mlp", "--hidden", str(HIDDEN),
-            "--steps", str(STEPS), "--samples", str(samples), "--eval-every", str(EVAL_EVERY), "--eval-peers",
-            str(EVAL_PEERS), "--message-bytes", str(MESSAGE_BYTES), "--seed", str(seed), "--json", str(out), *flags]
+    # --compress none: the scale claims compare float32 messages unless `flags` say otherwise
+    argv = ["train", "--topology", str(topology), "--compress", "none", "--period", str(PERIOD), "--model", "mlp",
+            "--hidden", str(HIDDEN), "--steps", str(STEPS), "--samples", str(samples), "--eval-every", str(EVAL_EVERY),
+            "--eval-peers", str(EVAL_PEERS), "--message-bytes", str(MESSAGE_BYTES), "--seed", str(seed),
+            "--json", str(out), *flags]
     if sim_main(argv) != 0:
         return None
     r = json.loads(out.read_text())

@@ -131,11 +131,14 @@ class Options:
     bucket_mb: float = _opt(25.0, "the exchanged tensors travel and merge in contiguous buckets of at most this many "
                                   "MiB per dtype (DDP's default): a round's Python work grows with the buckets, not "
                                   "the tensors", valid=_within(0.0, 1e6, low_open=True))
-    compress: str = _opt("none", "send values as fp16 (half the bytes), bf16 (half), int8 with a scale per 256 "
-                                 "values (a little over a quarter) or int4 with a scale per 64 (a seventh), with error "
-                                 "feedback, merged in float64; fp16's error (5e-4 of a value) is far below an SGD "
-                                 "step's, int8's (1/254 of the block's largest) and int4's (1/14) are not",
-                         ("none", "fp16", "bf16", "int8", "int4"))
+    compress: str | None = _opt(None, "send values as fp16 (half the bytes), bf16 (half), int8 with a scale per 256 "
+                                      "values (a little over a quarter) or int4 with a scale per 64 (a seventh), with "
+                                      "error feedback, merged in float64; fp16's error (5e-4 of a value) is far below "
+                                      "an SGD step's, int8's (1/254 of the block's largest) and int4's (1/14) are not, "
+                                      "yet error feedback carries what a round left out into the next. none: float32 "
+                                      "as trained (default: int4, the soonest to a target of every setting measured "
+                                      "(README, Choosing settings); none with --filter value)",
+                                ("none", "fp16", "bf16", "int8", "int4"))
     keep_nonfinite: bool = _opt(False, "--compress: merge a peer's NaN and inf values (and int8/int4 scales that read "
                                        "as them) as they come, so that a diverging peer's NaN spreads to every model; "
                                        "by default each receiver refuses them where they are (it keeps its own "
@@ -216,6 +219,8 @@ class Options:
                                      "of its own: rounds do not wait on it")
 
     def __post_init__(self) -> None:
+        if self.compress is None:  # frozen: the dataclass idiom for a derived field
+            object.__setattr__(self, "compress", _default_compress(self.filter))
         for f in fields(self):
             why = _refusal(f, getattr(self, f.name))
             if why:
@@ -271,6 +276,9 @@ class Options:
         return out
 
     def replace(self, **changes: Any) -> Options:
+        """These options with ``changes``; a compress that was the default follows a changed filter."""
+        if "filter" in changes and "compress" not in changes and self.compress == _default_compress(self.filter):
+            changes["compress"] = None
         return replace(self, **changes)
 
 
@@ -323,6 +331,11 @@ def _parse(f: Any, raw: str, error: Callable[[str], Exception]) -> Any:
     if why:
         raise error(why)
     return value
+
+
+def _default_compress(filter: str) -> str:
+    """The codec when --compress is not given: int4 (measured soonest), none where the filter picks values."""
+    return "int4" if filter == "none" else "none"
 
 
 def _refusal(f: Any, value: Any) -> str | None:

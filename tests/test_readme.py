@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 DOCS = {path.name: path.read_text() for path in sorted((ROOT / "docs").glob("*.md"))}
 BIN = Path(sys.executable).parent  # the environment's python, p2plearn-run and torchrun
+SPREAD = 0.03  # "about" the README's accuracy range: ranks of one run differ by up to 0.03, runs by 0.02
 CPU_PER_RANK: dict[str, float] = {}  # launcher line -> its ranks' median CPU seconds (from their closing lines)
 pytestmark = pytest.mark.timeout(1200)
 
@@ -97,7 +98,8 @@ def test_training_script_runs_as_written(line, tmp_path):
     size = int(re.search(r"(?:-np|-n|--nproc-per-node) (\d+)", line).group(1))
     accuracy = {int(r): float(a) for r, a in re.findall(r"rank (\d+): test accuracy ([\d.]+)", out)}
     assert sorted(accuracy) == list(range(size)), out[-4000:]  # every rank ran once, on its own rank
-    assert min(accuracy.values()) > 0.3, accuracy  # it learned (chance is 0.1)
+    low, high = (float(x) for x in re.search(r"test accuracy: about ([\d.]+)-([\d.]+) after", README).groups())
+    assert low - SPREAD <= min(accuracy.values()) and max(accuracy.values()) <= high + SPREAD, accuracy
     summaries = set(re.findall(r"p2plearn rank (\d+): \d+ rounds, \d+ merges", out))
     assert summaries == {str(r) for r in range(size)}, out[-4000:]  # each peer's one line at exit
     assert "Traceback" not in out and "Warning" not in out, out[-4000:]

@@ -51,7 +51,8 @@ from p2plearn.bench.models import MODELS, model_bytes, model_shapes
 
 ROOT = Path(__file__).resolve().parents[2]
 WARM = 2  # rounds that include connection set-up
-MODES = {"partitioned": ["--sync", "partitioned"], "bsp all": ["--sync", "bsp", "--selection", "all"],
+MODES = {"partitioned": ["--sync", "partitioned", "--compress", "none"],  # float32, as gloo's all_reduce
+         "bsp all": ["--sync", "bsp", "--selection", "all", "--compress", "none"],
          "partitioned fp16": ["--sync", "partitioned", "--compress", "fp16"],
          "partitioned int4": ["--sync", "partitioned", "--compress", "int4"]}
 GLOO_DTYPES = ("float32", "float16")  # fp16 all_reduce: what DDP's fp16_compress_hook sends

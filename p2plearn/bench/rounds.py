@@ -76,7 +76,7 @@ def run_config(topology: str, selection: str, fanout: int, megabytes: float, rou
     where = ["--emulate"] if transport is None else ["--testbed", "--transport-mode", transport]
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, "-m", "p2plearn.launch", "-np", str(n), "--topology", topology, *where,
-               "--selection", selection, "--fanout", str(fanout), "--sync", "bsp", "--period", "1", "--",
+               "--selection", selection, "--fanout", str(fanout), "--sync", "bsp", "--period", "1", "--compress", "none", "--",
                sys.executable, "-m", "p2plearn.bench.rounds", "--peer", out, str(megabytes), str(rounds)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if proc.returncode:

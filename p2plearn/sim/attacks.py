@@ -96,8 +96,8 @@ def attacked_training(attack: str, attackers: list[int]) -> type[VirtualTraining
         def __init__(self, *args, **kwargs) -> None:
             super().__init__(*args, **kwargs)
             if attack != "none" and (self.messages is not None or self.options.sync == "partitioned"):
-                raise ValueError("--attack: rewrites plain float32 messages; not simulated with --compress, "
-                                 "--filter value or --sync partitioned")
+                raise ValueError("--attack: rewrites plain float32 messages; not simulated with --compress "
+                                 "(add --compress none), --filter value or --sync partitioned")
             self.attack = Attack(attack, attackers, self.n, self.settings.seed + 7)
             self._tampered = -1  # the last round whose messages went through the attack
 

@@ -190,7 +190,7 @@ class VirtualTraining:
                         self.replicas.numpy(), options.staleness if options.sync == "ssp" else 0)
         if self.messages is not None and options.tolerance == "layerwise":
             raise ValueError("--tolerance layerwise with --compress or --filter value: not simulated yet "
-                             "(per-layer chunk masks are the plain message's)")
+                             "(per-layer chunk masks are the plain message's; add --compress none)")
         # each peer's model as the last round left it: the outer step's anchor, and what compressed
         # partitioned rounds exchange changes from
         keeps_anchor = not all(opt.plain for opt in self.outer) or (partitioned and options.compress != "none")

@@ -90,7 +90,8 @@ def virtual(case: dict, seed: int, step_ms: float | None) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="p2psim-") as tmp:
         out = Path(tmp) / "run.json"
-        argv = ["train", "--topology", str(ROOT / "topology" / f"{case['topology']}.json"), *case["flags"],
+        argv = ["train", "--topology", str(ROOT / "topology" / f"{case['topology']}.json"),
+                "--compress", "none", *case["flags"],  # the testbed rows it is checked against: float32
                 "--seed", str(seed), "--json", str(out),
                 *(["--step-ms", f"{step_ms:.6g}", "--eval-ms", "0"] if step_ms else [])]
         if main(argv) != 0:

@@ -18,13 +18,13 @@ from p2plearn.train.data import mnist1d
 
 SIZES = [300, 20, 700, 5]  # four layers (tensors), 1,025 elements: not a multiple of a block
 P = sum(SIZES)
-SMALL = ["--model", "mlp", "--hidden", "32", "--samples", "4000", "--steps", "48", "--period", "8",
+SMALL = ["--compress", "none", "--model", "mlp", "--hidden", "32", "--samples", "4000", "--steps", "48", "--period", "8",
          "--batch-size", "32", "--eval-every", "16", "--step-ms", "2"]
 
 
 def population(rows: np.ndarray, message_bytes: float | None = None, **options) -> Messages:
     replica_bytes = 4.0 * rows.shape[1]
-    return Messages.of(Options(**options), SIZES, len(rows), message_bytes or replica_bytes, replica_bytes, rows, 0)
+    return Messages.of(Options(**{"compress": "none", **options}), SIZES, len(rows), message_bytes or replica_bytes, replica_bytes, rows, 0)
 
 
 def rows_of(n: int, seed: int = 0) -> np.ndarray:
@@ -42,7 +42,7 @@ def hand_roundtrip(mode: str, x: np.ndarray) -> np.ndarray:
 
 
 def test_plain_runs_take_the_plain_path():
-    assert Messages.of(Options(), SIZES, 2, 4.0 * P, 4.0 * P, rows_of(2), 0) is None
+    assert Messages.of(Options(compress="none"), SIZES, 2, 4.0 * P, 4.0 * P, rows_of(2), 0) is None
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4", "fp16"])

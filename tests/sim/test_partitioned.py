@@ -21,7 +21,7 @@ from p2plearn.train.data import mnist1d
 
 def virtual(topology, message_bytes: float | None = 1e6, hidden: int = 16, **options) -> VirtualTraining:
     torch.manual_seed(0)
-    return VirtualTraining(Options(sync="partitioned", period=4, **options),
+    return VirtualTraining(Options(sync="partitioned", period=4, **{"compress": "none", **options}),
                            Settings(steps=8, eval_every=8, step_s=0.002, eval_s=0.001, seed=1,
                                     message_bytes=message_bytes),
                            topology, mnist1d(2000, seed=0), lambda: MLP(hidden), f"mlp-{hidden}")

@@ -14,7 +14,7 @@ from p2plearn.sim.train import Settings
 from p2plearn.topology import load
 from p2plearn.train.data import mnist1d
 
-JOB = ["--topology", "topology/heterogeneous-8.json", "--sync", "bsp", "--fanout", "1", "--model", "mlp",
+JOB = ["--topology", "topology/heterogeneous-8.json", "--sync", "bsp", "--compress", "none", "--fanout", "1", "--model", "mlp",
        "--hidden", "32", "--samples", "4000", "--steps", "96", "--period", "4", "--batch-size", "32",
        "--eval-every", "96", "--eval-peers", "7", "--step-ms", "2", "--eval-ms", "0"]
 

@@ -17,7 +17,7 @@ from p2plearn.sim.replicas import Replicas
 from p2plearn.topology import Topology, heterogeneous, microburst
 from p2plearn.train.data import Dataset, dirichlet_shards, shard
 
-SMALL = ["--model", "mlp", "--hidden", "32", "--samples", "4000", "--steps", "48", "--period", "8",
+SMALL = ["--compress", "none", "--model", "mlp", "--hidden", "32", "--samples", "4000", "--steps", "48", "--period", "8",
          "--batch-size", "32", "--eval-every", "16", "--step-ms", "2"]  # a later --step-ms wins
 
 

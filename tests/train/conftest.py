@@ -42,7 +42,8 @@ def in_process_job(world_size: int = 2):
         clients.append(client)
         client.register(None, join=join)
         return Runtime(rank=client.rank, world_size=world_size, local_rank=0, local_world_size=1,
-                       options=Options(sync="bsp", selection="all", fanout=2, period=1),  # a round per step
+                       options=Options(sync="bsp", selection="all", fanout=2, period=1,  # a round per step
+                                       compress="none"),  # exact averages: the tests' subject
                        job_id=JOB, client=client)
 
     def optimizer(rt: Runtime, model: torch.nn.Module, inner: torch.optim.Optimizer | None = None,

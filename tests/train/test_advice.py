@@ -22,10 +22,10 @@ def test_fp16_is_told_too_int4_is_not():
 
 def test_nothing_is_said_below_the_share_or_without_rounds():
     below = COMM_SHARE * 0.9
-    assert closing_hint(Options(), stats(comm_s=below, compute_s=1.0 - below)) is None
-    assert closing_hint(Options(), stats(comm_s=0.0, compute_s=0.0, rounds=0)) is None
+    assert closing_hint(Options(compress="none"), stats(comm_s=below, compute_s=1.0 - below)) is None
+    assert closing_hint(Options(compress="none"), stats(comm_s=0.0, compute_s=0.0, rounds=0)) is None
     at = COMM_SHARE
-    assert closing_hint(Options(), stats(comm_s=at, compute_s=1.0 - at)) is not None
+    assert closing_hint(Options(compress="none"), stats(comm_s=at, compute_s=1.0 - at)) is not None
 
 
 def test_the_value_filter_picks_its_own_values_and_is_left_alone():
