@@ -91,7 +91,7 @@ def test_policies_are_fed_what_a_real_peer_feeds_them():
 def test_a_virtual_run_under_microbursts_takes_each_policys_bounds(policy):
     torch.manual_seed(0)
     data = mnist1d(2000, seed=0)
-    options = Options(tolerance=policy, loss_bound=0.1, period=2)
+    options = Options(tolerance=policy, loss_bound=0.1, period=2, compress="none")  # per-layer masks: plain
     settings = Settings(steps=24, eval_every=12, step_s=0.002, eval_s=0.001, seed=3, message_bytes=1e6)
     run = VirtualTraining(options, settings, microburst(4, every_s=1.0, duration_s=0.3), data, lambda: MLP(16), "mlp-16")
     result = run.run()
