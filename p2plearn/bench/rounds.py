@@ -50,6 +50,7 @@ def peer_main(out_dir: str, megabytes: float, rounds: int, model_name: str = "fl
     model = torch.nn.Module()
     for name, tensor in model_tensors(model_name, megabytes).items():
         model.register_parameter(name.replace(".", "_"), torch.nn.Parameter(tensor))
+    del tensor  # the optimizer moves the parameters into its buckets: the loop's last must not outlive that
     opt = p2plearn.DecentralizedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), model, rt)
     times = []
     for _ in range(rounds):
@@ -76,7 +77,8 @@ def run_config(topology: str, selection: str, fanout: int, megabytes: float, rou
     where = ["--emulate"] if transport is None else ["--testbed", "--transport-mode", transport]
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, "-m", "p2plearn.launch", "-np", str(n), "--topology", topology, *where,
-               "--selection", selection, "--fanout", str(fanout), "--sync", "bsp", "--period", "1", "--compress", "none", "--",
+               "--selection", selection, "--fanout", str(fanout), "--sync", "bsp", "--period", "1",
+               "--compress", "none", "--",
                sys.executable, "-m", "p2plearn.bench.rounds", "--peer", out, str(megabytes), str(rounds)]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
         if proc.returncode:
