@@ -24,6 +24,9 @@ homogeneous-4 beside local SGD: what chose the streaming rows' settings (~10 min
 --rows change (time_to_accuracy_change.*): partitioned rounds with --compress int4, which send the
 change since the last round, whole and streamed, beside local SGD on homogeneous-4 and lossy-4 (where
 partitioned rounds are the choice; ~12 min).
+--rows fast (time_to_accuracy_fast.*): where the network is no limit (unshaped loopback, every system
+alike): both round kinds with and without int4 beside local SGD, which says what the int4 default costs
+on a fast link (~10 min).
 """
 from __future__ import annotations
 
@@ -73,8 +76,11 @@ CHANGE_CONFIGS = {f"partitioned, period {PERIOD}, compress int4": {"sync": "part
                                                                  "compress": "int4"},
                   f"partitioned, period {PERIOD}, {STREAMED}, compress int4":
                       {**STREAMING, "sync": "partitioned", "compress": "int4"}}
+FAST_CONFIGS = {label: options for label, options in P2PLEARN_CONFIGS.items() if "fp16" not in label}
+LOOPBACK = "loopback"  # no topology: every system on unshaped loopback
 ROWS = {"full": (NAME, TOPOLOGIES, P2PLEARN_CONFIGS), "streaming": (f"{NAME}_streaming", TOPOLOGIES, STREAMING_CONFIGS),
-        "mixing": (f"{NAME}_mixing", TOPOLOGIES[:1], MIXING_CONFIGS), "change": (f"{NAME}_change", [TOPOLOGIES[0], TOPOLOGIES[2]], CHANGE_CONFIGS)}
+        "mixing": (f"{NAME}_mixing", TOPOLOGIES[:1], MIXING_CONFIGS), "change": (f"{NAME}_change", [TOPOLOGIES[0], TOPOLOGIES[2]], CHANGE_CONFIGS),
+        "fast": (f"{NAME}_fast", [LOOPBACK], FAST_CONFIGS)}
 
 
 def mlp_size() -> int:
@@ -93,8 +99,8 @@ def main(argv: list[str] | None = None) -> None:
     def extra(ap) -> None:
         ap.add_argument("--rows", choices=list(ROWS), default="full",
                         help="full: every system; streaming: streaming rounds beside local SGD; mixing: the overlap's "
-                             "tau and alpha on homogeneous-4 beside local SGD; change: partitioned int4 rounds "
-                             "(default: %(default)s)")
+                             "tau and alpha on homogeneous-4 beside local SGD; change: partitioned int4 rounds; "
+                             "fast: with and without int4 on unshaped loopback (default: %(default)s)")
 
     args = c.parse_args(__doc__, argv, extra=extra)
     name, topologies, configs = ROWS[args.rows]
@@ -108,13 +114,16 @@ def main(argv: list[str] | None = None) -> None:
     rows: list[c.Row] = []
     for topo in topologies:
         where = {"topology": topo}
+        shaped = topo != LOOPBACK
         for label, options in configs.items():
             rows += c.repeat({**where, "system": "p2plearn", "settings": label}, args.seeds,
                              lambda seed: c.train(PEERS, options, {**script, "seed": seed},
-                                                  topology=f"topology/{topo}.json", testbed=testbed))
+                                                  topology=f"topology/{topo}.json" if shaped else None,
+                                                  testbed=testbed))
         rows += c.repeat({**where, "system": "local SGD", "settings": f"PeriodicModelAverager, period {PERIOD}"},
                          args.seeds, lambda seed: torch_baseline(PEERS, {**script, "seed": seed, "mode": "local-sgd",
-                                                                          "period": PERIOD}, testbed, 29500 + seed, topo))
+                                                                          "period": PERIOD}, testbed and shaped,
+                                                                 29500 + seed, topo))
         if not full:
             continue
         rows += c.repeat({**where, "system": "DDP", "settings": "all_reduce every step"}, args.seeds,
@@ -132,7 +141,8 @@ def main(argv: list[str] | None = None) -> None:
             r["accuracy_at_budget"] = max((acc for t, acc in r["history"] if t <= budget), default=float("nan"))
             r["mb_sent"] = r["bytes_sent"] / 1e6
             c.add_streaming_metrics(r)
-    where = ("Testbed (root; 4 network namespaces shaped by tbf, loss by iptables; every distributed system)"
+    where = ("Unshaped loopback, every system alike (no network limit: what each costs in CPU)" if LOOPBACK in topologies
+             else "Testbed (root; 4 network namespaces shaped by tbf, loss by iptables; every distributed system)"
              if testbed else "Fallback (not root): p2plearn `--emulate` vs gloo on unshaped loopback")
     setup = (f"{where}. MNIST-1D MLP (2 hidden layers of {HIDDEN}, {mlp_size() / 1e6:.1f}M parameters), "
              f"{script['epochs']} epochs of {script['samples']} samples, batch {BATCH} per rank, SGD lr 0.1 "
@@ -160,7 +170,8 @@ def main(argv: list[str] | None = None) -> None:
     title = {"full": "Time to accuracy: p2plearn vs torch local SGD, DDP and one process",
              "streaming": "Time to accuracy of streaming rounds (fragments, bounded overlap, 4-bit) vs torch local SGD",
              "mixing": "Streaming rounds: the overlap's delay (tau) and mixing (alpha) vs torch local SGD",
-             "change": "Partitioned rounds sending the int4 change vs torch local SGD"}[args.rows]
+             "change": "Partitioned rounds sending the int4 change vs torch local SGD",
+             "fast": "Time to accuracy where the network is no limit (loopback): with and without int4"}[args.rows]
     c.write_results(args.out, name, rows, title,
                     setup, "\n\n".join(tables),
                     lambda ax: c.accuracy_curves(ax, [r for r in rows if r["topology"] in (topologies[0], "none")],
