@@ -30,7 +30,8 @@ def train(tmp_path, name: str, *flags: str) -> dict:
         save(homogeneous(PEERS, mbit=100, loss=0.10), topo)
     out = tmp_path / f"{name}.json"
     cmd = [sys.executable, "-m", "p2plearn.launch", "-np", str(PEERS), "--topology", str(topo), "--emulate",
-           "--period", "1", "--fanout", "2", *flags,  # the policies act per round: one per step
+           "--period", "1", "--fanout", "2", "--compress", "none", *flags,  # the policies act per round: one per
+           # step, on float32 messages (the bytes the filter saves, the chunks a bound lets go)
            "--", sys.executable, "-m", "p2plearn.examples.mnist1d", "--epochs", str(EPOCHS),
            "--width", str(WIDTH), "--json", str(out)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})
