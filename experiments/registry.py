@@ -63,7 +63,7 @@ RESULTS: dict[str, Entry] = {
                                       TRAINING, _MNIST_TORCH),
     "time_to_accuracy_mixing": _entry("sudo python experiments/time_to_accuracy.py --rows mixing --seeds 2",
                                       TRAINING, _MNIST_TORCH),
-    "time_to_accuracy_fast": _entry("python experiments/time_to_accuracy.py --rows fast", TRAINING, _MNIST_TORCH),
+    "time_to_accuracy_fast": _entry("sudo python experiments/time_to_accuracy.py --rows fast", TRAINING, _MNIST_TORCH),
     "charlm_time_to_loss": _entry("sudo python experiments/charlm_time_to_loss.py", TRAINING, _CHARLM_TORCH),
     "charlm_time_to_loss_streaming": _entry("sudo python experiments/charlm_time_to_loss.py --rows streaming",
                                             TRAINING, _CHARLM_TORCH),
