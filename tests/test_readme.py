@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
 DOCS = {path.name: path.read_text() for path in sorted((ROOT / "docs").glob("*.md"))}
 BIN = Path(sys.executable).parent  # the environment's python, p2plearn-run and torchrun
-SPREAD = 0.03  # "about" the README's accuracy range: ranks of one run differ by up to 0.03, runs by 0.02
+SPREAD = 0.03  # margin around the README's ranges, measured over 7-11 runs of each setting, quiet and with both cores busy
 CPU_PER_RANK: dict[str, float] = {}  # launcher line -> its ranks' median CPU seconds (from their closing lines)
 pytestmark = pytest.mark.timeout(1200)
 
@@ -69,6 +69,14 @@ def test_the_readme_names_every_launcher():
     assert {line.split()[0] for line in LINES} >= {"p2plearn-run", "mpirun", "torchrun", "srun"}
 
 
+def readme_accuracy(ssp: bool) -> tuple[float, float]:
+    """The accuracy range the README gives for the default lines, or for the SSP line."""
+    found = re.search(r"test accuracy: about ([\d.]+)-([\d.]+) after .*?\(([\d.]+)-([\d.]+)\s+with the SSP line",
+                      README, re.S)
+    default_low, default_high, ssp_low, ssp_high = (float(x) for x in found.groups())
+    return (ssp_low, ssp_high) if ssp else (default_low, default_high)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("line", LINES)
 def test_training_script_runs_as_written(line, tmp_path):
@@ -98,7 +106,7 @@ def test_training_script_runs_as_written(line, tmp_path):
     size = int(re.search(r"(?:-np|-n|--nproc-per-node) (\d+)", line).group(1))
     accuracy = {int(r): float(a) for r, a in re.findall(r"rank (\d+): test accuracy ([\d.]+)", out)}
     assert sorted(accuracy) == list(range(size)), out[-4000:]  # every rank ran once, on its own rank
-    low, high = (float(x) for x in re.search(r"test accuracy: about ([\d.]+)-([\d.]+) after", README).groups())
+    low, high = readme_accuracy(ssp="--sync ssp" in line)
     assert low - SPREAD <= min(accuracy.values()) and max(accuracy.values()) <= high + SPREAD, accuracy
     summaries = set(re.findall(r"p2plearn rank (\d+): \d+ rounds, \d+ merges", out))
     assert summaries == {str(r) for r in range(size)}, out[-4000:]  # each peer's one line at exit
