@@ -1,7 +1,8 @@
 """Claim (issue 46): with --robust clip, one lying member in 8 (two in 16) costs the others little
 accuracy, whatever it sends; without it, the table shows what each attack does.
 
-    python experiments/attacks.py [--quick] [--seeds N] [--peers 8,16] [--modes none,clip,clip:1] [--out DIR]
+    python experiments/attacks.py [--quick] [--seeds N] [--peers 8,16] [--modes none,clip,clip:1,clip+exclude]
+                                  [--out DIR]
 
 In virtual time (`p2plearn-sim train --attack A --attackers RANKS`), the setting of `sim_scale.py`
 (heterogeneous tiers 25/50/100 Mbit/s, steady; i.i.d. shards; BSP, SELMCAST p=1; the MNIST-1D MLP,
@@ -37,8 +38,12 @@ ATTACKS = ("none", *attack_models.ATTACKS)
 
 def run(tmp: Path, peers: int, attack: str, mode: str, seed: int, attackers: int | None = None,
         flags: tuple[str, ...] = ("--sync", "bsp"), steps: int = scale.STEPS) -> dict | None:
-    """One `p2plearn-sim train` run; mode: a --robust value, with :RADIUS for --robust-radius (clip:1);
-    `attackers`: how many of the last ranks attack (default n/8); `flags`: the sync mode's."""
+    """One `p2plearn-sim train` run; mode: a --robust value, with :RADIUS for --robust-radius (clip:1)
+    and +exclude for --robust-exclude (clip+exclude); `attackers`: how many of the last ranks attack
+    (default n/8); `flags`: the sync mode's."""
+    mode, plus, extra = mode.partition("+")
+    if plus and extra != "exclude":
+        raise ValueError(f"mode {mode}+{extra}: the only suffix is +exclude")
     robust, _, radius = mode.partition(":")
     count = 0 if attack == "none" else attackers or max(1, peers // 8)
     ranks = list(range(peers - count, peers))
@@ -50,6 +55,7 @@ def run(tmp: Path, peers: int, attack: str, mode: str, seed: int, attackers: int
             "--steps", str(steps), "--samples", str(samples), "--eval-every", str(scale.EVAL_EVERY),
             "--eval-peers", str(min(scale.EVAL_PEERS, peers - count)), "--message-bytes", str(scale.MESSAGE_BYTES),
             "--seed", str(seed), "--robust", robust, *(["--robust-radius", radius] if radius else []),
+            *(["--robust-exclude"] if plus else []),
             *(["--attack", attack, "--attackers", f"{ranks[0]}-{ranks[-1]}"] if count else []), "--json", str(out)]
     if sim_main(argv) != 0:
         return None
@@ -69,8 +75,9 @@ def run(tmp: Path, peers: int, attack: str, mode: str, seed: int, attackers: int
 
 def extra_flags(ap) -> None:
     ap.add_argument("--peers", default="8,16", help="comma-separated sizes; n/8 attackers (default: %(default)s)")
-    ap.add_argument("--modes", default="none,clip,clip:1",
-                    help="--robust values compared, :R for --robust-radius R (default: %(default)s)")
+    ap.add_argument("--modes", default="none,clip,clip:1,clip+exclude",
+                    help="--robust values compared, :R for --robust-radius R, +exclude for --robust-exclude "
+                         "(default: %(default)s)")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -112,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
              f"parameters), a message {scale.MESSAGE_BYTES / 1e6:g} MB on the simulated network, BSP, SELMCAST p=1, a "
              f"round every {scale.PERIOD} steps, {scale.STEPS} local steps, batch 32, SGD lr 0.1 momentum 0.9, i.i.d., "
              f"heterogeneous tiers 25/50/100 Mbit/s, steady; {args.seeds} seed(s). Attacks: "
-             f"{attack_models.describe()}; clip: --robust clip at the default --robust-radius 2, clip:1 at 1. Cells: median [min-max] over seeds. "
+             f"{attack_models.describe()}; clip: --robust clip at the default --robust-radius 2, clip:1 at 1, clip+exclude with --robust-exclude. Cells: median [min-max] over seeds. "
              f"Virtual times do not depend on the host's load. " + c.load_note(rows))
 
     def draw(ax) -> None:
