@@ -1,7 +1,7 @@
 """One full average of a model among n peers: p2plearn's rounds against gloo's all_reduce, in one run.
 
-    sudo python -m p2plearn.bench average [--topologies homogeneous-4,heterogeneous-4,lossy-4,homogeneous-8]
-                                          [--megabytes 10] [--rounds 8] [--json]
+    sudo python -m p2plearn.bench average [--topologies loopback,homogeneous-4,heterogeneous-4,lossy-4,
+                                          homogeneous-8,incast-8] [--megabytes 10] [--rounds 8] [--json]
     sudo python -m p2plearn.bench average --model gpt2-small --topologies loopback,homogeneous-4 --rounds 5 \
                                           --modes partitioned,"partitioned fp16"
     python -m p2plearn.bench average --topologies loopback --rounds 60 --profile   [where the CPU goes: perf]
@@ -173,7 +173,7 @@ def main(argv: list[str]) -> None:
     if argv and argv[0] == "--gloo-peer":
         return gloo_peer(argv[1], argv[2], float(argv[3]), int(argv[4]), argv[5])
     ap = argparse.ArgumentParser(prog="python -m p2plearn.bench average", description=__doc__.splitlines()[0])
-    ap.add_argument("--topologies", default="loopback,homogeneous-4,heterogeneous-4,lossy-4,homogeneous-8",
+    ap.add_argument("--topologies", default="loopback,homogeneous-4,heterogeneous-4,lossy-4,homogeneous-8,incast-8",
                     help="comma-separated names of topology/*.json files, or loopback (default: %(default)s)")
     ap.add_argument("--model", choices=MODELS, default="flat",
                     help="flat: one tensor of --megabytes; gpt2-small: GPT-2 small's 148 tensors, 124.4M "
