@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import threading
@@ -35,7 +36,7 @@ class Output:
         self._lock = threading.Lock()
         self._logs: dict[int, IO[str]] = {}
         self._stderr: dict[int, deque[str]] = {}
-        self._last_plain = 0.0
+        self._last_plain = -math.inf  # the first progress line is shown (monotonic() may start near 0 at boot)
         self._last_clock: int | None = None  # the slowest clock of the last plain progress line
         self._live = None
         if log_dir:
