@@ -25,15 +25,79 @@
 
 #define BLOCK 2048
 
-/* sum[i] += value of element from + i of c, for i < len (no checks: the caller made them). The
- * common dtypes in loops of their own, so that the compiler vectorises them. */
+/* sum[i] += scale * code of element from + i, for i < len, all in one scale block (int8, int4). */
+VECTOR_CLONES static void add_i8(double *restrict sum, const int8_t *restrict v, double scale, uint64_t len) {
+    for (uint64_t i = 0; i < len; i++) sum[i] += (double)v[i] * scale;
+}
+
+VECTOR_CLONES static void add_i4(double *restrict sum, const uint8_t *restrict v, uint64_t from, double scale,
+                                 uint64_t len) {
+    uint64_t i = 0;
+    if (from & 1 && len) {  /* a run that starts on a byte's high code */
+        sum[0] += (double)((v[from / 2] >> 4) - 8) * scale;
+        i = 1;
+    }
+    const uint8_t *restrict pairs = v + (from + i) / 2;
+    uint64_t npairs = (len - i) / 2;
+    for (uint64_t j = 0; j < npairs; j++) {
+        sum[i + 2 * j] += (double)((pairs[j] & 0x0f) - 8) * scale;
+        sum[i + 2 * j + 1] += (double)((pairs[j] >> 4) - 8) * scale;
+    }
+    if ((len - i) & 1) sum[len - 1] += (double)((pairs[npairs] & 0x0f) - 8) * scale;
+}
+
+/* sum[i] += value of element from + i of c, for i < len (no checks: the caller made them). Each
+ * dtype in a loop of its own, and int8/int4 one scale block at a time, so that the compiler
+ * vectorises them (load()'s per-element dtype switch and block division would not). */
 VECTOR_CLONES static void add_values(double *restrict sum, const p2p_contribution *c, uint64_t from, uint64_t len) {
-    if (c->dtype == P2P_F32) {
+    switch (c->dtype) {
+    case P2P_F32: {
         const float *restrict v = (const float *)c->values + from;
         for (uint64_t i = 0; i < len; i++) sum[i] += v[i];
-    } else {
-        for (uint64_t i = 0; i < len; i++) sum[i] += load(c->values, c->dtype, c->scales, c->block, from + i);
+        break;
     }
+    case P2P_F64: {
+        const double *restrict v = (const double *)c->values + from;
+        for (uint64_t i = 0; i < len; i++) sum[i] += v[i];
+        break;
+    }
+    case P2P_F16: {
+        const uint16_t *restrict v = (const uint16_t *)c->values + from;
+        for (uint64_t i = 0; i < len; i++) sum[i] += f16_to_float(v[i]);
+        break;
+    }
+    case P2P_BF16: {
+        const uint16_t *restrict v = (const uint16_t *)c->values + from;
+        for (uint64_t i = 0; i < len; i++) sum[i] += bf16_to_float(v[i]);
+        break;
+    }
+    default:  /* P2P_I8, P2P_I4: (double)code * scale, as load() reads them */
+        for (uint64_t e = from; e < from + len;) {
+            uint64_t b = e / c->block, end = (b + 1) * c->block < from + len ? (b + 1) * c->block : from + len;
+            if (c->dtype == P2P_I8)
+                add_i8(sum + (e - from), (const int8_t *)c->values + e, c->scales[b], end - e);
+            else
+                add_i4(sum + (e - from), c->values, e, c->scales[b], end - e);
+            e = end;
+        }
+    }
+}
+
+/* Whether every value of c in [start, end) is finite (the float dtypes; integer ops, so they vectorise). */
+VECTOR_CLONES static int all_finite(const p2p_contribution *c, uint64_t start, uint64_t end) {
+    int bad = 0;
+    if (c->dtype == P2P_F32) {
+        const uint32_t *restrict v = (const uint32_t *)c->values;
+        for (uint64_t i = start; i < end; i++) bad |= (v[i] & 0x7f800000u) == 0x7f800000u;
+    } else if (c->dtype == P2P_F64) {
+        const uint64_t *restrict v = (const uint64_t *)c->values;
+        for (uint64_t i = start; i < end; i++) bad |= (v[i] & 0x7ff0000000000000u) == 0x7ff0000000000000u;
+    } else {
+        uint16_t exponent = c->dtype == P2P_F16 ? 0x7c00u : 0x7f80u;
+        const uint16_t *restrict v = (const uint16_t *)c->values;
+        for (uint64_t i = start; i < end; i++) bad |= (v[i] & exponent) == exponent;
+    }
+    return !bad;
 }
 
 VECTOR_CLONES static void load_f32(double *restrict sum, const float *restrict v, uint64_t len) {
@@ -48,17 +112,19 @@ VECTOR_CLONES static void store_f32(float *restrict out, const double *restrict 
     for (uint64_t i = 0; i < len; i++) out[i] = (float)sum[i];
 }
 
-/* Whether c brings every element of [start, end) and none needs a check of its own: no element
- * mask, no value checked one by one, every block's scale fits, every chunk there arrived. */
+/* Whether c brings every element of [start, end) and none is refused: no element mask, every
+ * value finite where values are checked, every block's scale fits, every chunk there arrived. */
 static int brings_all(const p2p_contribution *c, uint64_t start, uint64_t end) {
-    if (c->element_arrived || checks_values(c)) return 0;
+    if (c->element_arrived) return 0;
     if (checks_scales(c))
         for (uint64_t b = start / c->block; b <= (end - 1) / c->block; b++)
             if (!scale_fits(c, b)) return 0;
-    if (!c->chunk_arrived) return 1;
-    uint64_t first = (c->first_byte + byte_of(c->dtype, start)) / c->chunk_size;
-    uint64_t last = (c->first_byte + byte_of(c->dtype, end - 1)) / c->chunk_size;
-    return memchr(c->chunk_arrived + first, 0, last - first + 1) == NULL;
+    if (c->chunk_arrived) {
+        uint64_t first = (c->first_byte + byte_of(c->dtype, start)) / c->chunk_size;
+        uint64_t last = (c->first_byte + byte_of(c->dtype, end - 1)) / c->chunk_size;
+        if (memchr(c->chunk_arrived + first, 0, last - first + 1)) return 0;
+    }
+    return !checks_values(c) || all_finite(c, start, end);
 }
 
 /* sum[i] += value of element from + i, for i < len, and count[i] += 1 for each; returns how many
@@ -188,6 +254,12 @@ int p2p_decode(const p2p_contribution *c, uint64_t n, float *out, uint8_t *usabl
         uint64_t end = n - start < BLOCK ? n : start + BLOCK;
         uint64_t len = end - start;
         memset(sum, 0, (size_t)len * sizeof *sum);
+        if (brings_all(c, start, end)) {
+            add_values(sum, c, start, len);
+            store_f32(out + start, sum, len);
+            memset(usable + start, 1, len);
+            continue;
+        }
         memset(count, 0, (size_t)len * sizeof *count);
         add_block(sum, count, c, start, end, &refused);
         for (uint64_t i = 0; i < len; i++) {

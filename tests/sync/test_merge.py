@@ -321,6 +321,46 @@ def test_a_scale_that_is_not_finite_or_overflows_float32_loses_its_block(packed)
     assert (got[~usable] == 0).all() and hostile.nonfinite == (element & refused).sum()
 
 
+@pytest.mark.parametrize("fmt", ["float32", "float64", "float16", "bf16", "int8", "int4"])
+def test_every_format_merges_and_decodes_bit_for_bit_as_the_reference(fmt):
+    """Each format's whole runs (a block the contribution brings entire, read in a loop of its own)
+    and its partial ones (lost chunks; one non-finite value in a finite_only block) give exactly the
+    float64 reference: int8/int4 scale blocks of odd length, so runs start on either code of a
+    byte, an odd element count, a message offset inside a chunk."""
+    rng = np.random.default_rng(11)
+    n, chunk_size, block = 3 * 2048 + 11, 512, 37
+    own = rng.standard_normal(n).astype(np.float32)
+    contributions, values, arrived = [], [], []
+    for i, first_byte in enumerate((0, 100, 3)):
+        if fmt in ("int8", "int4"):
+            codes = rng.integers(0, 16, n) if fmt == "int4" else rng.integers(0, 256, n)
+            scales = rng.random(-(-n // block)).astype(np.float32)
+            wire = _scaled_on_the_wire(codes, fmt == "int4")
+            read = (codes - (8 if fmt == "int4" else 128)) * np.repeat(scales.astype(np.float64), block)[:n]
+            extra = {"scales": scales, "block": block}
+        else:
+            x = rng.standard_normal(n).astype(np.float32)
+            x[rng.integers(0, 2048)] = np.nan  # in the first merge block only: the others stay whole
+            wire, read = _on_the_wire(x, {"float32": np.float32, "float64": np.float64, "float16": np.float16,
+                                          "bf16": "bf16"}[fmt])
+            extra = {}
+        value_bits = {"int4": 4, "int8": 8, "float16": 16, "bf16": 16, "float32": 32}.get(fmt, 64)
+        nchunks = (first_byte + -(-n * value_bits // 8) + chunk_size - 1) // chunk_size
+        chunk_arrived = rng.random(nchunks) < (1.0 if i == 0 else 0.7)
+        in_chunk = chunk_arrived[(first_byte + np.arange(n) * value_bits // 8) // chunk_size]
+        contributions.append(Contribution(wire, chunks=ChunkMask(chunk_arrived, first_byte, chunk_size),
+                                          finite_only=True, **extra))
+        values.append(np.nan_to_num(read))
+        arrived.append(in_chunk & np.isfinite(read))
+    expected = _expected_mean(own, values, arrived).astype(np.float32)
+    merged = own.copy()
+    merge_parameter(merged, contributions)
+    np.testing.assert_array_equal(merged, expected)
+    got, usable = decode(contributions[1], n)
+    np.testing.assert_array_equal(usable, arrived[1])
+    np.testing.assert_array_equal(got, np.where(arrived[1], values[1], 0).astype(np.float32))
+
+
 @pytest.mark.parametrize("values_bytes, nscales, block", [(50, 2, 64), (51, 1, 64), (51, 2, 0), (0, 2, 64)])
 def test_the_c_decode_checks_the_lengths_itself(values_bytes, nscales, block):
     """p2p_decode refuses what p2p_merge refuses, before it writes anything."""
