@@ -84,38 +84,39 @@ class _Reused:
     it alive while reading: a channel until its send is done (`Channel.send`'s handle keeps the
     arrays; its `_inflight` keeps the handle until the next send), a caller while it holds the
     list. So an array no one else references is provably not in flight, and writing into it is as
-    safe as the freeing that a new array each round meant. Arrays are kept per (size, dtype); after
-    an encode, those of the keys it took from that no one holds are let go (it did not need them,
-    and the next encode in the same state will not): what stays is this round's and what is still
-    in flight, e.g. two sets that alternate behind a channel. Not thread-safe: its owner encodes one
-    round at a time.
+    safe as the freeing that a new array each round meant. What is handed out is a view of the
+    first `size` elements of a kept array of the dtype at least that long and at most twice
+    (partitioned rounds cut their parts anew with each view of the links, so sizes move by a few
+    percent; a new array gets HEADROOM more). After an encode, the kept arrays it did not hand out
+    and that no one holds are let go: what stays is this round's and what is still in flight, e.g.
+    two sets that alternate behind a channel. Not thread-safe: its owner encodes one round at a time.
     """
 
+    HEADROOM = 1 / 8
+
     def __init__(self) -> None:
-        self._kept: dict[tuple[int, str], list[np.ndarray]] = {}  # per key, least recently handed out first
-        self._taken: set[tuple[int, str]] = set()  # the keys taken from since `settle`
+        self._kept: dict[str, list[np.ndarray]] = {}  # per dtype, least recently handed out first
+        self._handed: set[int] = set()  # id() of the kept arrays handed out since `settle`
 
     def take(self, size: int, dtype: Any) -> np.ndarray:
         """An array of `size` elements of `dtype` that no one else holds (contents undefined)."""
-        key = (size, np.dtype(dtype).str)
-        kept = self._kept.setdefault(key, [])
-        self._taken.add(key)
-        for i in range(len(kept)):
-            if _references(kept, i) == _ALONE:
-                kept.append(kept.pop(i))
-                return kept[-1]
-        kept.append(np.empty(size, dtype))
-        return kept[-1]
+        kept = self._kept.setdefault(np.dtype(dtype).str, [])
+        fits = [i for i in range(len(kept)) if size <= kept[i].size <= 2 * size and _references(kept, i) == _ALONE]
+        if fits:
+            kept.append(kept.pop(min(fits, key=lambda i: kept[i].size)))
+        else:
+            kept.append(np.empty(size + int(size * self.HEADROOM), dtype))
+        self._handed.add(id(kept[-1]))
+        return kept[-1][:size]
 
     def settle(self) -> None:
-        """One encode is over (what it handed out is still held by its caller): of the keys it took
-        from, let go of the arrays that no one holds."""
-        for key in self._taken:
-            kept = self._kept[key]
+        """One encode is over (what it handed out is still held by its caller): let go of the kept
+        arrays it did not hand out that no one holds."""
+        for kept in self._kept.values():
             for i in reversed(range(len(kept))):
-                if _references(kept, i) == _ALONE:
+                if id(kept[i]) not in self._handed and _references(kept, i) == _ALONE:
                     del kept[i]
-        self._taken.clear()
+        self._handed.clear()
 
 
 def stored(x: np.ndarray, like: np.ndarray) -> np.ndarray:
