@@ -25,14 +25,14 @@ merges them as they come (a diverging peer's NaN then spreads, as it would uncom
 """
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import numpy as np
 
 from p2plearn.compute import check, ffi, lib
 from p2plearn.sync.bfloat16 import BF16Array, store
-from p2plearn.sync.merge import Contribution, decode
+from p2plearn.sync.merge import Contribution
+from p2plearn.sync.reused import ReusedArrays
 from p2plearn.transport.delivery import Delivery
 
 MODES = ("none", "fp16", "bf16", "int8", "int4")
@@ -67,58 +67,6 @@ def unpack_int4(packed: np.ndarray, n: int) -> np.ndarray:
     return codes[:n] - 8
 
 
-def _references(kept: list[np.ndarray], i: int) -> int:
-    """How many references kept[i] has (this call's own included)."""
-    return sys.getrefcount(kept[i])
-
-
-_ALONE = _references([np.empty(0)], 0)  # what an array that only its list holds counts
-
-
-class _Reused:
-    """The arrays `Compressor.encode` writes (codes, scales, reads), kept from one round to the next
-    so that a round allocates none: a fresh array each round costs a model's worth of pages that
-    the kernel zeroes every round.
-
-    An array is handed out again only when nothing but this pool holds it. Whoever reads one keeps
-    it alive while reading: a channel until its send is done (`Channel.send`'s handle keeps the
-    arrays; its `_inflight` keeps the handle until the next send), a caller while it holds the
-    list. So an array no one else references is provably not in flight, and writing into it is as
-    safe as the freeing that a new array each round meant. What is handed out is a view of the
-    first `size` elements of a kept array of the dtype at least that long and at most twice
-    (partitioned rounds cut their parts anew with each view of the links, so sizes move by a few
-    percent; a new array gets HEADROOM more). After an encode, the kept arrays it did not hand out
-    and that no one holds are let go: what stays is this round's and what is still in flight, e.g.
-    two sets that alternate behind a channel. Not thread-safe: its owner encodes one round at a time.
-    """
-
-    HEADROOM = 1 / 8
-
-    def __init__(self) -> None:
-        self._kept: dict[str, list[np.ndarray]] = {}  # per dtype, least recently handed out first
-        self._handed: set[int] = set()  # id() of the kept arrays handed out since `settle`
-
-    def take(self, size: int, dtype: Any) -> np.ndarray:
-        """An array of `size` elements of `dtype` that no one else holds (contents undefined)."""
-        kept = self._kept.setdefault(np.dtype(dtype).str, [])
-        fits = [i for i in range(len(kept)) if size <= kept[i].size <= 2 * size and _references(kept, i) == _ALONE]
-        if fits:
-            kept.append(kept.pop(min(fits, key=lambda i: kept[i].size)))
-        else:
-            kept.append(np.empty(size + int(size * self.HEADROOM), dtype))
-        self._handed.add(id(kept[-1]))
-        return kept[-1][:size]
-
-    def settle(self) -> None:
-        """One encode is over (what it handed out is still held by its caller): let go of the kept
-        arrays it did not hand out that no one holds."""
-        for kept in self._kept.values():
-            for i in reversed(range(len(kept))):
-                if id(kept[i]) not in self._handed and _references(kept, i) == _ALONE:
-                    del kept[i]
-        self._handed.clear()
-
-
 def stored(x: np.ndarray, like: np.ndarray) -> np.ndarray:
     """The numbers x as an array of `like`'s shape and dtype (bfloat16 bits for a BF16Array)."""
     out = np.empty(like.shape, like.dtype).view(type(like))
@@ -141,7 +89,7 @@ class Compressor:
         self.mode = mode
         self.keep_nonfinite = keep_nonfinite
         self.residuals = None if sizes is None else [np.zeros(n, dtype=np.float32) for n in sizes]
-        self._reused = _Reused()  # what encode writes, kept across rounds
+        self._reused = ReusedArrays()  # what encode writes, kept across rounds
 
     def encode(self, pieces: list[np.ndarray], at: list[Piece],
                decoded: list[np.ndarray] | None = None) -> list[np.ndarray]:
@@ -151,7 +99,7 @@ class Compressor:
 
         Each piece is encoded in one pass in C (`native/quantize.c`: its residual added and
         updated there, no temporary its size). The arrays returned are this compressor's own,
-        written again by a later `encode` once no one holds them (see `_Reused`): keep them
+        written again by a later `encode` once no one holds them (see `ReusedArrays`): keep them
         referenced while they are read (a channel does until its send is done)."""
         sent, scales = [], []
         for piece, (t, a, b) in zip(pieces, at):
@@ -250,13 +198,6 @@ class Compressor:
         if scale_mask is not None:
             mask = scale_mask if mask is None else mask & scale_mask
         return Contribution(d.arrays[i], mask, scales=d.arrays[n + i], block=BLOCK4, finite_only=finite_only)
-
-    def decode(self, c: Contribution, like: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """c's values as numbers of `like`'s dtype (bfloat16 bits for a BF16Array), read in C as the
-        merge reads them, and per element whether it arrived and was not refused (see
-        `p2plearn.sync.merge.decode`; it sets c.nonfinite)."""
-        x, usable = decode(c, like.size)
-        return stored(x, like), usable
 
     def state_dict(self) -> dict[str, Any]:
         return {"mode": self.mode, "residuals": [r.copy() for r in self.residuals or []]}

@@ -26,11 +26,12 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from p2plearn.sync.bfloat16 import values
+from p2plearn.sync.bfloat16 import BF16Array, values
 from p2plearn.sync.compress import Compressor, stored
 from p2plearn.sync.inbox import UNUSABLE
 from p2plearn.sync.layout import Slices
-from p2plearn.sync.merge import Contribution, merge_parameter, unfit
+from p2plearn.sync.merge import Contribution, decode, merge_parameter, unfit
+from p2plearn.sync.reused import ReusedArrays
 from p2plearn.transport.delivery import Delivery
 
 # exact reductions (the DDP backend's ops other than a mean of floats), in rank order
@@ -58,6 +59,7 @@ class PartExchange:
         # this peer's averaged parts with error feedback of their own, and the values of a resync round
         self.gather_format = Compressor(mode, [a.size for a in flat], keep) if mode else None
         self.resync_format = Compressor("int8" if mode == "int4" else mode, None, keep) if mode else None
+        self._scratch = ReusedArrays()  # compressed rounds' changes and decoded parts, kept across rounds
 
     # -- formats and sizes ------------------------------------------------------------------
     def formats(self, resync: bool = False) -> tuple[Compressor | None, Compressor | None]:
@@ -133,6 +135,7 @@ class PartExchange:
         fractions = [merge_parameter(own, [inputs[s][i] for s in senders]) for i, own in enumerate(averaged)]
         if compressed:  # this peer's part becomes what every receiver reads of it
             averaged = self._encode_gather(averaged, slices, resync)
+            self._scratch.settle()  # once a round: what the round did not use goes
         return averaged, fractions
 
     def place(self, slices: Slices, arrived: list[Contribution], fmt: Compressor | None,
@@ -146,17 +149,26 @@ class PartExchange:
                     np.copyto(own, c.values)  # (no mask the size of the part where nothing was lost)
                 else:
                     np.copyto(own, c.values, where=c.chunks.elements(own.size, c.values.itemsize))
-            elif resync:
-                got, usable = fmt.decode(c, own)
-                np.copyto(own, got, where=usable)
-            else:
-                change, usable = fmt.decode(c, np.empty(own.size, np.float32))
-                np.copyto(own, stored(values(self.anchor[t][a:b]) + change, own), where=usable)
+            else:  # a resync round's values, or the change since the anchor
+                got, usable = decode(c, own.size, self._scratch.take(own.size, np.float32),
+                                     self._scratch.take(own.size, np.bool_))
+                if not resync:
+                    anchor = self.anchor[t][a:b]
+                    got = np.add(anchor, got, out=got) if _plain_float32(anchor) else values(anchor) + got
+                np.copyto(own, got if _plain_float32(own) else stored(got, own), where=usable)
 
     # -- compressed rounds --------------------------------------------------------------------
     def _changes(self, slices: Slices) -> list[np.ndarray]:
-        """The pieces' change since the anchor (float32): what compressed change rounds exchange."""
-        return [values(self.flat[t][a:b]).astype(np.float32) - values(self.anchor[t][a:b]) for t, a, b in slices]
+        """The pieces' change since the anchor (float32, or wider where the model is): what compressed
+        change rounds exchange. Float32 ones are this exchange's scratch, read before the next round."""
+        changes = []
+        for t, a, b in slices:
+            own, anchor = values(self.flat[t][a:b]), values(self.anchor[t][a:b])
+            if own.dtype == anchor.dtype == np.float32:
+                changes.append(np.subtract(own, anchor, out=self._scratch.take(b - a, np.float32)))
+            else:
+                changes.append(own.astype(np.float32) - anchor)
+        return changes
 
     def _encode_gather(self, averaged: list[np.ndarray], slices: Slices, resync: bool) -> list[np.ndarray]:
         """The arrays that carry this peer's averaged pieces (changes; values on a resync round);
@@ -167,9 +179,17 @@ class PartExchange:
         decoded: list[np.ndarray] = []
         arrays = fmt.encode(averaged, slices, decoded)
         for (t, a, b), read in zip(slices, decoded):
-            own = self.flat[t][a:b]
-            own[...] = stored(read if resync else values(self.anchor[t][a:b]) + read, own)
+            own, anchor = self.flat[t][a:b], self.anchor[t][a:b]
+            if not resync and _plain_float32(own) and _plain_float32(anchor):
+                np.add(anchor, read, out=own)
+            else:
+                own[...] = stored(read if resync else values(anchor) + read, own)
         return arrays
+
+
+def _plain_float32(a: np.ndarray) -> bool:
+    """Whether a holds float32 numbers as they are (not bfloat16 bits)."""
+    return a.dtype == np.float32 and not isinstance(a, BF16Array)
 
 
 def reduce_exact(out: np.ndarray, ranked: list[np.ndarray], op: str) -> None:

@@ -107,11 +107,17 @@ def merge_parameter(own: np.ndarray, contributions: list[Contribution]) -> float
     return fraction[0]
 
 
-def decode(c: Contribution, n: int) -> tuple[np.ndarray, np.ndarray]:
+def decode(c: Contribution, n: int, out: np.ndarray | None = None,
+           usable: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """c's n values as float32, read as the merge reads them, and per element whether it arrived and
-    was not refused (the values are 0 where not); sets c.nonfinite. ValueError (TypeError for its
-    dtype) for a contribution that is `unfit` for n elements."""
-    out, usable = np.empty(n, dtype=np.float32), np.empty(n, dtype=bool)
+    was not refused (the values are 0 where not), into `out` (float32) and `usable` (bool) when
+    given, else new arrays; sets c.nonfinite. ValueError (TypeError for its dtype) for a
+    contribution that is `unfit` for n elements."""
+    out = np.empty(n, dtype=np.float32) if out is None else out
+    usable = np.empty(n, dtype=bool) if usable is None else usable
+    if out.dtype != np.float32 or usable.dtype != np.bool_ or out.size != n or usable.size != n:
+        raise ValueError(f"decode: outputs of {n} float32 and bool elements, got {out.dtype}[{out.size}] "
+                         f"and {usable.dtype}[{usable.size}]")
     s = ffi.new("p2p_contribution *")
     keep: list[np.ndarray] = []
     _describe(s, out, c, keep)
