@@ -4,7 +4,10 @@
  * large buffer is mapped, faulted in and zeroed by the kernel page by page, then unmapped when
  * Python drops the delivery: at hundreds of MB per round that was a large share of a round's CPU.
  * Here a buffer handed back (its delivery freed, or its message dropped) is kept and given to the
- * next message that fits it (at least its size, at most twice), so the pages stay mapped.
+ * next message that fits it (the smallest kept one at least its size: a partitioned round's parts
+ * move with each view of the links, by a few percent on shaped links and by several times on
+ * loopback, where the rates measured are noisy), so the pages stay mapped; a new one is allocated with
+ * room to grow (HEADROOM).
  *
  * What it keeps is bounded twice: by keep_limit (the engine passes its partial-message quota), and
  * so that what it keeps and what is handed out never exceed the most it had handed out at once: a
@@ -21,6 +24,9 @@
 
 #define POOL_MIN (256u << 10)
 #define HEADER 64                 /* before each buffer: struct held, padded to keep buffers aligned */
+#define HEADROOM 8                /* a new pooled buffer is 1/HEADROOM larger than asked, so that a part
+                                     a little larger next round still fits (the pages past what arrives
+                                     are never touched: they cost no RSS) */
 
 struct held {
     struct bufpool *pool;         /* NULL: a small buffer, not pooled */
@@ -86,13 +92,14 @@ uint8_t *bufpool_take(struct bufpool *pool, uint64_t size, int *fresh) {
     pthread_mutex_lock(&pool->mu);
     struct held **best = NULL;
     for (struct held **pp = &pool->free; *pp; pp = &(*pp)->next)
-        if ((*pp)->size >= size && (*pp)->size / 2 <= size && (!best || (*pp)->size < (*best)->size)) best = pp;
+        if ((*pp)->size >= size && (!best || (*pp)->size < (*best)->size)) best = pp;
     struct held *h = NULL;
     if (best) {
         h = *best;
         *best = h->next;
         pool->kept -= h->size;
     } else {  /* none fits: the kept ones give way first, so that the new one stays within the peak */
+        if (rounded <= (SIZE_MAX - 2 * HEADER) / 2) rounded += rounded / HEADROOM / HEADER * HEADER;
         pool->out += rounded;
         trim(pool, room(pool));
         pool->out -= rounded;

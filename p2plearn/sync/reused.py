@@ -28,9 +28,9 @@ class ReusedArrays:
     handle keeps the arrays; its `_inflight` keeps the handle until the next send), a caller while it
     holds the list. So an array no one else references is provably not in use, and writing into it
     is as safe as the freeing that a new array each round meant. What is handed out is a view of the
-    first `size` elements of a kept array of the dtype at least that long and at most twice
-    (partitioned rounds cut their parts anew with each view of the links, so sizes move by a few
-    percent; a new array gets HEADROOM more). `settle` lets go of the kept arrays not handed out
+    first `size` elements of the shortest kept array of the dtype at least that long (partitioned
+    rounds cut their parts anew with each view of the links: sizes move by a few percent on shaped
+    links, by several times on loopback; a new array gets HEADROOM more). `settle` lets go of the kept arrays not handed out
     since the last `settle` that no one holds: called once per round, what stays is what a round
     uses and what is still in flight, e.g. two sets that alternate behind a channel. Not
     thread-safe: its owner uses it from one thread at a time.
@@ -45,7 +45,7 @@ class ReusedArrays:
     def take(self, size: int, dtype: Any) -> np.ndarray:
         """An array of `size` elements of `dtype` that no one else holds (contents undefined)."""
         kept = self._kept.setdefault(np.dtype(dtype).str, [])
-        fits = [i for i in range(len(kept)) if size <= kept[i].size <= 2 * size and _references(kept, i) == _ALONE]
+        fits = [i for i in range(len(kept)) if kept[i].size >= size and _references(kept, i) == _ALONE]
         if fits:
             kept.append(kept.pop(min(fits, key=lambda i: kept[i].size)))
         else:
