@@ -9,7 +9,7 @@ Two clocks per case: "calibrated" (this machine's single-process step time, as m
 "real compute" (`--step-ms` = the real rank 0's measured computation / its steps: the CPU share
 the real peers had, 4-16 processes on 2 cores; `--eval-ms 0`, since that measurement, all the
 time outside rounds, already holds the evaluations); the network part is the simulator's in both. The
-error is virtual / real - 1 of the medians over seeds. Quick: homogeneous-4 and heterogeneous-4, seed 0.
+error is virtual / real - 1 of each seed (its run and its replay), median over seeds. Quick: homogeneous-4 and heterogeneous-4, seed 0.
 `--topologies a,b` runs those cases only, into sim_train_validation-a+b.*; `--combine` writes
 sim_train_validation.* from every such partial result in the results directory (cases in parallel
 processes get more of a shared machine).
@@ -92,16 +92,16 @@ def write(out: Path, rows: list[c.Row], cases: list[dict], name: str) -> None:
         for clock in ("calibrated", "real compute"):
             rs = [r for r in rows if r["topology"] == case["topology"] and r["clock"] == clock]
             for target in case["targets"]:
-                real = c.summary(r[f"real_{target}"] for r in rs)[0]
-                virt = c.summary(r[f"virtual_{target}"] for r in rs)[0]
-                error = f"{virt / real - 1:+.0%}" if math.isfinite(real) and math.isfinite(virt) else "-"
+                med, low, high = c.summary(r[f"virtual_{target}"] / r[f"real_{target}"] - 1 for r in rs)
+                error = f"{med:+.0%} [{low:+.0%} to {high:+.0%}]" if math.isfinite(med) else "-"
                 lines.append(f"| {case['topology']} | {clock} | {target:.0%} | {c.cell(r[f'real_{target}'] for r in rs)} | "
                              f"{c.cell(r[f'virtual_{target}'] for r in rs)} | {error} | "
                              f"{c.cell(r['step_ms'] for r in rs)} | {c.cell(r['real_final'] for r in rs)} / "
                              f"{c.cell(r['virtual_final'] for r in rs)} |")
     setup = ("Virtual time (`p2plearn-sim train`) against the real runs stored in experiments/results/ (same "
              "settings and seeds; see this script's docstring for which). Cells: median [min-max] over seeds; "
-             "error: virtual / real - 1 of the medians (goal: within 15%). calibrated: this machine's step time now; "
+             "error: virtual / real - 1 per seed (the replay of the same seed's run, as tests/sim/test_time_to_target "
+             "judges it), median [min-max] (goal: median within 15%). calibrated: this machine's step time now; "
              "real compute: the real rank 0's measured computation per step. " + c.load_note(rows))
     first = [r for r in rows if r["topology"] == cases[0]["topology"] and r["seed"] == rows[0]["seed"]]
 
