@@ -67,7 +67,9 @@ void p2p_plan_free(p2p_plan *plan);
  * int8, x 8 for int4, above FLT_MAX): they count as not arrived, and refused_out[i] (k entries, or
  * NULL) says how many of contribution i's that arrived were refused so.
  * p2p_decode reads one contribution's n elements as float32 into out, the merge's way: usable[e] = 1
- * where element e arrived and was not refused (out[e] = 0 where not); *refused_out as above. */
+ * where element e arrived and was not refused (out[e] = 0 where not); *refused_out as above.
+ * p2p_place puts them in place: out[e] = base[e] + that float32 value (base NULL: the value) where
+ * element e arrived and was not refused; out keeps its own value elsewhere. base may be out itself. */
 #define P2P_F32 0
 #define P2P_F64 1
 #define P2P_F16 2
@@ -95,11 +97,13 @@ typedef struct {
 int p2p_merge(void *own, int own_dtype, uint64_t n, const p2p_contribution *contribs, uint32_t k,
               double *arrived_out, uint64_t *refused_out);
 int p2p_decode(const p2p_contribution *c, uint64_t n, float *out, uint8_t *usable, uint64_t *refused_out);
+int p2p_place(const p2p_contribution *c, uint64_t n, float *out, const float *base, uint64_t *refused_out);
 
 /* ---- Compression (quantize.c) ----
  * p2p_quantize encodes n values in one of the formats that travel, in one pass and in place of the
  * caller's arrays (none allocated): x[e] = values[e] (dtype P2P_F32, P2P_F64, P2P_F16 or P2P_BF16
- * bits, read as float32) + residual[e] (float32 sums; no residual: x = the value), then in `format`:
+ * bits, read as float32) - anchor[e] (float32 differences; no anchor: nothing subtracted) + residual[e]
+ * (float32 sums; no residual: nothing added), then in `format`:
  *   P2P_F16: x clipped to +-65504, rounded to nearest even (2 bytes per value at codes);
  *   P2P_BF16: x rounded to nearest even, a NaN as 0x7fc0 (2 bytes);
  *   P2P_I8 / P2P_I4: per block of `block` values (the last may be shorter), scales[b] = max |x| / 127
@@ -114,6 +118,8 @@ typedef struct {
     const void *values;           /* n elements of dtype (the caller's, read only) */
     uint64_t values_bytes;
     int dtype;                    /* P2P_F32, P2P_F64, P2P_F16, P2P_BF16 */
+    const float *anchor;          /* n floats (dtype P2P_F32 only), or NULL: x = values - anchor, a change */
+    uint64_t nanchor;
     float *residual;              /* n floats, read and updated in place, or NULL: no error feedback */
     uint64_t nresidual;
     int format;                   /* P2P_F16, P2P_BF16, P2P_I8, P2P_I4 */

@@ -112,6 +112,11 @@ VECTOR_CLONES static void store_f32(float *restrict out, const double *restrict 
     for (uint64_t i = 0; i < len; i++) out[i] = (float)sum[i];
 }
 
+/* read[i] += base[i] (float32, as numpy adds them). */
+VECTOR_CLONES static void add_f32(float *restrict read, const float *restrict base, uint64_t len) {
+    for (uint64_t i = 0; i < len; i++) read[i] = base[i] + read[i];
+}
+
 /* Whether c brings every element of [start, end) and none is refused: no element mask, every
  * value finite where values are checked, every block's scale fits, every chunk there arrived. */
 static int brings_all(const p2p_contribution *c, uint64_t start, uint64_t end) {
@@ -243,29 +248,66 @@ int p2p_merge(void *own, int own_dtype, uint64_t n, const p2p_contribution *cont
     return 0;
 }
 
-int p2p_decode(const p2p_contribution *c, uint64_t n, float *out, uint8_t *usable, uint64_t *refused_out) {
-    if (!c) return set_error(EINVAL, "decode: no contribution");
+/* Reads c's elements [start, end) into sum (zeroed here) and, where c does not bring them all,
+ * count (1 where an element arrived and was not refused); returns whether it brought them all. */
+static int read_block(const p2p_contribution *c, uint64_t start, uint64_t end, double *sum, double *count,
+                      uint64_t *refused) {
+    uint64_t len = end - start;
+    memset(sum, 0, (size_t)len * sizeof *sum);
+    if (brings_all(c, start, end)) {
+        add_values(sum, c, start, len);
+        return 1;
+    }
+    memset(count, 0, (size_t)len * sizeof *count);
+    add_block(sum, count, c, start, end, refused);
+    return 0;
+}
+
+/* The checks p2p_decode and p2p_place share. */
+static int read_check(const p2p_contribution *c, uint64_t n, const void *out, const char *what) {
+    if (!c) return set_error(EINVAL, "%s: no contribution", what);
     int rc = contribution_check(c, n, 0, "merge");
     if (rc) return rc;
-    if (n && (!out || !usable)) return set_error(EINVAL, "decode: no output");
+    if (n && !out) return set_error(EINVAL, "%s: no output", what);
+    return 0;
+}
+
+int p2p_decode(const p2p_contribution *c, uint64_t n, float *out, uint8_t *usable, uint64_t *refused_out) {
+    int rc = read_check(c, n, usable ? (const void *)out : NULL, "decode");
+    if (rc) return rc;
     uint64_t refused = 0;
     double sum[BLOCK], count[BLOCK];
     for (uint64_t start = 0; start < n; start += BLOCK) {  /* the merge's walk, into zeros */
         uint64_t end = n - start < BLOCK ? n : start + BLOCK;
         uint64_t len = end - start;
-        memset(sum, 0, (size_t)len * sizeof *sum);
-        if (brings_all(c, start, end)) {
-            add_values(sum, c, start, len);
-            store_f32(out + start, sum, len);
+        int all = read_block(c, start, end, sum, count, &refused);
+        store_f32(out + start, sum, len);
+        if (all)
             memset(usable + start, 1, len);
-            continue;
-        }
-        memset(count, 0, (size_t)len * sizeof *count);
-        add_block(sum, count, c, start, end, &refused);
-        for (uint64_t i = 0; i < len; i++) {
-            out[start + i] = (float)sum[i];
-            usable[start + i] = count[i] != 0.0;
-        }
+        else
+            for (uint64_t i = 0; i < len; i++) usable[start + i] = count[i] != 0.0;
+    }
+    if (refused_out) *refused_out = refused;
+    return 0;
+}
+
+int p2p_place(const p2p_contribution *c, uint64_t n, float *out, const float *base, uint64_t *refused_out) {
+    int rc = read_check(c, n, out, "place");
+    if (rc) return rc;
+    uint64_t refused = 0;
+    double sum[BLOCK], count[BLOCK];
+    float read[BLOCK];
+    for (uint64_t start = 0; start < n; start += BLOCK) {
+        uint64_t end = n - start < BLOCK ? n : start + BLOCK;
+        uint64_t len = end - start;
+        int all = read_block(c, start, end, sum, count, &refused);
+        store_f32(read, sum, len);
+        if (base) add_f32(read, base + start, len);
+        if (all)
+            memcpy(out + start, read, (size_t)len * sizeof *read);
+        else
+            for (uint64_t i = 0; i < len; i++)
+                if (count[i] != 0.0) out[start + i] = read[i];
     }
     if (refused_out) *refused_out = refused;
     return 0;

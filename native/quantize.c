@@ -64,6 +64,11 @@ VECTOR_CLONES static void load_chunk(float *restrict x, const void *values, int 
     }
 }
 
+/* x[i] -= anchor[i]: the change since the anchor, as numpy's float32 subtraction makes it. */
+VECTOR_CLONES static void subtract_anchor(float *restrict x, const float *restrict anchor, uint64_t len) {
+    for (uint64_t i = 0; i < len; i++) x[i] -= anchor[i];
+}
+
 /* x[i] += residual[i]; a NaN x stays its own NaN, quieted, whichever operand the add takes first.
  * Branch-free, in integers where it chooses (the loop vectorises). */
 VECTOR_CLONES static void add_residual(float *restrict x, const float *restrict residual, uint64_t len) {
@@ -145,6 +150,9 @@ static int quantize_check(const p2p_quantize_job *job, uint64_t n) {
         return set_error(EINVAL, "quantize: %llu bytes for codes, %llu elements need %llu",
                          (unsigned long long)job->codes_bytes, (unsigned long long)n,
                          (unsigned long long)value_bytes(job->format, n));
+    if (job->anchor && (job->dtype != P2P_F32 || job->nanchor < n))
+        return set_error(EINVAL, "quantize: an anchor of %llu float32 for %llu elements of dtype %d",
+                         (unsigned long long)job->nanchor, (unsigned long long)n, job->dtype);
     if (job->residual && job->nresidual < n)
         return set_error(EINVAL, "quantize: %llu residuals for %llu elements", (unsigned long long)job->nresidual,
                          (unsigned long long)n);
@@ -194,6 +202,7 @@ int p2p_quantize(const p2p_quantize_job *job, uint64_t n) {
     for (uint64_t start = 0; start < n; start += chunk) {
         uint64_t len = n - start < chunk ? n - start : chunk;
         load_chunk(x, job->values, job->dtype, start, len);
+        if (job->anchor) subtract_anchor(x, job->anchor + start, len);
         if (job->residual) add_residual(x, job->residual + start, len);
         float *read = job->decoded ? job->decoded + start : job->residual ? reads : NULL;
         encode_chunk(job, x, read, start, len);

@@ -110,14 +110,10 @@ class VirtualPartitioned:
         return end, record, flows
 
     def _plan(self, view) -> PartLayout:
-        """The round's parts and pacing from the view, cut anew (and the gathers' error feedback
-        forgotten) when the view's order changes, as training does."""
+        """The round's parts and pacing from the view, cut anew when the view's order changes, as
+        training does."""
         if self._layout is None or self._layout[0] != view.order:
-            layout = PartLayout.from_view(view, [self.exchanges[0].flat[0].size], self.message_bytes)
-            if self._layout is not None and self._layout[1].slices != layout.slices:
-                for exchange in self.exchanges:
-                    exchange.relayout([0])
-            self._layout = (view.order, layout)
+            self._layout = (view.order, PartLayout.from_view(view, [self.exchanges[0].flat[0].size], self.message_bytes))
         return self._layout[1]
 
     def _bytes(self, arrays: list[np.ndarray]) -> float:

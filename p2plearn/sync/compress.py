@@ -91,20 +91,27 @@ class Compressor:
         self.residuals = None if sizes is None else [np.zeros(n, dtype=np.float32) for n in sizes]
         self._reused = ReusedArrays()  # what encode writes, kept across rounds
 
-    def encode(self, pieces: list[np.ndarray], at: list[Piece],
-               decoded: list[np.ndarray] | None = None) -> list[np.ndarray]:
+    def encode(self, pieces: list[np.ndarray], at: list[Piece], decoded: list[np.ndarray] | None = None,
+               residuals: list[np.ndarray] | None = None,
+               anchors: list[np.ndarray | None] | None = None) -> list[np.ndarray]:
         """The arrays that carry `pieces` (flat parameter values; piece i is elements at[i] of its
         tensor): one per piece, and for int8 and int4 one scale array per piece after them.
-        `decoded`, when given, gets what a receiver reads of each piece (float32).
+        `decoded`, when given, gets what a receiver reads of each piece (float32). `residuals`, when
+        given, is each piece's error feedback (float32 of its size, updated in place) instead of this
+        compressor's own (a partitioned aggregator keeps its part's, `PartFeedback`). `anchors`, when
+        given, holds per piece None or a float32 array of its size (the piece float32 too): that piece
+        travels as its change since the anchor, piece - anchor, computed in the same pass.
 
         Each piece is encoded in one pass in C (`native/quantize.c`: its residual added and
         updated there, no temporary its size). The arrays returned are this compressor's own,
         written again by a later `encode` once no one holds them (see `ReusedArrays`): keep them
         referenced while they are read (a channel does until its send is done)."""
         sent, scales = [], []
-        for piece, (t, a, b) in zip(pieces, at):
-            residual = None if self.residuals is None else self.residuals[t][a:b]
-            wire, read = self._quantize(piece, residual, decoded is not None)
+        for i, (piece, (t, a, b)) in enumerate(zip(pieces, at)):
+            residual = residuals[i] if residuals is not None else None if self.residuals is None \
+                else self.residuals[t][a:b]
+            anchor = anchors[i] if anchors is not None else None
+            wire, read = self._quantize(piece, residual, decoded is not None, anchor)
             if decoded is not None:
                 decoded.append(read)
             sent.append(wire[0])
@@ -117,10 +124,10 @@ class Compressor:
         for t, a, b in at:
             self.residuals[t][a:b] = 0.0
 
-    def _quantize(self, piece: np.ndarray, residual: np.ndarray | None,
-                  read: bool) -> tuple[list[np.ndarray], np.ndarray | None]:
-        """The arrays that carry one piece (with error feedback into `residual`, float32 of its size,
-        when given), and what a receiver reads of it when `read`."""
+    def _quantize(self, piece: np.ndarray, residual: np.ndarray | None, read: bool,
+                  anchor: np.ndarray | None = None) -> tuple[list[np.ndarray], np.ndarray | None]:
+        """The arrays that carry one piece (less `anchor` when given; with error feedback into
+        `residual`, float32 of its size, when given), and what a receiver reads of it when `read`."""
         if isinstance(piece, BF16Array):
             source, dtype = np.ascontiguousarray(piece).view(np.uint16).reshape(-1), lib.P2P_BF16
         elif np.dtype(piece.dtype) in _SOURCES:
@@ -141,6 +148,8 @@ class Compressor:
             job.scales, job.nscales, job.block = ffi.from_buffer("float[]", wire[1]), wire[1].size, block
         if residual is not None:
             job.residual, job.nresidual = ffi.from_buffer("float[]", residual), n
+        if anchor is not None:
+            job.anchor, job.nanchor = ffi.from_buffer("float[]", anchor), anchor.size
         decoded = self._reused.take(n, np.float32) if read else None
         if decoded is not None:
             job.decoded, job.ndecoded = ffi.from_buffer("float[]", decoded), n

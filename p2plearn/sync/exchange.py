@@ -17,8 +17,10 @@ over virtual deliveries on its flow-level network: one arithmetic, one codec, on
 
 With a compressor, rounds exchange the change since ``anchor`` (the values every peer held after the
 last round) in the compressed format, with error feedback: the scatter's this peer's own, the
-gather's this peer's as an aggregator. A resync round exchanges values instead, int4's at 8 bits,
-without error feedback, which re-aligns anchors that drifted (`Partitioned` decides which rounds).
+gather's this peer's as an aggregator (for its part only: `PartFeedback`). The encoder subtracts the
+anchor and the receiver adds it back in their own passes (float32 models): no array of the model's
+size between them. A resync round exchanges values instead, int4's at 8 bits, without error
+feedback, which re-aligns anchors that drifted (`Partitioned` decides which rounds).
 """
 from __future__ import annotations
 
@@ -28,9 +30,10 @@ import numpy as np
 
 from p2plearn.sync.bfloat16 import BF16Array, values
 from p2plearn.sync.compress import Compressor, stored
+from p2plearn.sync.feedback import PartFeedback
 from p2plearn.sync.inbox import UNUSABLE
 from p2plearn.sync.layout import Slices
-from p2plearn.sync.merge import Contribution, decode, merge_parameter, unfit
+from p2plearn.sync.merge import Contribution, decode, merge_parameter, place, unfit
 from p2plearn.sync.reused import ReusedArrays
 from p2plearn.transport.delivery import Delivery
 
@@ -56,8 +59,9 @@ class PartExchange:
         self.anchor = anchor
         mode = compressor.mode if compressor is not None else None
         keep = compressor.keep_nonfinite if mode else False
-        # this peer's averaged parts with error feedback of their own, and the values of a resync round
-        self.gather_format = Compressor(mode, [a.size for a in flat], keep) if mode else None
+        # this peer's averaged parts, with error feedback of their own (its part's), and the values of a resync round
+        self.gather_format = Compressor(mode, None, keep) if mode else None
+        self.gather_feedback = PartFeedback()
         self.resync_format = Compressor("int8" if mode == "int4" else mode, None, keep) if mode else None
         self._scratch = ReusedArrays()  # compressed rounds' changes and decoded parts, kept across rounds
 
@@ -75,12 +79,6 @@ class PartExchange:
             return fmt.wire_bytes([self.flat[t].size for t in arrays])
         return sum(self.flat[t].nbytes for t in arrays)
 
-    def relayout(self, arrays: list[int]) -> None:
-        """The parts of the arrays ``arrays`` were cut anew: what this peer aggregated may now be
-        another's, so its gather's error feedback starts afresh."""
-        if self.gather_format is not None:
-            self.gather_format.forget([(t, 0, self.flat[t].size) for t in arrays])
-
     # -- the four steps -----------------------------------------------------------------------
     def pieces(self, slices: Slices) -> list[np.ndarray]:
         """Views of the elements ``slices`` cut."""
@@ -95,6 +93,9 @@ class PartExchange:
             arrays = self.resync_format.encode(self.pieces(slices), slices)
             self.compressor.forget(slices)
             return arrays
+        if all(self._plain_change(t) for t, _, _ in slices):  # the change made in the encoder's pass
+            return self.compressor.encode(self.pieces(slices), slices,
+                                          anchors=[self.anchor[t][a:b] for t, a, b in slices])
         return self.compressor.encode(self._changes(slices), slices)
 
     def contributions(self, d: Delivery, slices: Slices, fmt: Compressor | None) -> list[Contribution] | None:
@@ -149,6 +150,8 @@ class PartExchange:
                     np.copyto(own, c.values)  # (no mask the size of the part where nothing was lost)
                 else:
                     np.copyto(own, c.values, where=c.chunks.elements(own.size, c.values.itemsize))
+            elif _plain_float32(own) and (resync or _plain_float32(self.anchor[t])):
+                place(c, own, None if resync else self.anchor[t][a:b])  # decoded (+ anchor) in one pass
             else:  # a resync round's values, or the change since the anchor
                 got, usable = decode(c, own.size, self._scratch.take(own.size, np.float32),
                                      self._scratch.take(own.size, np.bool_))
@@ -158,6 +161,11 @@ class PartExchange:
                 np.copyto(own, got if _plain_float32(own) else stored(got, own), where=usable)
 
     # -- compressed rounds --------------------------------------------------------------------
+    def _plain_change(self, t: int) -> bool:
+        """Whether the change of array t is float32 minus float32 (the encoder subtracts such an
+        anchor itself)."""
+        return _plain_float32(self.flat[t]) and _plain_float32(self.anchor[t])
+
     def _changes(self, slices: Slices) -> list[np.ndarray]:
         """The pieces' change since the anchor (float32, or wider where the model is): what compressed
         change rounds exchange. Float32 ones are this exchange's scratch, read before the next round."""
@@ -175,9 +183,9 @@ class PartExchange:
         the pieces become what the receivers read of them (plus the anchor, for changes)."""
         fmt = self.formats(resync)[1]
         if resync:
-            self.gather_format.forget(slices)
+            self.gather_feedback.forget(slices)
         decoded: list[np.ndarray] = []
-        arrays = fmt.encode(averaged, slices, decoded)
+        arrays = fmt.encode(averaged, slices, decoded, None if resync else self.gather_feedback.residuals(slices))
         for (t, a, b), read in zip(slices, decoded):
             own, anchor = self.flat[t][a:b], self.anchor[t][a:b]
             if not resync and _plain_float32(own) and _plain_float32(anchor):

@@ -127,6 +127,23 @@ def decode(c: Contribution, n: int, out: np.ndarray | None = None,
     return out, usable
 
 
+def place(c: Contribution, out: np.ndarray, base: np.ndarray | None = None) -> None:
+    """c's values (read as `decode` reads them) put into `out` (float32, flat) where they arrived and
+    were not refused, each plus base's element when `base` (float32, out's size; may be out) is
+    given; out keeps its own values elsewhere. Sets c.nonfinite; errors as `decode`'s."""
+    n = out.size
+    if out.dtype != np.float32 or out.ndim != 1 or (base is not None and (base.dtype != np.float32 or base.size != n)):
+        raise ValueError(f"place: a flat float32 output and base, got {out.dtype}[{out.shape}] and "
+                         f"{None if base is None else f'{base.dtype}[{base.size}]'}")
+    s = ffi.new("p2p_contribution *")
+    keep: list[np.ndarray] = []
+    _describe(s, out, c, keep)
+    refused = ffi.new("uint64_t *")
+    check(lib.p2p_place(s, n, ffi.from_buffer("float[]", out),
+                        ffi.NULL if base is None else ffi.from_buffer("float[]", base), refused))
+    c.nonfinite = int(refused[0])
+
+
 def _describe(s: Any, own: np.ndarray, c: Contribution, keep: list[np.ndarray]) -> None:
     """Fill the C struct s with c as a contribution to `own` (ValueError or TypeError when it is
     `unfit`); keep gets the arrays s points into, to hold alive until the call returns."""

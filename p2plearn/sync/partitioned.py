@@ -184,13 +184,13 @@ class Partitioned(Synchronizer):
         """Synchronizer's state and, compressed, the gather's error feedback."""
         state = super().state_dict()
         if self.exchange.gather_format is not None:
-            state["gather_compressor"] = self.exchange.gather_format.state_dict()
+            state["gather_compressor"] = self.exchange.gather_feedback.state_dict()
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         if self.exchange.gather_format is not None and state.get("gather_compressor") is not None:
-            self.exchange.gather_format.load_state_dict(state["gather_compressor"])
+            self.exchange.gather_feedback.load_state_dict(state["gather_compressor"], [p.size for p in self.params])
 
     def _resync(self, rnd: int) -> bool:
         """Whether round `rnd` exchanges values, not changes, in both phases (see the docstring)."""
@@ -210,8 +210,6 @@ class Partitioned(Synchronizer):
             if len(carried) != len(self.params):  # the parts index the fragment's arrays: make them the model's
                 layout = replace(layout, slices={k: [(carried[t], a, b) for t, a, b in s]
                                                  for k, s in layout.slices.items()})
-            if cached is not None and cached[1].slices != layout.slices:
-                self.exchange.relayout(carried)
             cached = self._layouts[fragment] = (view.order, layout)
         layout = cached[1]
         return layout if len(layout.ranks) >= 2 else None

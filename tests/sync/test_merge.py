@@ -4,7 +4,7 @@ import pytest
 
 from p2plearn.sync import Contribution, merge_parameter
 from p2plearn.sync.bfloat16 import BF16Array, store
-from p2plearn.sync.merge import decode
+from p2plearn.sync.merge import decode, place
 from p2plearn.compute import InvalidArgument, check, ffi, lib
 from p2plearn.transport.delivery import ChunkMask
 
@@ -359,6 +359,16 @@ def test_every_format_merges_and_decodes_bit_for_bit_as_the_reference(fmt):
     got, usable = decode(contributions[1], n)
     np.testing.assert_array_equal(usable, arrived[1])
     np.testing.assert_array_equal(got, np.where(arrived[1], values[1], 0).astype(np.float32))
+    # placed: the same reads where they arrived, plus a base (an anchor) or over the own values
+    base = rng.standard_normal(n).astype(np.float32)
+    for with_base in (base, None):
+        placed = own.copy()
+        place(contributions[1], placed, with_base)
+        want = got + with_base if with_base is not None else got
+        np.testing.assert_array_equal(placed, np.where(arrived[1], want, own))
+    placed = base.copy()
+    place(contributions[1], placed, placed)  # the base may be the output itself
+    np.testing.assert_array_equal(placed, np.where(arrived[1], base + got, base))
 
 
 @pytest.mark.parametrize("values_bytes, nscales, block", [(50, 2, 64), (51, 1, 64), (51, 2, 0), (0, 2, 64)])

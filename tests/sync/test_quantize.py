@@ -140,6 +140,25 @@ def test_the_c_encoder_matches_the_numpy_one_bit_for_bit(mode, dtype, kind, feed
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("kind", ["normal", "large", "tiny", "nonfinite"])
+def test_a_change_made_in_the_encoders_pass_is_the_subtraction_numpy_makes(mode, kind):
+    """Pieces encoded with their anchors (a partitioned scatter's changes) give the codes, reads and
+    residuals of the numpy difference encoded, over rounds of error feedback."""
+    rng = np.random.default_rng(hash((mode, kind)) % 2**32)
+    at = [(0, a, a + n) for a, n in zip(np.cumsum([0] + SIZES[:-1]), SIZES)]
+    fused, apart = Compressor(mode, [sum(SIZES)]), Compressor(mode, [sum(SIZES)])
+    for rnd in range(3):
+        pieces = [_values(rng, b - a, kind).astype(np.float32) for _, a, b in at]
+        anchors = [_values(rng, b - a, kind).astype(np.float32) for _, a, b in at]
+        got_read: list[np.ndarray] = []
+        want_read: list[np.ndarray] = []
+        got = fused.encode(pieces, at, got_read, anchors=anchors)
+        want = apart.encode([p - a for p, a in zip(pieces, anchors)], at, want_read)
+        for g, w in zip(got + got_read + fused.residuals, want + want_read + apart.residuals):
+            assert_same(g, w, nan_bits=rnd == 0 or kind != "nonfinite")
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_a_nan_payload_is_kept_as_numpy_keeps_it(mode):
     """One NaN of its own bits per block (sign, payload, signalling): the codes carry the same bits
     as numpy's, and so do the reads of fp16 and bf16. An int8/int4 block's scale is NaN there as in
@@ -245,19 +264,21 @@ def _job(n: int, fmt: int = lib.P2P_I8, block: int = BLOCK, **short: int):
             "codes": np.zeros(n - short.get("codes", 0), np.int8),
             "scales": np.zeros(-(-n // max(block, 1)) - short.get("scales", 0), np.float32),
             "residual": np.zeros(n - short.get("residual", 0), np.float32),
-            "decoded": np.zeros(n - short.get("decoded", 0), np.float32)}
+            "decoded": np.zeros(n - short.get("decoded", 0), np.float32),
+            "anchor": np.zeros(n - short.get("anchor", 0), np.float32)}
     job = ffi.new("p2p_quantize_job *")
     job.values, job.values_bytes, job.dtype = ffi.from_buffer(keep["values"]), keep["values"].nbytes, lib.P2P_F32
     job.format, job.codes, job.codes_bytes = fmt, ffi.from_buffer(keep["codes"]), keep["codes"].nbytes
     job.scales, job.nscales, job.block = ffi.from_buffer("float[]", keep["scales"]), keep["scales"].size, block
     job.residual, job.nresidual = ffi.from_buffer("float[]", keep["residual"]), keep["residual"].size
     job.decoded, job.ndecoded = ffi.from_buffer("float[]", keep["decoded"]), keep["decoded"].size
+    job.anchor, job.nanchor = ffi.from_buffer("float[]", keep["anchor"]), keep["anchor"].size
     return job, keep
 
 
 @pytest.mark.parametrize("short, message", [
     ({"values": 1}, "bytes of values"), ({"codes": 1}, "bytes for codes"), ({"scales": 1}, "scales"),
-    ({"residual": 1}, "residuals"), ({"decoded": 1}, "decoded"),
+    ({"residual": 1}, "residuals"), ({"decoded": 1}, "decoded"), ({"anchor": 1}, "an anchor of 999 float32"),
 ])
 def test_every_length_is_checked_before_anything_is_written(short, message):
     job, keep = _job(1000, **short)
@@ -265,6 +286,14 @@ def test_every_length_is_checked_before_anything_is_written(short, message):
     with pytest.raises(InvalidArgument, match=message):
         check(lib.p2p_quantize(job, 1000))
     assert (keep["residual"] == 5.0).all() and not keep["codes"].any()
+
+
+def test_an_anchor_is_only_subtracted_from_float32_values():
+    job, keep = _job(100)
+    keep["values"] = np.zeros(100, np.float64)
+    job.values, job.values_bytes, job.dtype = ffi.from_buffer(keep["values"]), 800, lib.P2P_F64
+    with pytest.raises(InvalidArgument, match="an anchor of 100 float32 for 100 elements of dtype 1"):
+        check(lib.p2p_quantize(job, 100))
 
 
 @pytest.mark.parametrize("fmt, block, message", [(lib.P2P_I8, 0, "blocks of 0"), (lib.P2P_I4, 4096, "blocks of 4096"),
