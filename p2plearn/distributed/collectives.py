@@ -81,12 +81,14 @@ def _check_departed(what: str, ranks: Iterable[int], departed: Mapping[int, str]
 
 
 class Links:
-    """Each rank's uplink and downlink (bytes/s, > 0), as a view holds them (``alive``: all)."""
+    """Each rank's uplink and downlink (bytes/s, > 0), as a view holds them (``alive``: all; no
+    noise: they are given, not measured)."""
 
     def __init__(self, uplink: Sequence[float], downlink: Sequence[float]) -> None:
         self.uplink = np.asarray(uplink, dtype=float)
         self.downlink = np.asarray(downlink, dtype=float)
         self.alive = np.ones(len(self.uplink), dtype=bool)
+        self.uplink_noise = self.downlink_noise = np.zeros(len(self.uplink))
 
 
 class Collectives:

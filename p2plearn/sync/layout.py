@@ -2,9 +2,13 @@
 
 The exchanged arrays, read in order as one sequence of elements, are cut into one contiguous part per
 live peer, sized from the view's bandwidths so that every peer's transfers take about as long
-(`part_bytes`; a slow peer aggregates a smaller part, down to none). Every peer holding the same view
-computes the same `PartLayout`: training's partitioned rounds, the DDP backend's all-reduce and the
-simulator all cut with it.
+(`part_bytes`; a slow peer aggregates a smaller part, down to none). Parts are very sensitive to the
+bandwidths (among 4 peers, one 30% slower than the others aggregates a fifth of their part), so they
+are cut from the bandwidths less their measured noise (`settled`): on links whose estimates wander
+(loopback and hosts whose CPU sets the pace: 10-30% from round to round), the parts stay equal and
+put, instead of being cut anew, unequal, with each view. Every peer holding the same view computes
+the same `PartLayout`: training's partitioned rounds, the DDP backend's all-reduce and the simulator
+all cut with it.
 """
 from __future__ import annotations
 
@@ -16,6 +20,11 @@ import numpy as np
 from p2plearn.selection import PACING_HEADROOM
 
 ALIGN = 64  # part boundaries fall on multiples of this many elements: whole chunks, no sliver parts
+# how many times an end's noise (the view's EWMA of |sample - estimate| / estimate) a bandwidth must be
+# off the others' median before the parts tell it apart: loopback estimates stray up to ~2.5 times
+# their noise from the others' from one view to the next. Tuning: larger keeps parts equal under more
+# noise; 0 cuts from the estimates as they are.
+NOISE_WIDTH = 3.0
 
 Slices = list[tuple[int, int, int]]  # (tensor index, first element, end element)
 
@@ -47,6 +56,22 @@ def part_bytes(capacity: np.ndarray, model_bytes: float) -> np.ndarray:
             parts[aggregators] = share
             return parts
         aggregators[np.flatnonzero(aggregators)[share < 0]] = False
+
+
+def settled(capacity: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    """Bandwidths as parts are cut from them: each positive one moved towards the median of the
+    positive ones (in log scale) by NOISE_WIDTH times its noise, never past it; 0 stays 0. A
+    difference within the estimates' noise then moves no part; a larger one keeps what exceeds it."""
+    capacity = np.asarray(capacity, dtype=float)
+    positive = capacity > 0
+    if positive.sum() < 2:
+        return capacity
+    logs = np.log(capacity[positive])
+    off = logs - np.median(logs)
+    width = np.log1p(NOISE_WIDTH * np.maximum(np.asarray(noise, dtype=float)[positive], 0.0))
+    out = capacity.copy()
+    out[positive] = np.exp(np.median(logs) + np.sign(off) * np.maximum(np.abs(off) - width, 0.0))
+    return out
 
 
 def partition(numels: list[int], parts: np.ndarray) -> list[Slices]:
@@ -88,7 +113,9 @@ class PartLayout:
         up = np.asarray(view.uplink, dtype=float)[ranks]
         down = np.asarray(view.downlink, dtype=float)[ranks]
         capacity = np.minimum(up, down)
-        cut = partition(numels, part_bytes(capacity, model_bytes))
+        noise = np.where(up <= down, np.asarray(view.uplink_noise, dtype=float)[ranks],
+                         np.asarray(view.downlink_noise, dtype=float)[ranks])  # the narrower end's
+        cut = partition(numels, part_bytes(settled(capacity, noise), model_bytes))
         # pace each flow for its part as cut: on a small model the ALIGN rounding moves a part's size
         # by a large factor, and a part paced for its planned bytes would crawl (or flood)
         m = model_bytes * np.array([sum(end - start for _, start, end in s) for s in cut], dtype=float) / max(sum(numels), 1)
