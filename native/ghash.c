@@ -1,18 +1,27 @@
 /* GHASH with VPCLMULQDQ (ghash.h). */
 #include "ghash.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 
-#define FAST __attribute__((target("avx512f,avx512bw,avx512vl,vpclmulqdq,pclmul,ssse3")))
+/* FAST: the 128- and 256-bit code every CPU that runs this file has; WIDE: the 512-bit loop. A
+ * FAST function inlines into a WIDE one (its target is a subset), never the other way round. */
+#define FAST __attribute__((target("avx2,vpclmulqdq,pclmul,ssse3")))
+#define WIDE __attribute__((target("avx512f,avx512bw,avx512vl,avx2,vpclmulqdq,pclmul,ssse3")))
 
 int ghash_fast_available(void) {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("vpclmulqdq") &&
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("vpclmulqdq") &&
            __builtin_cpu_supports("pclmul");
+}
+
+/* Whether the 512-bit loop runs here (and P2P_GHASH_256 does not ask for the 256-bit one). */
+static int wide_available(void) {
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && !getenv("P2P_GHASH_256");
 }
 
 FAST static inline __m128i reversed(__m128i x) {
@@ -49,7 +58,7 @@ FAST static inline __m128i multiply(__m128i a, __m128i b) {
     return reduce(_mm_clmulepi64_si128(a, b, 0x00), mid, _mm_clmulepi64_si128(a, b, 0x11));
 }
 
-FAST static inline __m128i lanes_xor(__m512i v) {
+WIDE static inline __m128i lanes_xor(__m512i v) {
     return _mm_xor_si128(_mm_xor_si128(_mm512_extracti32x4_epi32(v, 0), _mm512_extracti32x4_epi32(v, 1)),
                          _mm_xor_si128(_mm512_extracti32x4_epi32(v, 2), _mm512_extracti32x4_epi32(v, 3)));
 }
@@ -66,7 +75,7 @@ FAST static inline __m128i lanes_xor(__m512i v) {
 /* y over nblocks whole blocks at p: GHASH_POWERS at a time (the powers H^n..H^1 against blocks
  * 1..n, one reduction for all: the chain from one y to the next, not the multiplies, sets the
  * speed), then 4 at a time, then one. */
-FAST static __m128i hash_blocks(const struct ghash_key *k, __m128i y, const uint8_t *p, size_t nblocks) {
+WIDE static __m128i hash_blocks_wide(const struct ghash_key *k, __m128i y, const uint8_t *p, size_t nblocks) {
     const __m512i order = _mm512_broadcast_i32x4(
         _mm_set_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
     for (; nblocks >= GHASH_POWERS; nblocks -= GHASH_POWERS, p += 16 * GHASH_POWERS) {
@@ -94,7 +103,49 @@ FAST static __m128i hash_blocks(const struct ghash_key *k, __m128i y, const uint
     return y;
 }
 
+FAST static inline __m128i halves_xor(__m256i v) {
+    return _mm_xor_si128(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+}
+
+/* hash_blocks_wide's way with 2 blocks to a 256-bit register (CPUs with VPCLMULQDQ, no AVX-512):
+ * GHASH_POWERS at a time, one reduction for all, then 2 at a time, then one. */
+FAST static __m128i hash_blocks(const struct ghash_key *k, __m128i y, const uint8_t *p, size_t nblocks) {
+    if (k->wide) return hash_blocks_wide(k, y, p, nblocks);
+    const __m256i order = _mm256_broadcastsi128_si256(
+        _mm_set_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    for (; nblocks >= GHASH_POWERS; nblocks -= GHASH_POWERS, p += 16 * GHASH_POWERS) {
+        __m256i x = _mm256_xor_si256(_mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)p), order),
+                                     _mm256_zextsi128_si256(y));
+        __m256i h = _mm256_loadu_si256((const __m256i *)k->powers[0]);
+        __m256i lo = _mm256_clmulepi64_epi128(x, h, 0x00), hi = _mm256_clmulepi64_epi128(x, h, 0x11);
+        __m256i mid = _mm256_xor_si256(_mm256_clmulepi64_epi128(x, h, 0x01), _mm256_clmulepi64_epi128(x, h, 0x10));
+        for (int i = 2; i < GHASH_POWERS; i += 2) {
+            x = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(p + 16 * i)), order);
+            h = _mm256_loadu_si256((const __m256i *)k->powers[i]);
+            lo = _mm256_xor_si256(lo, _mm256_clmulepi64_epi128(x, h, 0x00));
+            hi = _mm256_xor_si256(hi, _mm256_clmulepi64_epi128(x, h, 0x11));
+            mid = _mm256_xor_si256(mid, _mm256_xor_si256(_mm256_clmulepi64_epi128(x, h, 0x01),
+                                                         _mm256_clmulepi64_epi128(x, h, 0x10)));
+        }
+        y = reduce(halves_xor(lo), halves_xor(mid), halves_xor(hi));
+    }
+    const __m256i h2 = _mm256_loadu_si256((const __m256i *)k->powers[GHASH_POWERS - 2]);  /* H^2, H^1 */
+    for (; nblocks >= 2; nblocks -= 2, p += 32) {
+        __m256i x = _mm256_xor_si256(_mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)p), order),
+                                     _mm256_zextsi128_si256(y));
+        __m256i mid = _mm256_xor_si256(_mm256_clmulepi64_epi128(x, h2, 0x01), _mm256_clmulepi64_epi128(x, h2, 0x10));
+        y = reduce(halves_xor(_mm256_clmulepi64_epi128(x, h2, 0x00)), halves_xor(mid),
+                   halves_xor(_mm256_clmulepi64_epi128(x, h2, 0x11)));
+    }
+    if (nblocks) {
+        const __m128i h = _mm_loadu_si128((const __m128i *)k->powers[GHASH_POWERS - 1]);
+        y = multiply(_mm_xor_si128(y, reversed(_mm_loadu_si128((const __m128i *)p))), h);
+    }
+    return y;
+}
+
 FAST void ghash_key_init(struct ghash_key *k, const uint8_t h[16]) {
+    k->wide = wide_available();
     __m128i h1 = reversed(_mm_loadu_si128((const __m128i *)h)), power = h1;
     for (int i = GHASH_POWERS - 1; i >= 0; i--) {
         _mm_storeu_si128((__m128i *)k->powers[i], power);

@@ -1,9 +1,10 @@
-/* GHASH, GCM's hash over GF(2^128), with VPCLMULQDQ: 16 blocks per step, 4 to a 512-bit register.
+/* GHASH, GCM's hash over GF(2^128), with VPCLMULQDQ: 32 blocks per step, 4 to a 512-bit register
+ * (AVX-512) or 2 to a 256-bit one (AVX2 CPUs with VPCLMULQDQ: AMD Zen 3, Intel Alder Lake and later).
  *
  * The datagram tags (auth.c) are GMAC: GHASH over everything a datagram carries, so their cost is
  * GHASH's per byte. OpenSSL 3.0's GCM128 hashes one 128-bit lane at a time (gcm_ghash_avx); where
- * the CPU has AVX-512 with VPCLMULQDQ this does four, with one reduction per 16 blocks (the products
- * of the blocks with H^16..H^1 are summed unreduced: the reduction is linear). The result is GHASH's,
+ * the CPU has VPCLMULQDQ this does four (AVX-512) or two, with one reduction per 32 blocks (the
+ * products of the blocks with H^32..H^1 are summed unreduced: the reduction is linear). The result is GHASH's,
  * bit for bit, so peers on CPUs with and without it agree on every tag (tests/transport/test_tags.py
  * checks it against OpenSSL's and against an independent AES-GCM).
  *
@@ -19,7 +20,8 @@
 #define GHASH_POWERS 32
 
 struct ghash_key {
-    uint8_t powers[GHASH_POWERS][16]; /* H^16 .. H^1, byte-reversed */
+    uint8_t powers[GHASH_POWERS][16]; /* H^32 .. H^1, byte-reversed */
+    int wide;                         /* whether the 512-bit loop runs (AVX-512), else the 256-bit one */
 };
 
 struct ghash_state {
@@ -29,7 +31,7 @@ struct ghash_state {
     uint64_t bytes;                   /* hashed so far (GCM's additional data) */
 };
 
-/* Whether this CPU (and OS) runs the AVX-512 VPCLMULQDQ code. */
+/* Whether this CPU (and OS) runs the VPCLMULQDQ code (AVX2 at least). */
 int ghash_fast_available(void);
 /* h: GCM's hash key, the block cipher's encryption of 16 zero bytes. */
 void ghash_key_init(struct ghash_key *k, const uint8_t h[16]);
