@@ -3,8 +3,8 @@ loopback, and a DDP step over the backend and its hook, each against gloo in the
 
     python experiments/round_cpu.py [--quick] [--seeds N] [--out DIR]
 
-Runs `python -m p2plearn.bench average` (4 peers on loopback, --sync partitioned against gloo's
-float32 all_reduce of DDP's 25 MiB buckets; GPT-2 small's 148 tensors, 498 MB, 5 rounds, and one
+Runs `python -m p2plearn.bench average` (4 peers on loopback, --sync partitioned, uncompressed and
+with the default `--compress int4`, against gloo's float32 all_reduce of DDP's 25 MiB buckets; GPT-2 small's 148 tensors, 498 MB, 5 rounds, and one
 10 MiB tensor, 20 rounds) and `python -m p2plearn.bench ddp` (4 ranks, a 4.2M-parameter MLP, 30
 steps: DDP's all-reduce over p2plearn, the loss-tolerant hook at a fixed 5% bound, the same with
 its Hadamard transform) --seeds times each; every row is a ratio to gloo's figure of the same run.
@@ -43,8 +43,8 @@ def run(seed: int, quick: bool) -> list[c.Row]:
     for model, args in AVERAGES.items():
         if quick and model == "gpt2-small":
             continue
-        measured = bench(["average", "--topologies", "loopback", "--modes", "partitioned", "--gloo-dtypes", "float32",
-                          *args])
+        measured = bench(["average", "--topologies", "loopback", "--modes", "partitioned,partitioned int4",
+                          "--gloo-dtypes", "float32", *args])
         gloo = next(r for r in measured if r["system"].startswith("gloo"))
         for r in measured:
             rows.append({"benchmark": f"average {model}", "system": r["system"], "seed": seed,
@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
                "x gloo CPU": c.metric("x_cpu"), "peak RSS MB": c.metric("peak_rss_mb"), "x gloo RSS": c.metric("x_rss")}
     setup = (f"4 peers (ranks) on this machine's loopback, {args.seeds} run(s) of each benchmark; cells: median "
              f"[min-max] over runs. {c.load_note(rows)} Average: one full average of the model per round, "
-             "`--sync partitioned` against gloo float32's all_reduce of DDP's 25 MiB buckets (medians over the "
+             "`--sync partitioned` (float32, and int4: the default `--compress`) against gloo float32's all_reduce of DDP's 25 MiB buckets (medians over the "
              "rounds after the first 2; CPU: all ranks' processes, launcher and coordinator not counted). DDP: "
              "a training step of a 4.2M-parameter MLP (4 layers of 1024), batch 32, over gloo, over the p2plearn "
              "backend (DDP's all-reduce), with `loss_tolerant_hook` (fixed 5%), and with the hook's Hadamard "
