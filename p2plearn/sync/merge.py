@@ -118,12 +118,8 @@ def decode(c: Contribution, n: int, out: np.ndarray | None = None,
     if out.dtype != np.float32 or usable.dtype != np.bool_ or out.size != n or usable.size != n:
         raise ValueError(f"decode: outputs of {n} float32 and bool elements, got {out.dtype}[{out.size}] "
                          f"and {usable.dtype}[{usable.size}]")
-    s = ffi.new("p2p_contribution *")
-    keep: list[np.ndarray] = []
-    _describe(s, out, c, keep)
-    refused = ffi.new("uint64_t *")
-    check(lib.p2p_decode(s, n, ffi.from_buffer("float[]", out), ffi.from_buffer("uint8_t[]", usable), refused))
-    c.nonfinite = int(refused[0])
+    _read(c, out, lambda s, refused: lib.p2p_decode(s, n, ffi.from_buffer("float[]", out),
+                                                   ffi.from_buffer("uint8_t[]", usable), refused))
     return out, usable
 
 
@@ -135,12 +131,19 @@ def place(c: Contribution, out: np.ndarray, base: np.ndarray | None = None) -> N
     if out.dtype != np.float32 or out.ndim != 1 or (base is not None and (base.dtype != np.float32 or base.size != n)):
         raise ValueError(f"place: a flat float32 output and base, got {out.dtype}[{out.shape}] and "
                          f"{None if base is None else f'{base.dtype}[{base.size}]'}")
+    _read(c, out, lambda s, refused: lib.p2p_place(s, n, ffi.from_buffer("float[]", out),
+                                                  ffi.NULL if base is None else ffi.from_buffer("float[]", base),
+                                                  refused))
+
+
+def _read(c: Contribution, out: np.ndarray, call: Any) -> None:
+    """call(struct, refused) with c described as a contribution to `out` (the C reader's `out`);
+    sets c.nonfinite to what it refused."""
     s = ffi.new("p2p_contribution *")
     keep: list[np.ndarray] = []
     _describe(s, out, c, keep)
     refused = ffi.new("uint64_t *")
-    check(lib.p2p_place(s, n, ffi.from_buffer("float[]", out),
-                        ffi.NULL if base is None else ffi.from_buffer("float[]", base), refused))
+    check(call(s, refused))
     c.nonfinite = int(refused[0])
 
 
