@@ -68,9 +68,11 @@ def settled(capacity: np.ndarray, noise: np.ndarray) -> np.ndarray:
         return capacity
     logs = np.log(capacity[positive])
     off = logs - np.median(logs)
-    width = np.log1p(NOISE_WIDTH * np.maximum(np.asarray(noise, dtype=float)[positive], 0.0))
+    noise = np.nan_to_num(np.asarray(noise, dtype=float)[positive], nan=0.0, posinf=0.0)  # unknown: none
+    width = np.log1p(NOISE_WIDTH * np.maximum(noise, 0.0))
+    shrunk = np.sign(off) * np.maximum(np.abs(off) - width, 0.0)
     out = capacity.copy()
-    out[positive] = np.exp(np.median(logs) + np.sign(off) * np.maximum(np.abs(off) - width, 0.0))
+    out[positive] = np.where(width > 0, np.exp(np.median(logs) + shrunk), capacity[positive])  # no noise: as is
     return out
 
 

@@ -140,6 +140,7 @@ def test_estimates_that_differ_within_their_noise_cut_equal_parts():
     as_cut = partition([10_000_000], part_bytes(np.array([400, 500, 600, 700]) * MB, 40 * MB))
     assert exact == [sum(b - a for _, a, b in p) for p in as_cut]
     np.testing.assert_array_equal(settled(np.array([0.0, 1.0, 3.0]), np.array([9.0, 9.0, 9.0]))[0], 0.0)
+    np.testing.assert_array_equal(settled(np.array([1.0, 3.0]), np.array([np.nan, -1.0])), [1.0, 3.0])  # unknown noise
 
 
 def test_flows_are_paced_for_the_parts_as_cut_not_as_planned():
