@@ -41,8 +41,10 @@ def main() -> int:
             seen = {"rank": rt.rank, "world_size": rt.world_size, "members": members, "pid": os.getpid(),
                     "pgid": os.getpgid(0), "options": options.to_env(), "job_id": rt.job_id,
                     "threads": os.environ.get("OMP_NUM_THREADS")}
-            with open(os.path.join(args.out, f"rank-{rt.rank}.json"), "w") as f:
+            path = os.path.join(args.out, f"rank-{rt.rank}.json")
+            with open(path + ".part", "w") as f:  # renamed when whole: the test polls for these files
                 json.dump(seen, f)
+            os.replace(path + ".part", path)
         deadline = time.monotonic() + 60
         while args.wait_for and not os.path.exists(args.wait_for) and time.monotonic() < deadline:
             time.sleep(0.05)
