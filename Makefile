@@ -62,7 +62,7 @@ asan: $(STAMP)
 	LD_PRELOAD="$$(gcc -print-file-name=libasan.so) $$(gcc -print-file-name=libubsan.so)" \
 	ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	  $(VPY) -m pytest -q -x --capture=sys -p no:cacheprovider tests/transport tests/selection tests/sync/test_merge.py tests/sync/test_compress.py \
-	  tests/sync/test_robust.py tests/sync/test_change.py tests/distributed/test_hadamard.py; rc=$$?; \
+	  tests/sync/test_robust.py tests/sync/test_change.py tests/sync/test_quantize.py tests/distributed/test_hadamard.py; rc=$$?; \
 	$(VPY) -m pip install -q --no-build-isolation --no-deps -e .; exit $$rc
 
 clean:
