@@ -92,15 +92,14 @@ class Compressor:
         self._reused = ReusedArrays()  # what encode writes, kept across rounds
 
     def encode(self, pieces: list[np.ndarray], at: list[Piece], decoded: list[np.ndarray] | None = None,
-               residuals: list[np.ndarray] | None = None,
-               anchors: list[np.ndarray | None] | None = None) -> list[np.ndarray]:
+               residuals: list[np.ndarray] | None = None, anchors: list[np.ndarray] | None = None) -> list[np.ndarray]:
         """The arrays that carry `pieces` (flat parameter values; piece i is elements at[i] of its
         tensor): one per piece, and for int8 and int4 one scale array per piece after them.
         `decoded`, when given, gets what a receiver reads of each piece (float32). `residuals`, when
         given, is each piece's error feedback (float32 of its size, updated in place) instead of this
         compressor's own (a partitioned aggregator keeps its part's, `PartFeedback`). `anchors`, when
-        given, holds per piece None or a float32 array of its size (the piece float32 too): that piece
-        travels as its change since the anchor, piece - anchor, computed in the same pass.
+        given, holds per piece a float32 array of its size (the pieces float32 too): each piece travels
+        as its change since its anchor, piece - anchor, computed in the same pass.
 
         Each piece is encoded in one pass in C (`native/quantize.c`: its residual added and
         updated there, no temporary its size). The arrays returned are this compressor's own,
@@ -108,10 +107,11 @@ class Compressor:
         referenced while they are read (a channel does until its send is done)."""
         sent, scales = [], []
         for i, (piece, (t, a, b)) in enumerate(zip(pieces, at)):
-            residual = residuals[i] if residuals is not None else None if self.residuals is None \
-                else self.residuals[t][a:b]
-            anchor = anchors[i] if anchors is not None else None
-            wire, read = self._quantize(piece, residual, decoded is not None, anchor)
+            if residuals is not None:
+                residual = residuals[i]
+            else:
+                residual = self.residuals[t][a:b] if self.residuals is not None else None
+            wire, read = self._quantize(piece, residual, decoded is not None, anchors[i] if anchors else None)
             if decoded is not None:
                 decoded.append(read)
             sent.append(wire[0])

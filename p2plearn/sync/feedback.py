@@ -13,9 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from p2plearn.sync.compress import Piece
 from p2plearn.sync.layout import Slices
-
-Piece = tuple[int, int, int]  # (array index, first element, end element)
 
 
 class PartFeedback:
