@@ -69,7 +69,16 @@ void p2p_plan_free(p2p_plan *plan);
  * p2p_decode reads one contribution's n elements as float32 into out, the merge's way: usable[e] = 1
  * where element e arrived and was not refused (out[e] = 0 where not); *refused_out as above.
  * p2p_place puts them in place: out[e] = base[e] + that float32 value (base NULL: the value) where
- * element e arrived and was not refused; out keeps its own value elsewhere. base may be out itself. */
+ * element e arrived and was not refused; out keeps its own value elsewhere. base may be out itself.
+ * p2p_merge_fold is p2p_merge taken over several calls (merging as senders' data arrives): each call
+ * adds k more contributions to fold's running sums, and the call with finish set (k may be 0) also
+ * divides and writes the tensor. Contributions added in the order one p2p_merge would take them give
+ * the same bits. fold's arrays are the caller's: sum and count n doubles each, whole and state one
+ * per P2P_MERGE_BLOCK elements; state zeroed before the first call (a finishing call leaves it zeroed
+ * for the next merge); sum, count and whole need no initialising (a block's are written when the
+ * block is first touched, and a block finished without an earlier call never touches them). The
+ * tensor is read when a block is first touched and written only when finishing. *arrived_out: this
+ * call's (element, contribution) pairs that arrived, a count; refused_out as p2p_merge's, this call's. */
 #define P2P_F32 0
 #define P2P_F64 1
 #define P2P_F16 2
@@ -96,6 +105,17 @@ typedef struct {
 
 int p2p_merge(void *own, int own_dtype, uint64_t n, const p2p_contribution *contribs, uint32_t k,
               double *arrived_out, uint64_t *refused_out);
+#define P2P_MERGE_BLOCK 2048
+
+typedef struct {
+    double *sum;                  /* n: the running sums of the blocks begun */
+    double *count;                /* n: per element, arrivals of contributions that did not bring its whole block */
+    double *whole;                /* per block: the own value + contributions that brought the whole block */
+    uint8_t *state;               /* per block: 0 not begun, 1 sum live, 2 sum and count live */
+} p2p_fold;
+
+int p2p_merge_fold(void *own, int own_dtype, uint64_t n, p2p_fold *fold, const p2p_contribution *contribs,
+                   uint32_t k, int finish, uint64_t *arrived_out, uint64_t *refused_out);
 int p2p_decode(const p2p_contribution *c, uint64_t n, float *out, uint8_t *usable, uint64_t *refused_out);
 int p2p_place(const p2p_contribution *c, uint64_t n, float *out, const float *base, uint64_t *refused_out);
 

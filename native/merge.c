@@ -23,7 +23,7 @@
 #include "error.h"
 #include "contribution.h"
 
-#define BLOCK 2048
+#define BLOCK P2P_MERGE_BLOCK
 
 /* sum[i] += scale * code of element from + i, for i < len, all in one scale block (int8, int4). */
 VECTOR_CLONES static void add_i8(double *restrict sum, const int8_t *restrict v, double scale, uint64_t len) {
@@ -197,8 +197,8 @@ static uint64_t add_block(double *sum, double *count, const p2p_contribution *c,
     return added;
 }
 
-int p2p_merge(void *own, int own_dtype, uint64_t n, const p2p_contribution *contribs, uint32_t k,
-              double *arrived_out, uint64_t *refused_out) {
+/* The checks p2p_merge and p2p_merge_fold share. */
+static int merge_check(const void *own, int own_dtype, uint64_t n, const p2p_contribution *contribs, uint32_t k) {
     if (own_dtype < P2P_F32 || own_dtype > P2P_BF16)
         return set_error(EINVAL, "merge: a tensor of dtype %d cannot be merged into", own_dtype);
     if (n && !own) return set_error(EINVAL, "merge: no tensor");
@@ -207,21 +207,32 @@ int p2p_merge(void *own, int own_dtype, uint64_t n, const p2p_contribution *cont
         int rc = contribution_check(&contribs[i], n, i, "merge");
         if (rc) return rc;
     }
-    if (arrived_out) *arrived_out = 1.0;
-    if (refused_out) memset(refused_out, 0, (size_t)k * sizeof *refused_out);
-    if (!k || !n) return 0;
-    double sum[BLOCK], partial[BLOCK];  /* partial: per element, how many of the others brought it */
+    return 0;
+}
+
+/* Adds k contributions to the blocks of own, each block's sums in fold's arrays (fold NULL, or a
+ * block not begun when finishing: on the stack); finish: divides and writes own, and leaves the
+ * blocks not begun. Returns the (element, contribution) pairs that arrived. */
+static uint64_t merge_blocks(void *own, int own_dtype, uint64_t n, p2p_fold *fold, const p2p_contribution *contribs,
+                             uint32_t k, int finish, uint64_t *refused_out) {
+    double stack_sum[BLOCK], stack_partial[BLOCK];  /* partial: per element, how many of the others brought it */
     uint64_t arrived = 0, refused_here = 0;
     for (uint64_t start = 0; start < n; start += BLOCK) {
         uint64_t end = n - start < BLOCK ? n : start + BLOCK;
-        uint64_t len = end - start;
-        if (own_dtype == P2P_F32) {
+        uint64_t len = end - start, b = start / BLOCK;
+        int state = fold ? fold->state[b] : 0;
+        if (finish && !state && !k) continue;  /* nothing came for this block: own as it is */
+        int kept = fold && (state || !finish);  /* whether the block's sums live in fold */
+        double *sum = kept ? fold->sum + start : stack_sum, *partial = kept ? fold->count + start : stack_partial;
+        double whole = 1.0;  /* the own value and every contribution that brought the whole block */
+        if (state) {
+            whole = fold->whole[b];
+        } else if (own_dtype == P2P_F32) {
             load_f32(sum, (const float *)own + start, len);
         } else {
             for (uint64_t i = 0; i < len; i++) sum[i] = load(own, own_dtype, NULL, 0, start + i);
         }
-        double whole = 1.0;  /* the own value and every contribution that brought the whole block */
-        int counted = 0;     /* whether partial holds counts yet */
+        int counted = state == 2;  /* whether partial holds counts yet */
         for (uint32_t i = 0; i < k; i++) {
             const p2p_contribution *c = &contribs[i];
             if (brings_all(c, start, end)) {
@@ -234,6 +245,11 @@ int p2p_merge(void *own, int own_dtype, uint64_t n, const p2p_contribution *cont
             counted = 1;
             arrived += add_block(sum, partial, c, start, end, refused_out ? &refused_out[i] : &refused_here);
         }
+        if (!finish) {
+            fold->whole[b] = whole;
+            fold->state[b] = (uint8_t)(counted ? 2 : 1);
+            continue;
+        }
         if (counted)
             for (uint64_t i = 0; i < len; i++) sum[i] /= whole + partial[i];
         else
@@ -243,8 +259,35 @@ int p2p_merge(void *own, int own_dtype, uint64_t n, const p2p_contribution *cont
         } else {
             for (uint64_t i = 0; i < len; i++) store(own, own_dtype, start + i, sum[i]);
         }
+        if (fold) fold->state[b] = 0;
     }
+    return arrived;
+}
+
+int p2p_merge(void *own, int own_dtype, uint64_t n, const p2p_contribution *contribs, uint32_t k,
+              double *arrived_out, uint64_t *refused_out) {
+    int rc = merge_check(own, own_dtype, n, contribs, k);
+    if (rc) return rc;
+    if (arrived_out) *arrived_out = 1.0;
+    if (refused_out) memset(refused_out, 0, (size_t)k * sizeof *refused_out);
+    if (!k || !n) return 0;
+    uint64_t arrived = merge_blocks(own, own_dtype, n, NULL, contribs, k, 1, refused_out);
     if (arrived_out) *arrived_out = (double)arrived / ((double)n * k);
+    return 0;
+}
+
+int p2p_merge_fold(void *own, int own_dtype, uint64_t n, p2p_fold *fold, const p2p_contribution *contribs,
+                   uint32_t k, int finish, uint64_t *arrived_out, uint64_t *refused_out) {
+    int rc = merge_check(own, own_dtype, n, contribs, k);
+    if (rc) return rc;
+    if (!fold || (n && (!fold->sum || !fold->count || !fold->whole || !fold->state)))
+        return set_error(EINVAL, "merge: a fold without its arrays");
+    for (uint64_t b = 0; b < (n + BLOCK - 1) / BLOCK; b++)
+        if (fold->state[b] > 2) return set_error(EINVAL, "merge: block %llu of the fold is in state %d",
+                                                 (unsigned long long)b, fold->state[b]);
+    if (refused_out) memset(refused_out, 0, (size_t)k * sizeof *refused_out);
+    uint64_t arrived = n ? merge_blocks(own, own_dtype, n, fold, contribs, k, finish, refused_out) : 0;
+    if (arrived_out) *arrived_out = arrived;
     return 0;
 }
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from p2plearn.sync.bfloat16 import BF16Array
 from p2plearn.compute import check, ffi, lib
+from p2plearn.sync.reused import ReusedArrays
 from p2plearn.transport.delivery import ChunkMask
 
 _DTYPES = {np.dtype(np.float32): lib.P2P_F32, np.dtype(np.float64): lib.P2P_F64,
@@ -90,21 +91,100 @@ def merge_parameter(own: np.ndarray, contributions: list[Contribution]) -> float
     merge checks the same again."""
     if not contributions:
         return 1.0
-    if not own.flags.c_contiguous:
-        raise ValueError("merge needs a C-contiguous parameter")
-    own_code = _code(own)
-    if own_code in (lib.P2P_I8, lib.P2P_I4):
-        raise TypeError(f"cannot merge into a tensor of dtype {own.dtype}")
-    structs = ffi.new("p2p_contribution[]", len(contributions))
-    keep = []  # the buffers the structs point into, alive until the call returns
-    for s, c in zip(structs, contributions):
-        _describe(s, own, c, keep)
+    own_code = _target_code(own)
+    structs, keep = _structs(own, contributions)
     fraction = ffi.new("double *")
     refused = ffi.new("uint64_t[]", len(contributions))
     check(lib.p2p_merge(ffi.from_buffer(own), own_code, own.size, structs, len(contributions), fraction, refused))
     for c, count in zip(contributions, refused):
         c.nonfinite = int(count)
     return fraction[0]
+
+
+def nonfinite(contributions: list[Contribution | None]) -> int:
+    """How many values the last merge or decode of these contributions refused as not finite."""
+    return sum(c.nonfinite for c in contributions if c is not None)
+
+
+class MergeFold:
+    """One tensor's merge taken as its senders' contributions come: `merge_parameter` over several
+    calls (`native/merge.c`'s p2p_merge_fold). `add` folds contributions into running sums kept
+    here; `finish` averages ``own`` with everything added, in place, and returns the fraction that
+    arrived. Contributions added in the order `merge_parameter` would take them give the same bits
+    (`sync.exchange.PartReduce` adds an aggregator's senders in rank order).
+
+    ``own`` is read when its blocks are first added to and written only by `finish`, so a send may
+    still be reading it until then. The sums (two doubles per element, of which the second is
+    touched only where chunks were lost) come from ``scratch`` (arrays kept across rounds; None:
+    new ones) at the first `add`: a fold finished without one costs what `merge_parameter` does.
+    Not thread-safe; one merge per fold.
+    """
+
+    def __init__(self, own: np.ndarray, scratch: ReusedArrays | None = None) -> None:
+        self.own = own
+        self._own_code = _target_code(own)
+        self._scratch = scratch
+        self._fold: Any = None     # the C struct, made at the first add
+        self._arrays: list[np.ndarray] = []  # what it points into
+        self._arrived = 0          # (element, contribution) pairs that arrived, over the calls
+        self._added = 0            # contributions added
+
+    def add(self, contributions: list[Contribution]) -> None:
+        """Fold the contributions into the sums (sets each one's `nonfinite`); errors as `merge_parameter`'s."""
+        if contributions:
+            self._call(contributions, finish=False)
+
+    def finish(self, contributions: list[Contribution] = ()) -> float:
+        """Add the contributions, then average ``own`` in place with all that was added; the fraction
+        of (element, contribution) pairs that arrived over the whole merge (1.0 with none)."""
+        contributions = list(contributions)
+        if self._fold is None:  # nothing added before: the one-call merge
+            return merge_parameter(self.own, contributions)
+        self._call(contributions, finish=True)
+        return self._arrived / (self.own.size * self._added) if self._added and self.own.size else 1.0
+
+    def _call(self, contributions: list[Contribution], finish: bool) -> None:
+        if self._fold is None:
+            self._fold = self._make_fold()
+        structs, keep = _structs(self.own, contributions)
+        arrived = ffi.new("uint64_t *")
+        refused = ffi.new("uint64_t[]", max(len(contributions), 1))
+        check(lib.p2p_merge_fold(ffi.from_buffer(self.own), self._own_code, self.own.size, self._fold, structs,
+                                 len(contributions), int(finish), arrived, refused))
+        for c, count in zip(contributions, refused):
+            c.nonfinite = int(count)
+        self._arrived += arrived[0]
+        self._added += len(contributions)
+
+    def _make_fold(self) -> Any:
+        n, blocks = self.own.size, -(-self.own.size // lib.P2P_MERGE_BLOCK)
+        take = self._scratch.take if self._scratch is not None else (lambda size, dtype: np.empty(size, dtype))
+        self._arrays = [take(n, np.float64), take(n, np.float64), take(blocks, np.float64),
+                        np.zeros(blocks, dtype=np.uint8)]
+        fold = ffi.new("p2p_fold *")
+        fold.sum, fold.count, fold.whole = (ffi.from_buffer("double[]", a) for a in self._arrays[:3])
+        fold.state = ffi.from_buffer("uint8_t[]", self._arrays[3])
+        return fold
+
+
+def _target_code(own: np.ndarray) -> int:
+    """own's dtype code, as a tensor merged into (ValueError or TypeError when it cannot be one)."""
+    if not own.flags.c_contiguous:
+        raise ValueError("merge needs a C-contiguous parameter")
+    code = _code(own)
+    if code in (lib.P2P_I8, lib.P2P_I4):
+        raise TypeError(f"cannot merge into a tensor of dtype {own.dtype}")
+    return code
+
+
+def _structs(own: np.ndarray, contributions: list[Contribution]) -> tuple[Any, list[np.ndarray]]:
+    """The contributions as C structs for merging into `own`, and the arrays they point into (to
+    hold alive until the call returns)."""
+    structs = ffi.new("p2p_contribution[]", max(len(contributions), 1))
+    keep: list[np.ndarray] = []
+    for s, c in zip(structs, contributions):
+        _describe(s, own, c, keep)
+    return structs, keep
 
 
 def decode(c: Contribution, n: int, out: np.ndarray | None = None,
