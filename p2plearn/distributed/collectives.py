@@ -37,7 +37,7 @@ import numpy as np
 import torch.distributed as dist
 
 from p2plearn.selection import PACING_HEADROOM
-from p2plearn.sync.exchange import PartExchange, reduce_exact
+from p2plearn.sync.exchange import PartExchange, PartReduce, reduce_exact
 from p2plearn.sync.inbox import Inbox
 from p2plearn.sync.kept import KeptMessages
 from p2plearn.sync.layout import PartLayout
@@ -68,6 +68,7 @@ class CollectiveTimeout(CollectiveError):
 
 
 Fits = Callable[[int, Delivery], bool]  # whether a delivery from a sender is what the collective expects
+Took = Callable[[int, Delivery], object]  # told of each delivery that fits, as it arrives
 
 
 def _shapes(d: Delivery) -> str:
@@ -184,10 +185,13 @@ class Collectives:
         log.warning("p2plearn: rank %d refused a message in the name of rank %d: %s (counted in the group's stats())",
                     self.rank, sender, reason)
 
-    def _collect(self, msg_id: int, senders: set[int], fits: Fits, until: float, what: str) -> dict[int, Delivery]:
+    def _collect(self, msg_id: int, senders: set[int], fits: Fits, until: float, what: str,
+                 took: Took | None = None, idle: Callable[[], object] | None = None) -> dict[int, Delivery]:
         """Message ``msg_id`` from each of ``senders`` that fits and arrives by ``until``
-        (monotonic s). Raises CollectiveError when one of them departed (``self.departed``) or,
-        MISMATCH_S after refusing a message of other shapes in its name, sent none that fits."""
+        (monotonic s), each also handed to ``took`` as it arrives; ``idle`` is called after each
+        poll that brought nothing. Raises CollectiveError when one of them departed
+        (``self.departed``) or, MISMATCH_S after refusing a message of other shapes in its name,
+        sent none that fits."""
         _check_departed(what, [self.rank], self.departed)
         self._current = msg_id
         got: dict[int, Delivery] = {}
@@ -203,6 +207,8 @@ class Collectives:
                 self.mailbox.drop("a second message for one collective", d.sender)
             elif fits(d.sender, d):
                 got[d.sender] = d
+                if took is not None:
+                    took(d.sender, d)
             else:
                 self.mailbox.drop("shapes or dtypes of another collective", d.sender)
                 mismatched.setdefault(d.sender, (time.monotonic(), d))
@@ -226,16 +232,18 @@ class Collectives:
             left = until - now
             if left <= 0:
                 break
-            self.mailbox.pump(min(left, POLL_S), offer)
+            if not self.mailbox.pump(min(left, POLL_S), offer) and idle is not None:
+                idle()
         return got
 
-    def _receive(self, msg_id: int, senders: set[int], what: str, shapes: Callable[[int], list[np.ndarray]]
-                 ) -> dict[int, list[np.ndarray]]:
-        """Lossless: every sender's message, whole, with arrays shaped like ``shapes(sender)``."""
+    def _receive(self, msg_id: int, senders: set[int], what: str, shapes: Callable[[int], list[np.ndarray]],
+                 took: Took | None = None, idle: Callable[[], object] | None = None) -> dict[int, list[np.ndarray]]:
+        """Lossless: every sender's message, whole, with arrays shaped like ``shapes(sender)`` (each
+        also handed to ``took`` as it arrives; ``idle`` as `_collect`'s)."""
         for s in senders:
             self._check_size(shapes(s), what)
         got = self._collect(msg_id, senders, lambda s, d: d.reason == Reason.COMPLETE and _fits(d, shapes(s)),
-                            time.monotonic() + self.timeout, what)
+                            time.monotonic() + self.timeout, what, took, idle)
         late = sorted(senders - set(got))
         if late:
             raise CollectiveTimeout(f"p2plearn: {what}: no message from rank(s) {late} in {self.timeout:.0f} s")
@@ -317,17 +325,25 @@ class Collectives:
         def piece_bounds(r: int) -> list[float]:
             return [bounds[t] for t, _, _ in slices[r]]
 
-        def collect(msg_id: int, senders: set[int], start: float) -> dict[int, list[Contribution]]:
+        def collect(msg_id: int, senders: set[int], start: float, reduction: PartReduce | None = None
+                    ) -> dict[int, list[Contribution]]:
             """Each sender's contributions to its pieces (this rank's part in the scatter, the
-            sender's part in the gather): lossy, whatever arrived by the deadline; else whole."""
+            sender's part in the gather): lossy, whatever arrived by the deadline; else whole.
+            With ``reduction``, offered to it as they arrive instead (folded while the wait is idle)."""
             part = (lambda s: slices[self.rank]) if msg_id == scatter_id else (lambda s: slices[s])
+
+            def contributions(s: int, d: Delivery) -> list[Contribution] | None:
+                return exchange.contributions(d, part(s), None) if lossy else [Contribution(a) for a in d.arrays]
+
+            offer = None if reduction is None else (lambda s, d: reduction.offer(s, contributions(s, d)))
+            idle = None if reduction is None else reduction.fold_due
             if not lossy:
-                got = self._receive(msg_id, senders, what, lambda s: exchange.pieces(part(s)))
+                got = self._receive(msg_id, senders, what, lambda s: exchange.pieces(part(s)), offer, idle)
                 return {s: [Contribution(a) for a in arrays] for s, arrays in got.items()}
             until = start + (deadline if deadline is not None else self.timeout) + GRACE_S
-            got = self._collect(msg_id, senders, lambda s, d: exchange.contributions(d, part(s), None) is not None,
-                                until, what)
-            return {s: exchange.contributions(d, part(s), None) for s, d in got.items()}
+            got = self._collect(msg_id, senders, lambda s, d: contributions(s, d) is not None, until, what, offer,
+                                idle)
+            return {s: contributions(s, d) for s, d in got.items()}
 
         # 1. scatter: part k to rank k
         scatter_id, gather_id = seq * PHASES, seq * PHASES + 1
@@ -335,7 +351,11 @@ class Collectives:
         scatter = [self._send(scatter_id, exchange.scatter(slices[r]), [r], what, piece_bounds(r), deadline,
                               layout.scatter_rate[self.rank]) for r in aggregators]
         mine = slices[self.rank]
-        if mine and self.others:
+        if mine and self.others and reduction == "mean":  # folded as the parts arrive, while the wait is idle
+            part_reduce = exchange.begin(mine, self.others)
+            collect(scatter_id, set(self.others), t0, part_reduce)
+            part_reduce.finish()
+        elif mine and self.others:
             exchange.reduce(mine, collect(scatter_id, set(self.others), t0), op=reduction, rank=self.rank)
         # 2. gather: this rank's reduced part to every other rank; theirs into place where it arrived
         gather = self._send(gather_id, exchange.pieces(mine), self.others, what, piece_bounds(self.rank), deadline,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import time
-from abc import ABC, abstractmethod
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -32,7 +31,7 @@ from p2plearn.sync.codec import Contributions, MessageCodec, filtered_arrays, fi
 from p2plearn.sync.compress import Compressor
 from p2plearn.sync.fragments import Fragments
 from p2plearn.sync.inbox import Inbox
-from p2plearn.sync.merge import merge_parameter
+from p2plearn.sync.merge import merge_parameter, nonfinite
 from p2plearn.sync.outer import OuterOptimizer
 from p2plearn.sync.planner import RoundPlanner
 from p2plearn.sync.robust import RobustMerge
@@ -75,8 +74,9 @@ def _copies(sent: list) -> int:
     return len(sent) - grouped + (grouped > 0)
 
 
-class Synchronizer(ABC):
-    """Shared round machinery; subclasses decide what to wait for (`_wait_round`, `_inputs`).
+class Synchronizer:
+    """Shared round machinery, waiting as BSP does; subclasses may decide otherwise what to wait
+    for (`_wait_round`, `_inputs`: `SSP`) or run rounds of their own (`step`: `Partitioned`).
 
     Args:
         params: numpy arrays holding the model (the buckets of `p2plearn.train.buckets`, or one
@@ -314,13 +314,16 @@ class Synchronizer(ABC):
                 return True
         return True
 
-    @abstractmethod
     def _wait_round(self, rnd: int, senders: set[int], until: float) -> None:
-        """Block, while this peer's own send is in flight, for what the rule requires."""
+        """Block, while this peer's own send is in flight, for what the rule requires (BSP's rule:
+        round `rnd`'s messages, and the slowest clock that keeps this round's message wanted)."""
+        self.inbox.wait_round(rnd, senders, until, self._alive)
+        self._hold(self.window.hold_target(rnd), until)
 
-    @abstractmethod
     def _inputs(self, rnd: int) -> list[Delivery]:
         """The deliveries to merge after round `rnd` (this peer's clock is now rnd + 1)."""
+        self.inbox.drain()
+        return self.inbox.take(*self.window.merged(rnd))
 
     def _alive(self, rank: int) -> bool:
         """Whether an expected sender is still worth waiting for."""
@@ -359,14 +362,13 @@ class Synchronizer(ABC):
             fractions.append(merge_parameter(targets[i], [c for _, c in got]) if self.robust is None else
                              self.robust.merge_parameter(i, targets[i], [c for _, c in got], [s for s, _ in got]))
         for d, c in usable:
-            self._count_nonfinite(d.sender, c)
+            self._count_nonfinite(d.sender, nonfinite(c))
         self._merge_s = (time.monotonic() - t0) / len(usable)
         return len(usable), float(np.mean(fractions))
 
-    def _count_nonfinite(self, sender: int, contributions: Contributions) -> None:
-        """Count what merging (or decoding) a sender's message refused as not finite (a diverged
-        peer, or a hostile key holder); one line the first time per sender."""
-        refused = sum(c.nonfinite for c in contributions if c is not None)
+    def _count_nonfinite(self, sender: int, refused: int) -> None:
+        """Count the values merging (or decoding) a sender's message refused as not finite (a
+        diverged peer, or a hostile key holder); one line the first time per sender."""
         if not refused:
             return
         if sender not in self.nonfinite:

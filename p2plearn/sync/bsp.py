@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from p2plearn.sync.base import Synchronizer
 from p2plearn.sync.robust import RobustMerge
-from p2plearn.transport import Delivery
 
 
 class BSP(Synchronizer):
@@ -28,11 +27,3 @@ class BSP(Synchronizer):
     def __init__(self, *args, robust: RobustMerge | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.robust = robust
-
-    def _wait_round(self, rnd: int, senders: set[int], until: float) -> None:
-        self.inbox.wait_round(rnd, senders, until, self._alive)
-        self._hold(self.window.hold_target(rnd), until)  # the slowest clock that keeps this round's message wanted
-
-    def _inputs(self, rnd: int) -> list[Delivery]:
-        self.inbox.drain()
-        return self.inbox.take(*self.window.merged(rnd))

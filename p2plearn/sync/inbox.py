@@ -11,6 +11,7 @@ from __future__ import annotations
 import struct
 import time
 from collections import Counter
+from collections.abc import Iterator
 from typing import Callable
 
 from p2plearn.protocols import DeliverySource
@@ -19,6 +20,7 @@ from p2plearn.transport import Delivery
 
 STATE_FLAG = 1 << 31  # message ids with this bit carry a whole model state (join, final average), not a round
 # (0xFFFFFF00-0xFFFFFFFE, state ids of clocks no job reaches, are the Channel's multicast probes')
+POLL_S = 0.05         # a wait's longest poll of the channel (its checks of liveness and time run between)
 MAX_STATES = 4        # model states kept unasked for, at least: one per sender (a donor's newest, a final model)
 # What a channel raises about one delivery's content (a descriptor it cannot map, a size that does
 # not fit: a peer's bug or a hostile key holder): that delivery is lost, the next ones are not. A
@@ -150,14 +152,34 @@ class Inbox:
                    moved_on: int | None = None) -> None:
         """Wait until every live sender of message `rnd` delivered it or one of id `moved_on`
         (default rnd + 1: its next round) or later, or until the monotonic `until`."""
-        moved_on = rnd + 1 if moved_on is None else moved_on
-        while True:
-            if all(self._kept.holds(rnd, s) or not alive(s) or self.newest.get(s, -1) >= moved_on for s in senders):
-                return
+        while not self._waited(rnd, senders, alive, moved_on, set()):
             left = until - time.monotonic()
             if left <= 0:
                 return
-            self.pump(min(left, 0.05))
+            self.pump(min(left, POLL_S))
+
+    def arrivals(self, rnd: int, senders: set[int], until: float, alive: Callable[[int], bool],
+                 moved_on: int | None = None) -> Iterator[Delivery | None]:
+        """`wait_round`'s wait, yielding message `rnd`'s deliveries (taken, by sender) as they are
+        filed, and None after each poll that brought nothing (the wait is idle: time for a merge to
+        fold what came)."""
+        came: set[int] = set()
+        while True:
+            for d in self.take(rnd, rnd):
+                came.add(d.sender)
+                yield d
+            if self._waited(rnd, senders, alive, moved_on, came) or until - time.monotonic() <= 0:
+                return
+            if not self.pump(min(until - time.monotonic(), POLL_S)):
+                yield None
+
+    def _waited(self, rnd: int, senders: set[int], alive: Callable[[int], bool], moved_on: int | None,
+                came: set[int]) -> bool:
+        """Whether each of `senders` delivered message `rnd` (it is kept, or in `came`), is dead, or
+        sent one of id `moved_on` (default rnd + 1) or later."""
+        moved_on = rnd + 1 if moved_on is None else moved_on
+        return all(s in came or self._kept.holds(rnd, s) or not alive(s) or self.newest.get(s, -1) >= moved_on
+                   for s in senders)
 
     def pending(self) -> int:
         """Messages kept and not taken yet (the backlog a later merge has to work through)."""
@@ -186,4 +208,4 @@ class Inbox:
             left = until - time.monotonic()
             if left <= 0:
                 return None
-            self.pump(min(left, 0.05))
+            self.pump(min(left, POLL_S))

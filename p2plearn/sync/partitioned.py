@@ -41,6 +41,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import replace
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -48,9 +49,9 @@ import numpy as np
 from p2plearn.protocols import PendingSend
 from p2plearn.sync.base import AHEAD_ROUNDS, RoundStats, Synchronizer
 from p2plearn.sync.compress import Compressor
-from p2plearn.sync.exchange import PartExchange
+from p2plearn.sync.exchange import PartExchange, PartReduce
 from p2plearn.sync.layout import ALIGN, PartLayout, Slices, part_bytes, partition
-from p2plearn.sync.merge import Contribution
+from p2plearn.sync.merge import Contribution, nonfinite
 from p2plearn.transport import Delivery
 
 __all__ = ["ALIGN", "FILTER_REFUSED", "PartLayout", "Partitioned", "RESYNC_ROUNDS", "part_bytes", "partition"]
@@ -77,16 +78,6 @@ class Partitioned(Synchronizer):
     def _wanted_rounds(self) -> tuple[int, int]:
         """Message ids: round r scatters as 2r and gathers as 2r + 1."""
         return 2 * (self.clock - 1), 2 * (self.clock + AHEAD_ROUNDS) + 1
-
-    def _wait_round(self, rnd: int, senders: set[int], until: float) -> None:
-        """Wait for round `rnd`'s scatter messages (this peer's part) from `senders`."""
-        # a sender's gather (2r + 1) overlaps its scatter and may come first: its next round says it moved on
-        self.inbox.wait_round(2 * rnd, senders, until, self._alive, moved_on=2 * rnd + 2)
-
-    def _inputs(self, rnd: int) -> list[Delivery]:
-        """Round `rnd`'s scatter messages that came (this peer's part, from each sender)."""
-        self.inbox.drain()
-        return self.inbox.take(2 * rnd, 2 * rnd)
 
     def step(self, loss: float | None = None) -> RoundStats:
         rnd = self.clock
@@ -136,17 +127,19 @@ class Partitioned(Synchronizer):
         merged_from: set[int] = set()
         fractions: list[float] = []
         if mine:
-            self._wait_round(rnd, set(others), t0 + self._wait_limit(deadline))
+            # merged while the wait is idle; a sender's gather (2r + 1) overlaps its scatter and may
+            # come first: its next round says it moved on
+            reduction = exchange.begin(mine, others, resync)
+            self._offer(reduction, self.inbox.arrivals(2 * rnd, set(others), t0 + self._wait_limit(deadline),
+                                                       self._alive, moved_on=2 * rnd + 2), mine, scatter_format)
             merge_t0 = time.monotonic()
-            inputs = {d.sender: c for d in self._inputs(rnd)
-                      if (c := self._fits(d, mine, scatter_format)) is not None}
-            averaged, fractions = exchange.reduce(mine, inputs, resync)
-            if inputs:  # per message received, as the load model counts it (here: parts of models)
-                self._merge_s = (time.monotonic() - merge_t0) / len(inputs)
-            merged_from.update(inputs)
-            for sender, c in inputs.items():
-                self._count_nonfinite(sender, c)
-            del inputs  # their engine buffers go back to the pool now, for the gather phase's messages
+            averaged, fractions = reduction.finish()
+            if reduction.refused:  # per message received, as the load model counts it (here: parts of models)
+                self._merge_s = (time.monotonic() - merge_t0) / len(reduction.refused)
+            merged_from.update(reduction.refused)
+            for sender, refused in reduction.refused.items():
+                self._count_nonfinite(sender, refused)
+            del reduction  # the last senders' engine buffers go back to the pool now, for the gather phase's
         # 2. gather: the averaged part to everyone else; theirs into place where it arrived
         gather = send(2 * rnd + 1, averaged, mine, [(*engines[j].engine, layout.gather_rate[me][j]) for j in others],
                       gather_format) if mine and others else None
@@ -160,7 +153,7 @@ class Partitioned(Synchronizer):
             if arrived is None:
                 continue
             exchange.place(theirs, arrived, gather_format, resync)
-            self._count_nonfinite(d.sender, arrived)
+            self._count_nonfinite(d.sender, nonfinite(arrived))
             merged_from.add(d.sender)
         gathered = gather.wait() if gather is not None else []
         comm_s = time.monotonic() - t0
@@ -213,6 +206,18 @@ class Partitioned(Synchronizer):
             cached = self._layouts[fragment] = (view.order, layout)
         layout = cached[1]
         return layout if len(layout.ranks) >= 2 else None
+
+    def _offer(self, reduction: PartReduce, arrivals: Iterable[Delivery | None], mine: Slices,
+               fmt: Compressor | None) -> None:
+        """Offer each scatter message to this peer's part's merge as it arrives, and fold what is
+        due while the wait is idle (a folded sender's engine buffer goes back to the pool then)."""
+        for d in arrivals:
+            if d is None:
+                reduction.fold_due()
+                continue
+            c = self._fits(d, mine, fmt)
+            if c is not None and not reduction.offer(d.sender, c):
+                self.inbox.drop("a second message for one round", d.sender)
 
     def _fits(self, d: Delivery, slices: Slices, fmt: Compressor | None) -> list[Contribution] | None:
         """d's contributions to the pieces `slices` cut (`PartExchange.contributions`), or None, counted

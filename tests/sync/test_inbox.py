@@ -136,3 +136,21 @@ def test_admitted_deliveries_are_claimed_by_a_waiting_caller_or_filed_and_each_d
         pass
     assert claimed == [1] and inbox.drops == {"own": 2} and warned == [("own", 0)]
     assert [(d.sender, d.msg_id) for d in inbox.take(7, 9)] == [(1, 8), (2, 8)]
+
+
+def test_arrivals_hand_out_a_rounds_messages_as_they_come_and_say_when_the_wait_is_idle():
+    """Round 5's messages, taken as they are filed (sender 2's was kept before the wait), a None for
+    each poll that brought nothing, and the end once every live sender is in; sender 4 is dead."""
+    polls = iter([(2, 5), None, (3, 6), None, (1, 5)])
+
+    class Slow:
+        def recv(self, timeout=None):
+            item = next(polls, None)
+            return None if item is None else Feed([item]).recv()
+
+    inbox = Inbox(Slow(), lambda: (5, 20))
+    inbox.pump(0.0)  # sender 2's, before the round waits
+    got = list(inbox.arrivals(5, {1, 2, 3, 4}, time.monotonic() + 30.0, lambda s: s != 4, moved_on=6))
+    assert [None if d is None else (d.sender, d.msg_id) for d in got] == [(2, 5), None, None, (1, 5)]
+    assert inbox.pending() == 1  # sender 3's round 6, filed for later (and 3 counts as moved on)
+    assert list(inbox.arrivals(5, {1}, time.monotonic() - 1.0, lambda s: True)) == []  # past its time: no wait

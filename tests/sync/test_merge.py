@@ -389,3 +389,151 @@ def test_the_c_decode_checks_the_lengths_itself(values_bytes, nscales, block):
         check(lib.p2p_decode(s, 101, ffi.NULL, ffi.from_buffer(usable), refused))
     check(lib.p2p_decode(s, 101, ffi.from_buffer("float[]", out), ffi.from_buffer(usable), refused))
     assert (out == 1.0).all() and usable.all() and refused[0] == 0
+
+
+def _contributions(fmt: str, own_size: int, rng: np.random.Generator, k: int) -> list[Contribution]:
+    """k contributions in `fmt`, finite_only, each with its own lost chunks (the first none), a NaN
+    value or an infinite scale in the first merge block, odd int8/int4 scale blocks; the last also
+    an element mask."""
+    out = []
+    for i in range(k):
+        first_byte, extra = (0, 100, 3)[i % 3], {}
+        if fmt in ("int8", "int4"):
+            codes = rng.integers(0, 16, own_size) if fmt == "int4" else rng.integers(0, 256, own_size)
+            wire = _scaled_on_the_wire(codes, fmt == "int4")
+            extra = {"scales": rng.random(-(-own_size // 37)).astype(np.float32), "block": 37}
+            extra["scales"][rng.integers(0, 2048 // 37)] = np.inf  # a block refused
+        else:
+            x = rng.standard_normal(own_size).astype(np.float32)
+            x[rng.integers(0, 2048)] = np.nan
+            wire, _ = _on_the_wire(x, {"float32": np.float32, "float64": np.float64, "float16": np.float16,
+                                       "bf16": "bf16"}[fmt])
+        nchunks = (first_byte + wire.nbytes + 511) // 512
+        chunks = ChunkMask(rng.random(nchunks) < (1.0 if i == 0 else 0.7), first_byte, 512)
+        mask = rng.random(own_size) < 0.9 if i == k - 1 else None
+        out.append(Contribution(wire, mask=mask, chunks=chunks, finite_only=True, **extra))
+    return out
+
+
+@pytest.mark.parametrize("own_dtype", ["float32", "bf16"])
+@pytest.mark.parametrize("fmt", ["float32", "float64", "float16", "bf16", "int8", "int4"])
+def test_a_merge_folded_as_senders_arrive_equals_the_merge_at_the_end(fmt, own_dtype):
+    """MergeFold, the contributions added in the merge's order but split over calls as they might
+    arrive (one at a time, in groups, all at the end, some blocks begun and others not), gives the
+    bits, the arrived fraction and the refusals of one merge_parameter over them all."""
+    from p2plearn.sync.merge import MergeFold
+    from p2plearn.sync.reused import ReusedArrays
+
+    rng = np.random.default_rng(5)
+    n, k = 3 * 2048 + 11, 5
+    base = rng.standard_normal(n).astype(np.float32)
+    contributions = _contributions(fmt, n, rng, k)
+
+    def own() -> np.ndarray:
+        if own_dtype == "float32":
+            return base.copy()
+        bits = np.zeros(n, dtype=np.uint16).view(BF16Array)
+        store(bits, base)
+        return bits
+
+    at_end = own()
+    fraction = merge_parameter(at_end, contributions)
+    refused = [c.nonfinite for c in contributions]
+    assert sum(refused) > 0 and 0.5 < fraction < 1.0  # the case has losses and refusals to agree on
+    scratch = ReusedArrays()
+    for splits in ([], [1, 2, 3, 4], [2], [4], [1, 3], [0, 5]):
+        folded = own()
+        fold = MergeFold(folded, scratch)
+        bounds = [0, *splits, k] if splits else [0, k]
+        for a, b in zip(bounds[:-2], bounds[1:-1]):
+            fold.add(contributions[a:b])
+            np.testing.assert_array_equal(np.asarray(folded), np.asarray(own()))  # own is written at the end only
+        got = fold.finish(contributions[bounds[-2]:])
+        np.testing.assert_array_equal(np.asarray(folded).view(np.uint8), np.asarray(at_end).view(np.uint8))
+        assert got == fraction and [c.nonfinite for c in contributions] == refused
+
+
+def test_a_fold_touches_only_the_blocks_added_to():
+    """Contributions of part of a tensor's blocks (the rest of their chunks lost) and none at all:
+    the blocks no one brought keep their values, a fold with nothing added leaves the tensor alone."""
+    from p2plearn.sync.merge import MergeFold
+
+    n = 4 * 2048
+    own = np.arange(n, dtype=np.float32)
+    arrived = np.zeros(n * 4 // 2048, dtype=bool)
+    arrived[: 2048 * 4 // 2048] = True  # the first block's chunks only
+    c = Contribution(np.full(n, 10.0, dtype=np.float32), chunks=ChunkMask(arrived, 0, 2048))
+    fold = MergeFold(own)
+    fold.add([c])
+    assert fold.finish() == pytest.approx(0.25)
+    np.testing.assert_array_equal(own[:2048], (np.arange(2048, dtype=np.float64) + 10) / 2)
+    np.testing.assert_array_equal(own[2048:], np.arange(2048, n, dtype=np.float32))
+    untouched = own.copy()
+    assert MergeFold(own).finish() == 1.0
+    np.testing.assert_array_equal(own, untouched)
+
+
+def test_the_c_fold_refuses_a_fold_without_arrays_or_in_a_bad_state():
+    own = np.zeros(10, dtype=np.float32)
+    state = np.full(1, 3, dtype=np.uint8)
+    sums = [np.zeros(10), np.zeros(10), np.zeros(1)]
+    fold = ffi.new("p2p_fold *")
+    with pytest.raises(InvalidArgument, match="without its arrays"):
+        check(lib.p2p_merge_fold(ffi.from_buffer(own), lib.P2P_F32, 10, fold, ffi.NULL, 0, 1, ffi.NULL, ffi.NULL))
+    fold.sum, fold.count, fold.whole = (ffi.from_buffer("double[]", a) for a in sums)
+    fold.state = ffi.from_buffer("uint8_t[]", state)
+    with pytest.raises(InvalidArgument, match="state 3"):
+        check(lib.p2p_merge_fold(ffi.from_buffer(own), lib.P2P_F32, 10, fold, ffi.NULL, 0, 1, ffi.NULL, ffi.NULL))
+
+
+@pytest.mark.parametrize("mode", [None, "fp16", "int8", "int4"])
+def test_a_part_merged_as_its_senders_arrive_equals_the_part_merged_at_the_end(mode):
+    """A partitioned round's aggregator (PartReduce) offered its senders' contributions in any
+    arrival order, folding what is due at any points between (an expected sender that never comes
+    holds back the higher ranks), ends with the bits of `PartExchange.reduce` over them all at once:
+    the part, what the gather sends and its error feedback; each format with lost chunks and refusals."""
+    from p2plearn.sync.compress import Compressor
+    from p2plearn.sync.exchange import PartExchange
+
+    rng = np.random.default_rng(9)
+    sizes = [5000, 3 * 2048 + 11]
+    slices = [(0, 1000, 5000), (1, 0, sizes[1])]
+    base = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+    anchor = [b + rng.standard_normal(b.size).astype(np.float32) * 0.01 for b in base]
+    fmt = {None: "float32", "fp16": "float16", "int8": "int8", "int4": "int4"}[mode]
+    senders = [1, 3, 4, 6]
+    per_piece = [_contributions(fmt, b - a, rng, len(senders)) for _, a, b in slices]
+    inputs = {s: [piece[j] for piece in per_piece] for j, s in enumerate(senders)}
+    if mode is None:  # where the order of the sums shows: 1e17 + 1 - 1e17 is 0 or 1 in double
+        base[1][:64] = 0.0
+        for s, x in ((3, 1e17), (4, 1.0), (6, -1e17)):
+            c = inputs[s][1]
+            c.values[:64], c.chunks.arrived[0] = x, True
+            if c.mask is not None:
+                c.mask[:64] = True
+
+    def exchange() -> tuple[PartExchange, list[np.ndarray]]:
+        flat = [b.copy() for b in base]
+        compressor = Compressor(mode, sizes) if mode else None
+        return PartExchange(flat, compressor, [a.copy() for a in anchor] if mode else None), flat
+
+    at_end, flat_at_end = exchange()
+    sent_at_end, fractions = at_end.reduce(slices, inputs)
+    sent_at_end = [a.copy() for a in sent_at_end]
+    for trial in range(6):
+        arriving, flat = exchange()
+        reduction = arriving.begin(slices, [*senders, 5])  # 5 never comes
+        for s in rng.permutation(senders):
+            assert reduction.offer(int(s), inputs[int(s)])
+            if rng.random() < 0.6:
+                reduction.fold_due()
+        assert not reduction.offer(senders[0], inputs[senders[0]])  # a second message from one sender
+        sent, got = reduction.finish()
+        assert got == fractions and sorted(reduction.refused) == senders
+        for a, b in zip(sent, sent_at_end):
+            np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+        for a, b in zip(flat, flat_at_end):
+            np.testing.assert_array_equal(a, b)
+        if mode:
+            for a, b in zip(arriving.gather_feedback.residuals(slices), at_end.gather_feedback.residuals(slices)):
+                np.testing.assert_array_equal(a, b)
