@@ -116,6 +116,8 @@ RESULTS: dict[str, Entry] = {
     "bench_average_gpt2": _entry("sudo python -m p2plearn.bench average --model gpt2-small "
                                  "--topologies loopback,homogeneous-4 --rounds 5", BENCH),
     "bench_rounds_transport": _entry("sudo python -m p2plearn.bench rounds --transport", BENCH),
+    "bench_transport": _entry("sudo python -m p2plearn.bench transport --reps 3", ENGINE, ["p2plearn/transport",
+                                                                                        "p2plearn/bench"]),
     "round_cpu": _entry("python experiments/round_cpu.py", BENCH, DDP),
     "gpu_charlm": _entry("OUT=gpu-results bash experiments/gpu_charlm.sh", TRAINING, _CHARLM_TORCH,
                          ["experiments/gpu_charlm.sh"]),
