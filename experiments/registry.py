@@ -92,7 +92,8 @@ RESULTS: dict[str, Entry] = {
     "sim_value_filter": _entry("python experiments/sim_value_filter.py", SIMULATOR),
     "sim_train_validation": _entry("python experiments/sim_train_validation.py", SIMULATOR),
     "attacks": _entry("python experiments/attacks.py", SIMULATOR),
-    "attacks_sim": _entry("python experiments/attacks_sim.py", SIMULATOR, ["experiments/attacks.py"]),
+    "attacks_sim": _entry("python experiments/attacks_sim.py --configs 64:bsp,64:ssp,256:bsp,256:ssp --jobs 2",
+                          SIMULATOR, ["experiments/attacks.py"]),
     "sim_scale": _entry("python experiments/sim_scale.py --peers 16,64", SIMULATOR),
     "sim_scale_256_steady": _entry(f"{_SIM_SCALE} --bursts no --name sim_scale_256_steady", SIMULATOR),
     "sim_scale_256_bursts_iid": _entry(f"{_SIM_SCALE} --bursts yes --sync bsp --data iid "
