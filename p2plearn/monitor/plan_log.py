@@ -5,7 +5,9 @@ a ``"job"`` line as it starts (the job's id and settings), then a ``"plan"`` lin
 version, the clocks, each member's host, clock, loss and the view's uplink and downlink
 estimates, and the flows each live sender reported for its last round, with their measured
 rates) of the table's snapshot at a tick (every ``--heartbeat``) whose members or flows differ
-from the last line's, at most one per ``PLAN_MIN_S``, and at least one per ``PLAN_EVERY_S`` (the clocks move);
+from the last line's, at most one per ``PLAN_MIN_S`` (a change that comes sooner is held, and its
+latest snapshot written once that has passed, or as the log stops, unless a newer change replaced
+it), and at least one per ``PLAN_EVERY_S`` (the clocks move);
 and one ``"event"`` line per join, leave, death, donation, hand-over and end. The report
 (``write_report``) draws the plan over time from them.
 
@@ -44,6 +46,7 @@ class PlanLog:
         self._snapshots: deque[tuple[float, dict[str, Any]]] = deque(maxlen=SNAPSHOTS)  # (when, snapshot)
         self._last_shape: tuple[frozenset, frozenset] | None = None  # this thread's: the last line's members and flows
         self._last_time = 0.0
+        self._held: tuple | None = None  # this thread's: the latest change not yet written (when, snap, edges, shape)
         self._events: deque[tuple[float, str, dict]] = deque(maxlen=EVENTS)
         self._file = open(coordinator_file(log_dir, term), "a", encoding="utf-8")
         self._line({"kind": "job", "time": round(time.time(), 3), "clock": "wall", "job_id": job_id, "term": term,
@@ -85,17 +88,22 @@ class PlanLog:
         while self._events:
             when, kind, body = self._events.popleft()
             self._line({"kind": "event", "time": round(when, 3), "term": self.term, "text": describe(kind, body)})
-        last = None
         while self._snapshots:
-            when, snap = last = self._snapshots.popleft()
+            when, snap = self._snapshots.popleft()
             edges = plan_edges(snap)
             shape = (frozenset(snap["members"]), frozenset((e["src"], e["dst"]) for e in edges))
-            if when - self._last_time >= (PLAN_MIN_S if shape != self._last_shape else PLAN_EVERY_S):
-                self._line(plan_line(snap, when, edges))
-                self._last_shape, self._last_time = shape, when
-        if self._stop.is_set() and last is not None and self._last_time < last[0]:
-            self._line(plan_line(last[1], last[0], plan_edges(last[1])))  # the job's end as the coordinator last saw it
+            if shape != self._last_shape:
+                self._held = (when, snap, edges, shape)  # a change: written once PLAN_MIN_S allows
+            elif when - self._last_time >= PLAN_EVERY_S:
+                self._held = None  # back to the last line's shape before it was written: nothing changed
+                self._write_plan(when, snap, edges, shape)
+        if self._held is not None and (self._stop.is_set() or time.time() - self._last_time >= PLAN_MIN_S):
+            self._write_plan(*self._held)  # at its own time; at the end, the job as the coordinator last saw it
         self._file.flush()
+
+    def _write_plan(self, when: float, snap: dict[str, Any], edges: list[dict[str, Any]], shape: tuple) -> None:
+        self._line(plan_line(snap, when, edges))
+        self._held, self._last_shape, self._last_time = None, shape, when
 
     def _line(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record) + "\n")
