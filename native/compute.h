@@ -166,11 +166,13 @@ int p2p_change_sumsq(const void *now, const void *before, int dtype, uint64_t n,
  * P2P_ROBUST_CLIP, centered clipping (CenteredClip, Karimireddy et al. 2021; ClippedGossip, He et
  *   al. 2022) of each sender's difference from the receiver's own values, tile by tile (tiles of
  *   P2P_ROBUST_TILE elements): in tile t, contribution j's difference d_j over its m_j elements that
- *   arrived is scaled by s_j = min(1, rho_t sqrt(m_j) / |d_j|), and each element becomes
- *   own + sum_j s_j d_j[e] / (1 + the senders that arrived there). rho_t, a radius per element, is
- *   multiplier x the median of the tile's history (history[h * tiles + t], h < nhistory; negative
- *   entries skipped) and this call's tile median: the lower median of the contributions' RMS
- *   distances sqrt(|d_j|^2 / m_j) (-1 where none arrived), which tile_median_out[t] returns.
+ *   arrived is kept (s_j = 1) while |d_j| <= multiplier x mu_t sqrt(m_j), and scaled down to
+ *   min(multiplier, 1) x mu_t sqrt(m_j) beyond (s_j the ratio: a clipped sender moves the receiver
+ *   no further than a typical one); each element becomes own + sum_j s_j d_j[e] / (1 + the senders
+ *   that arrived there). mu_t, the typical RMS distance per element, is the median of the tile's
+ *   history (history[h * tiles + t], h < nhistory; negative entries skipped) and this call's tile
+ *   median: the lower median of the contributions' RMS distances sqrt(|d_j|^2 / m_j) (-1 where none
+ *   arrived), which tile_median_out[t] returns.
  * P2P_ROBUST_TRIMMED, a coordinate-wise trimmed mean: each element becomes the mean of its own value
  *   and those that arrived, less the `trim` largest and `trim` smallest (min(trim, (m - 1) / 2) of m).
  * out (k entries, or NULL), per sender: distance2, the squared distance of its values that counted
@@ -185,7 +187,7 @@ int p2p_change_sumsq(const void *now, const void *before, int dtype, uint64_t n,
 
 typedef struct {
     int mode;                     /* P2P_ROBUST_* */
-    double multiplier;            /* CLIP: the radius over the median RMS distance; > 0 */
+    double multiplier;            /* CLIP: the radius over the median RMS distance, beyond which a row is clipped; > 0 */
     const double *history;        /* CLIP: nhistory rows of ceil(n / P2P_ROBUST_TILE) tile medians, or NULL */
     uint32_t nhistory;
     double *tile_median_out;      /* CLIP: ceil(n / P2P_ROBUST_TILE) entries, or NULL */

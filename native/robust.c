@@ -186,8 +186,9 @@ static double clip_tile(const p2p_robust *how, uint64_t tiles, uint64_t t, uint6
     }
     double base = tile_radius_base(how, tiles, t, now, work + k);
     for (uint32_t j = 0; j < k; j++) {
-        double scale = 1.0, tau = how->multiplier * base * sqrt((double)m[j]);
-        if (m[j] && d2[j] > tau * tau) scale = tau / sqrt(d2[j]);
+        double typical = base * sqrt((double)m[j]), tau = how->multiplier * typical;
+        double scale = 1.0;
+        if (m[j] && d2[j] > tau * tau) scale = fmin(tau, typical) / sqrt(d2[j]);
         if (scale < 1.0) {  /* rare for an honest sender: read its row again rather than keep every row */
             uint64_t refused = 0;
             double norm2;

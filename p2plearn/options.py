@@ -145,13 +145,14 @@ class Options:
                                        "value there, as for a lost chunk), counts them per sender and logs the "
                                        "first from each")
     robust: str = _opt("none", "bound what a lying member (one that holds the job's secret) does to the models it "
-                               "reaches: clip scales each sender's difference from the receiver's model down to "
-                               "--robust-radius x the typical (median) distance, per 1024 values; trimmed averages each "
+                               "reaches: clip scales a sender's difference from the receiver's model that is over "
+                               "--robust-radius x the typical (median) distance down to that typical distance, per 1024 values; trimmed averages each "
                                "value without the largest and smallest sent (with 4 or more senders; fewer: clip); both "
                                "refuse NaN and inf in any format; not with --sync partitioned (see docs/security.md)", ("none", "clip", "trimmed"))
-    robust_radius: float = _opt(2.0, "--robust clip: the largest distance a sender may move a receiver, per 1024 values, "
-                                     "as a multiple of the median distance of its senders (this round's and its last "
-                                     "16's); lower bounds an attacker tighter and slows honest mixing more",
+    robust_radius: float = _opt(2.0, "--robust clip: the distance past which a sender is clipped (to the typical one), "
+                                     "per 1024 values, as a multiple of the median distance of its senders (this "
+                                     "round's and its last 16's); under 1 it is also what a clipped sender keeps; "
+                                     "lower clips more honest senders",
                                 valid=_within(0.0, 1000.0, low_open=True))
     robust_exclude: bool = _opt(False, "--robust: stop merging from a sender clipped in more than half of its merges "
                                        "(after 8 of them); one log line, counted in the optimizer's stats")

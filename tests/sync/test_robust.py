@@ -14,8 +14,9 @@ TILE = 1024
 
 
 def reference_clip(own, values, usable, radius, history=()):
-    """Centered clipping as compute.h states it, in float64: per tile, each sender's difference
-    scaled to radius x the median (history and this merge's lower median of RMS distances) x sqrt(m)."""
+    """Centered clipping as compute.h states it, in float64: per tile, a sender's difference beyond
+    radius x the median (history and this merge's lower median of RMS distances) x sqrt(m) scaled
+    down to min(radius, 1) x the median x sqrt(m)."""
     out, medians = own.astype(np.float64), []
     for start in range(0, own.size, TILE):
         sl = slice(start, min(own.size, start + TILE))
@@ -29,8 +30,8 @@ def reference_clip(own, values, usable, radius, history=()):
         base = pool[(len(pool) - 1) // 2] if pool else -1.0
         acc, cnt = np.zeros_like(o), np.ones_like(o)
         for d, m, u in zip(diffs, counts, usable):
-            norm, tau = np.sqrt((d * d).sum()), radius * base * np.sqrt(m)
-            acc += d * (tau / norm if m and norm > tau else 1.0)
+            norm, typical = np.sqrt((d * d).sum()), base * np.sqrt(m)
+            acc += d * (min(radius, 1.0) * typical / norm if m and norm > radius * typical else 1.0)
             cnt += u[sl]
         out[sl] = o + acc / cnt
     return out, np.array(medians)
@@ -76,6 +77,22 @@ def test_clip_matches_the_reference_with_chunk_and_element_masks():
     merge_parameter(honest, contributions[:3])
     # the flipped sender moves the robust merge a little from the honest senders' average, the plain one far
     assert np.linalg.norm(merged - honest) < 0.1 * np.linalg.norm(plain - honest)
+
+
+@pytest.mark.parametrize("radius", [0.5, 2.0, 4.0])
+def test_a_clipped_sender_moves_the_receiver_no_further_than_a_typical_one(radius):
+    """Past radius x the typical distance a sender's difference is scaled down to the typical distance
+    (to radius x it for a radius under 1), not to the radius: a liar clipped counts as an honest peer's
+    distance, one within the radius is kept as it is."""
+    n = TILE
+    own = np.zeros(n, np.float32)
+    values = [np.full(n, d, np.float32) for d in (1.0, 2.0, 3.0, 1000.0)]  # typical (lower median): 2
+    merged = own.copy()
+    RobustMerge("clip", radius=radius).merge_parameter("w", merged, [Contribution(v) for v in values], [1, 2, 3, 4])
+    counted = [d if d <= radius * 2.0 else min(radius, 1.0) * 2.0 for d in (1.0, 2.0, 3.0, 1000.0)]
+    np.testing.assert_allclose(merged, sum(counted) / 5, rtol=1e-6)
+    expected, _ = reference_clip(own, values, [np.ones(n, bool)] * 4, radius)
+    np.testing.assert_allclose(merged, expected, rtol=1e-6)
 
 
 def test_clip_radius_takes_the_history_of_earlier_merges():
