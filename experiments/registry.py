@@ -15,15 +15,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # The pieces a run can exercise, as git pathspecs (a directory covers everything under it).
-ENGINE = ["native", "setup.py"]
+# The robust merge runs only under --robust: the experiments of lying members measure it (ROBUST).
+ROBUST = ["native/robust.c", "p2plearn/sync/robust.py"]
+_NOT_ROBUST = [f":(exclude){p}" for p in ROBUST]
+ENGINE = ["native", "setup.py", _NOT_ROBUST[0]]
 # What a training job runs: the optimizer, rounds, selection, tolerance, control plane, launcher.
 TRAINING = [*ENGINE, "p2plearn", ":(exclude)p2plearn/sim", ":(exclude)p2plearn/bench", ":(exclude)p2plearn/monitor",
             ":(exclude)p2plearn/ddp.py", ":(exclude)p2plearn/distributed", ":(exclude)p2plearn/checkpoint.py",
-            "topology", "experiments/common.py"]
+            _NOT_ROBUST[1], "topology", "experiments/common.py"]
 # What virtual time runs: training's planner, codec, partitioned round and merge in one process.
 SIMULATOR = ["p2plearn/sim", "p2plearn/selection", "p2plearn/sync", "p2plearn/tolerance", "p2plearn/filter",
              "p2plearn/control", "p2plearn/topology", "p2plearn/train", "p2plearn/compute.py", "native", "topology",
-             "experiments/common.py"]
+             "experiments/common.py", *_NOT_ROBUST]
 DDP = [*TRAINING, "p2plearn/ddp.py", "p2plearn/distributed"]
 BENCH = [*TRAINING, "p2plearn/bench"]
 
@@ -91,9 +94,9 @@ RESULTS: dict[str, Entry] = {
     "sim_tolerance": _entry("python experiments/sim_tolerance.py", SIMULATOR),
     "sim_value_filter": _entry("python experiments/sim_value_filter.py", SIMULATOR),
     "sim_train_validation": _entry("python experiments/sim_train_validation.py", SIMULATOR),
-    "attacks": _entry("python experiments/attacks.py", SIMULATOR),
+    "attacks": _entry("python experiments/attacks.py", SIMULATOR, ROBUST),
     "attacks_sim": _entry("python experiments/attacks_sim.py --configs 64:bsp,64:ssp,256:bsp,256:ssp --jobs 2",
-                          SIMULATOR, ["experiments/attacks.py"]),
+                          SIMULATOR, ROBUST, ["experiments/attacks.py"]),
     "sim_scale": _entry("python experiments/sim_scale.py --peers 16,64", SIMULATOR),
     "sim_scale_256_steady": _entry(f"{_SIM_SCALE} --bursts no --name sim_scale_256_steady", SIMULATOR),
     "sim_scale_256_bursts_iid": _entry(f"{_SIM_SCALE} --bursts yes --sync bsp --data iid "
