@@ -24,7 +24,7 @@ def plans(log_dir) -> list[tuple[float, list[int], list]]:
 
 def test_a_change_within_plan_min_s_is_held_and_written_later(tmp_path, monkeypatch):
     clock = [100.0]
-    monkeypatch.setattr(plan_log.time, "time", lambda: clock[0])
+    monkeypatch.setattr(plan_log, "time", SimpleNamespace(time=lambda: clock[0]))  # plan_log's clock only
     log = PlanLog(str(tmp_path), 0)  # not started: this test calls its writer
 
     def tick(at: float, members: list[int], flows: list[tuple[int, int]], rnd: int = 0) -> None:
