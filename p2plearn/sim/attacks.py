@@ -101,13 +101,13 @@ def attacked_training(attack: str, attackers: list[int]) -> type[VirtualTraining
             self.attack = Attack(attack, attackers, self.n, self.settings.seed + 7)
             self._tampered = -1  # the last round whose messages went through the attack
 
-        def _merge(self, pending, taken, messages, anchors) -> None:
+        def _merge(self, current, pending, taken, messages, anchors) -> None:
             # a round's messages are complete once its round has started; the first merge after
             # it is the earliest any receiver can take them
             for rnd in sorted(r for r in messages if r > self._tampered):
                 self.attack.tamper(messages[rnd])
                 self._tampered = rnd
-            super()._merge(pending, taken, messages, anchors)
+            super()._merge(current, pending, taken, messages, anchors)
 
         def _run(self, progress) -> dict:
             result = super()._run(progress)

@@ -278,7 +278,7 @@ class VirtualTraining:
         pending = {k: np.concatenate([pending[k], flows[k]]) for k in pending}
         merge_at = self.window.round(rnd, clock, sends_done, flows, deadline, planned_s)  # training's rule
         taken, gone = self.window.taken(rnd, merge_at, pending)
-        self._merge(pending, taken, messages, anchors)
+        self._merge(rnd, pending, taken, messages, anchors)
         counts = np.bincount(pending["dst"][taken].astype(int), minlength=self.n)
         pending = {k: v[~gone] for k, v in pending.items()}
         clock = merge_at + self.receive_s * counts
@@ -384,15 +384,18 @@ class VirtualTraining:
                 "arrival": t0 + f["end_s"], "delivered": f["delivered"], "layer_delivered": layer_delivered,
                 "slow": f["slow"]}, done, planned_s, deadline
 
-    def _merge(self, pending: dict[str, np.ndarray], taken: np.ndarray, messages: dict[int, np.ndarray],
+    def _merge(self, current: int, pending: dict[str, np.ndarray], taken: np.ndarray, messages: dict[int, np.ndarray],
                anchors: np.ndarray | None) -> None:
-        """Merge the `taken` deliveries into their receivers' replicas (C merge, chunk masks), then
-        each receiver's outer update."""
+        """Merge the `taken` deliveries into their receivers' replicas after round `current` (C merge,
+        chunk masks), then each receiver's outer update."""
         own = self.replicas.numpy()
         by_receiver: dict[int, list] = {}
         taken = np.flatnonzero(taken)
-        for k in taken[np.lexsort((pending["src"][taken], pending["round"][taken]))].tolist():  # as the inbox: by
-            rnd, src, delivered = int(pending["round"][k]), int(pending["src"][k]), float(pending["delivered"][k])  # round, sender
+        # in training's order (`sync.merge.OrderedFolds`): the round's senders first (all expected: one
+        # plan for every peer), by rank, then older rounds' by round and sender
+        rounds = pending["round"][taken]
+        for k in taken[np.lexsort((pending["src"][taken], rounds, rounds != current))].tolist():
+            rnd, src, delivered = int(pending["round"][k]), int(pending["src"][k]), float(pending["delivered"][k])
             dst = int(pending["dst"][k])
             if self.messages is None:
                 got = self.arrivals.plain(src, dst, rnd, messages[rnd][src], delivered, pending["layer_delivered"][k])

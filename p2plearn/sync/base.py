@@ -7,17 +7,18 @@
        message `MessageCodec` encodes) through the engine;
     4. gather what the round's rule allows (BSP: this round from every live sender, or the
        round's limit; SSP: whatever arrived within the staleness bound);
-    5. read each delivery back through the codec, merge per element with the delivery masks, in
-       place, then (given an outer optimizer) take the outer step on the merged change since the
+    5. read each delivery back through the codec as it comes, merge per element with the delivery
+       masks (folded while the round waits idle: `sync.merge.OrderedFolds`), in place, then (given an outer optimizer) take the outer step on the merged change since the
        last round;
     6. report the round's measurements and the new clock (one-way), which feed later views.
-The engine reads the parameters in place, so merging waits until this peer's own send is done.
+The engine reads the parameters in place, so they are written only once this peer's own send is done.
 """
 from __future__ import annotations
 
 import logging
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -31,9 +32,10 @@ from p2plearn.sync.codec import Contributions, MessageCodec, filtered_arrays, fi
 from p2plearn.sync.compress import Compressor
 from p2plearn.sync.fragments import Fragments
 from p2plearn.sync.inbox import Inbox
-from p2plearn.sync.merge import merge_parameter, nonfinite
+from p2plearn.sync.merge import OrderedFolds, nonfinite
 from p2plearn.sync.outer import OuterOptimizer
 from p2plearn.sync.planner import RoundPlanner
+from p2plearn.sync.reused import ReusedArrays
 from p2plearn.sync.robust import RobustMerge
 from p2plearn.sync.window import AHEAD_ROUNDS, RECENT_ROUNDS, MergeWindow
 from p2plearn.tolerance import Layer, NetworkState, RoundRecord, TolerancePolicy, TrainingState
@@ -76,7 +78,7 @@ def _copies(sent: list) -> int:
 
 class Synchronizer:
     """Shared round machinery, waiting as BSP does; subclasses may decide otherwise what to wait
-    for (`_wait_round`, `_inputs`: `SSP`) or run rounds of their own (`step`: `Partitioned`).
+    for and merge early (`_wait_round`, `_gather`: `SSP`) or run rounds of their own (`step`: `Partitioned`).
 
     Args:
         params: numpy arrays holding the model (the buckets of `p2plearn.train.buckets`, or one
@@ -173,6 +175,7 @@ class Synchronizer:
         self._probes: dict[int, str] = {}  # this round's flows that probe an end (see selection.view)
         self._fragment_bytes: dict[int, int] = {}  # per fragment, its last message's bytes
         self.nonfinite: Counter[int] = Counter()  # per sender, its values refused as not finite
+        self._scratch = ReusedArrays()  # the merge's running sums, kept across rounds
         self._cut: Counter[str] = Counter()  # sends cut short over the job, by result (deadline, slow): reported
 
     def step(self, loss: float | None = None) -> RoundStats:
@@ -200,13 +203,15 @@ class Synchronizer:
         # that view applies, the others plan with another, so it cannot know its senders: it waits
         # for none and merges what has come (a receiver accepts any sender).
         expected = set(plan.senders) if view is None or view.from_round <= rnd else set()
-        self._wait_round(rnd, expected, t0 + self._wait_limit(deadline))
+        merge = self._begin_merge(rnd, expected)
+        self._wait_round(rnd, expected, t0 + self._wait_limit(deadline), merge)
         sent = handle.wait()
         comm_s = time.monotonic() - t0
         self.clock = rnd + 1
         self._report(rnd, receivers, sent, comm_s, loss, deadline)
-        inputs = self._inputs(rnd)
-        merged, delivered = self._merge(inputs)
+        self._gather(rnd, merge)
+        merged_from = sorted({sender for _, sender in merge.keys})
+        merged, delivered = self._merge(merge)
         self._backlog = self.inbox.pending()
         self._outer_step(carried)
         self._round_end = time.monotonic()
@@ -215,7 +220,7 @@ class Synchronizer:
                           send_s=max((st.elapsed_s for st in sent), default=0.0),
                           bytes_sent=self.network.expected_bytes * _copies(sent),
                           retransmitted=sum(st.retransmitted for st in sent),
-                          results=dict(Counter(st.result for st in sent)), merged_from=sorted({d.sender for d in inputs}))
+                          results=dict(Counter(st.result for st in sent)), merged_from=merged_from)
 
     def _outer_step(self, carried: list[int]) -> None:
         """The outer update of the arrays the round carried, from their anchors (the model as last
@@ -298,14 +303,17 @@ class Synchronizer:
         return self.window.wait_limit(deadline, [r.elapsed_s for r in self.network.history[-RECENT_ROUNDS:]],
                                       joined=self._joined, planned_s=self.network.planned_time_s)
 
-    def _hold(self, target: int, until: float) -> bool:
+    def _hold(self, target: int, until: float, idle: Callable[[], None] | None = None) -> bool:
         """Wait until the slowest live peer's clock reaches ``target`` (the control plane's clock);
         False if it did not within the round cap. While the coordinator is silent that clock is
         stale: then `MergeWindow.stands_in` may end the wait at the monotonic ``until`` (the round's
-        own limit) or on a message heard from a peer at ``target`` or later."""
+        own limit) or on a message heard from a peer at ``target`` or later. ``idle`` is called after
+        each poll of the clock that did not end the wait."""
         cap = time.monotonic() + self.round_cap_s
         while not self._interrupted and not self.client.wait_min_clock(target, timeout=0.05):
             self.inbox.drain()  # keep the engine's queue short while waiting
+            if idle is not None:
+                idle()
             if time.monotonic() > cap:
                 return False
             if self.window.stands_in(target, clock_current=self.client.clock_current,
@@ -314,16 +322,37 @@ class Synchronizer:
                 return True
         return True
 
-    def _wait_round(self, rnd: int, senders: set[int], until: float) -> None:
+    def _begin_merge(self, rnd: int, expected: set[int]) -> OrderedFolds:
+        """Round `rnd`'s merge, offered each message as it comes (keys (round, sender): round rnd's
+        `expected` senders first, in rank order, then the others by round and sender). It folds
+        before the end only plain and value-filtered values merged plainly: compressed ones cost more
+        in running sums than they merge (`OrderedFolds`), the robust merge needs every sender at once."""
+        early = self.compressor is None and self.robust is None
+        return OrderedFolds(self.codec.targets, [(rnd, s) for s in sorted(expected)], self._scratch, early)
+
+    def _wait_round(self, rnd: int, senders: set[int], until: float, merge: OrderedFolds) -> None:
         """Block, while this peer's own send is in flight, for what the rule requires (BSP's rule:
-        round `rnd`'s messages, and the slowest clock that keeps this round's message wanted)."""
-        self.inbox.wait_round(rnd, senders, until, self._alive)
+        round `rnd`'s messages, offered to `merge` as they come and folded while the wait is idle;
+        then the slowest clock that keeps this round's message wanted)."""
+        for d in self.inbox.arrivals(rnd, senders, until, self._alive):
+            if d is None:
+                merge.fold_due()
+            else:
+                self._offer(merge, d)
         self._hold(self.window.hold_target(rnd), until)
 
-    def _inputs(self, rnd: int) -> list[Delivery]:
-        """The deliveries to merge after round `rnd` (this peer's clock is now rnd + 1)."""
+    def _gather(self, rnd: int, merge: OrderedFolds) -> None:
+        """Offer `merge` the rest of what round `rnd` merges (this peer's clock is now rnd + 1)."""
         self.inbox.drain()
-        return self.inbox.take(*self.window.merged(rnd))
+        for d in self.inbox.take(*self.window.merged(rnd)):
+            self._offer(merge, d)
+
+    def _offer(self, merge: OrderedFolds, d: Delivery) -> None:
+        """Offer delivery d to the round's merge, read through the codec; an unusable one, or a second
+        one of a round from one sender, is counted in the inbox's drops."""
+        contributions = self._contributions(d)
+        if contributions is not None and not merge.offer((d.msg_id, d.sender), contributions):
+            self.inbox.drop("a second message for one round", d.sender)
 
     def _alive(self, rank: int) -> bool:
         """Whether an expected sender is still worth waiting for."""
@@ -346,25 +375,33 @@ class Synchronizer:
         if self._round_end is not None:
             self._compute_s = t0 - self._round_end
 
-    def _merge(self, inputs: list[Delivery]) -> tuple[int, float]:
+    def _merge(self, merge: OrderedFolds) -> tuple[int, float]:
+        """Finish the round's merge, in place: the messages merged and the mean fraction of their
+        elements that arrived, over the arrays their rounds carried."""
         t0 = time.monotonic()
-        usable = [(d, c) for d, c in ((d, self._contributions(d)) for d in inputs) if c is not None]
-        if not usable:
+        keys = merge.keys
+        if not keys:
             return 0, 1.0
         targets = self.codec.targets
         # the arrays the messages' rounds carried (every target with one fragment): each delivery
         # merges into its own round's fragment only (SSP merges several rounds at once)
         carried = range(len(targets)) if self.fragments.count == 1 else \
-            sorted({t for d, _ in usable for t in self.fragments.arrays(d.msg_id)})
-        fractions = []
-        for i in carried:
-            got = [(d.sender, c[i]) for d, c in usable if c[i] is not None]
-            fractions.append(merge_parameter(targets[i], [c for _, c in got]) if self.robust is None else
-                             self.robust.merge_parameter(i, targets[i], [c for _, c in got], [s for s, _ in got]))
-        for d, c in usable:
-            self._count_nonfinite(d.sender, nonfinite(c))
-        self._merge_s = (time.monotonic() - t0) / len(usable)
-        return len(usable), float(np.mean(fractions))
+            sorted({t for rnd, _ in keys for t in self.fragments.arrays(rnd)})
+        if self.robust is None:
+            every = merge.finish()
+            fractions, refused = [every[i] for i in carried], merge.refused
+        else:
+            pending = merge.pending()
+            fractions = []
+            for i in carried:
+                got = [(sender, c[i]) for (_, sender), c in pending if c[i] is not None]
+                fractions.append(self.robust.merge_parameter(i, targets[i], [c for _, c in got], [s for s, _ in got]))
+            refused = {key: nonfinite(c) for key, c in pending}
+        for (_, sender), count in refused.items():
+            self._count_nonfinite(sender, count)
+        self._scratch.settle()  # once a round: what the round did not use goes
+        self._merge_s = (time.monotonic() - t0) / len(keys)
+        return len(keys), float(np.mean(fractions))
 
     def _count_nonfinite(self, sender: int, refused: int) -> None:
         """Count the values merging (or decoding) a sender's message refused as not finite (a

@@ -33,7 +33,7 @@ from p2plearn.sync.compress import Compressor, stored
 from p2plearn.sync.feedback import PartFeedback
 from p2plearn.sync.inbox import UNUSABLE
 from p2plearn.sync.layout import Slices
-from p2plearn.sync.merge import Contribution, MergeFold, decode, nonfinite, place, unfit
+from p2plearn.sync.merge import Contribution, OrderedFolds, decode, nonfinite, place, unfit
 from p2plearn.sync.reused import ReusedArrays
 from p2plearn.transport.delivery import Delivery
 
@@ -204,68 +204,46 @@ class PartReduce:
     `offer` each sender's when it comes, `fold_due` while the round waits idle for the others,
     `finish` when the wait is over.
 
-    `fold_due` folds the senders whose every expected sender of a lower rank is in into the part's
-    running sums (`MergeFold`); `finish` folds the rest in rank order (the expected senders first,
-    then any other). So the sums, and the bits of the mean, are the same whatever the arrival order
-    and whenever `fold_due` is called, and the same as one merge at the end; the end of the round
-    then folds only the senders that came after the last `fold_due` or waited on a lower rank.
-
-    Tuning: a fold before the end costs memory traffic (running sums in double: 16 bytes per element
-    read and written per call, against the 4 (float32) a merge at the end reads of a contribution)
-    and a double per element of memory. It pays where the receiver would otherwise sit idle waiting
-    on a straggler, and costs where its CPU is busy (folding each arrival at once made loopback rounds
-    slower, GPT-2 small and 10 MiB among 4 peers on 2 cores). So the drivers call `fold_due` only
-    when a poll of the inbox (`sync.inbox.POLL_S`) brought nothing; and compressed rounds fold at
-    the end only: their contributions are 0.5-2 bytes per element, so the sums would cost 8-32 times
-    what they merge, and on GPT-2 small's int4 rounds their memory added 9% to a peer's peak RSS.
+    The senders are folded in rank order, the expected ones first (`OrderedFolds`, whose doc says
+    when a fold before the end pays: compressed rounds fold at the end only). So the bits of the mean
+    are the same whatever the arrival order and whenever `fold_due` is called, and the same as one
+    merge at the end; the end of the round then folds only the senders that came after the last
+    `fold_due` or waited on a lower rank.
     """
 
     def __init__(self, exchange: PartExchange, slices: Slices, averaged: list[np.ndarray], expected: list[int],
                  resync: bool) -> None:
         self._exchange, self._slices, self._resync = exchange, slices, resync
-        self._early = exchange.formats(resync)[0] is None  # whether fold_due folds (plain values)
         self._averaged = averaged
-        self._folds = [MergeFold(a, exchange._scratch) for a in averaged]
-        self._due = sorted(expected, reverse=True)  # the expected senders not folded yet, lowest rank last
-        self._waiting: dict[int, list[Contribution]] = {}  # offered, not folded yet
-        self.refused: dict[int, int] = {}  # per sender folded: its values refused as not finite
+        # plain values fold early; compressed rounds at the end
+        self._folds = OrderedFolds(averaged, sorted(expected), exchange._scratch,
+                                   early=exchange.formats(resync)[0] is None)
+
+    @property
+    def refused(self) -> dict[int, int]:
+        """Per sender folded: its values refused as not finite."""
+        return self._folds.refused
 
     def offer(self, sender: int, contributions: list[Contribution]) -> bool:
         """Take a sender's contributions (one per piece), to fold later; False, taking nothing, for
         a sender offered before."""
-        if sender in self._waiting or sender in self.refused:
-            return False
-        self._waiting[sender] = contributions
-        return True
+        return self._folds.offer(sender, contributions)
 
     def fold_due(self) -> None:
         """Fold, in rank order, the senders offered whose lower-ranked expected senders are all in
-        (plain values only: see the class's doc)."""
-        due = []
-        while self._early and self._due and self._due[-1] in self._waiting:
-            due.append(self._due.pop())
-        if due:
-            self._fold(due, finish=False)
+        (plain values only)."""
+        self._folds.fold_due()
 
     def finish(self) -> tuple[list[np.ndarray], list[float]]:
         """Fold what waits and average: the arrays that carry this peer's part to the other peers,
         and per piece the fraction of (element, sender) pairs that arrived (as `PartExchange.reduce`)."""
-        rest = [s for s in reversed(self._due) if s in self._waiting]
-        fractions = self._fold(rest + sorted(set(self._waiting) - set(rest)), finish=True)
+        fractions = self._folds.finish()
         averaged = self._averaged
         exchange = self._exchange
         if exchange.compressor is not None:  # this peer's part becomes what every receiver reads of it
             averaged = exchange._encode_gather(averaged, self._slices, self._resync)
         exchange._scratch.settle()  # once a round: what the round did not use goes
         return averaged, fractions
-
-    def _fold(self, senders: list[int], finish: bool) -> list[float]:
-        """Fold the senders' contributions, in this order (and average, when finishing: the fractions)."""
-        offered = [self._waiting.pop(s) for s in senders]
-        pieces = [[contributions[i] for contributions in offered] for i in range(len(self._folds))]
-        fractions = [fold.finish(p) if finish else fold.add(p) for fold, p in zip(self._folds, pieces)]
-        self.refused.update((s, nonfinite(c)) for s, c in zip(senders, offered))
-        return fractions
 
 
 def _plain_float32(a: np.ndarray) -> bool:

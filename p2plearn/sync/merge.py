@@ -11,6 +11,7 @@ or inf counts as not arrived there, instead of spreading to every model.
 """
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ from p2plearn.compute import check, ffi, lib
 from p2plearn.sync.reused import ReusedArrays
 from p2plearn.transport.delivery import ChunkMask
 
+EARLY_SENDERS = 3  # expected senders from which `OrderedFolds` folds before the end (see its doc)
 _DTYPES = {np.dtype(np.float32): lib.P2P_F32, np.dtype(np.float64): lib.P2P_F64,
            np.dtype(np.float16): lib.P2P_F16, np.dtype(np.int8): lib.P2P_I8, np.dtype(np.uint8): lib.P2P_I4}
 
@@ -111,7 +113,7 @@ class MergeFold:
     calls (`native/merge.c`'s p2p_merge_fold). `add` folds contributions into running sums kept
     here; `finish` averages ``own`` with everything added, in place, and returns the fraction that
     arrived. Contributions added in the order `merge_parameter` would take them give the same bits
-    (`sync.exchange.PartReduce` adds an aggregator's senders in rank order).
+    (`OrderedFolds` keeps one order whatever the arrival order).
 
     ``own`` is read when its blocks are first added to and written only by `finish`, so a send may
     still be reading it until then. The sums (two doubles per element, of which the second is
@@ -165,6 +167,89 @@ class MergeFold:
         fold.sum, fold.count, fold.whole = (ffi.from_buffer("double[]", a) for a in self._arrays[:3])
         fold.state = ffi.from_buffer("uint8_t[]", self._arrays[3])
         return fold
+
+
+class OrderedFolds:
+    """The merges of several tensors (``targets``) taking senders' contributions as they come, folded
+    in one order whatever the arrival order: the ``expected`` keys in the order given, then any other
+    key in sorted order. So each tensor's bits are those of one `merge_parameter` over every
+    contribution in that order, however arrivals and `fold_due` calls interleave.
+
+    `offer` a sender's contributions (one per target; None: nothing for that one) when they come;
+    `fold_due` folds the offered ones whose expected keys before them are all in; `finish` folds the
+    rest and averages each target in place (`MergeFold`: a target is written by `finish` only, so a
+    send may still be reading it until then). A partitioned round's aggregator (`PartReduce`, keys:
+    its senders) and a BSP or SSP receiver (`Synchronizer`, keys: (round, sender)) merge through it.
+
+    Tuning (``early``: whether `fold_due` folds): a fold before the end costs memory traffic (running
+    sums in double: 16 bytes per element read and written per call, against the 4 (float32) a merge
+    at the end reads of a contribution) and a double per element of memory, from ``scratch`` (kept
+    across rounds). It pays where the receiver would otherwise sit idle waiting on a straggler, and
+    costs where its CPU is busy (folding each arrival at once made partitioned loopback rounds slower,
+    GPT-2 small and 10 MiB among 4 peers on 2 cores). So the drivers call `fold_due` only when a poll
+    of the inbox (`sync.inbox.POLL_S`) brought nothing, and compressed rounds pass ``early=False``:
+    their contributions are 0.5-2 bytes per element, so the sums would cost 8-32 times what they
+    merge (on GPT-2 small's int4 rounds their memory added 9% to a peer's peak RSS). Nor does a merge
+    of fewer than EARLY_SENDERS expected senders fold early: with k float32 senders the merge at the
+    end moves 4(k + 2) bytes per element, after early folds 16 (the sums, the last sender, the
+    result), so it saves nothing below 3 and would still hold the sums' memory.
+    """
+
+    def __init__(self, targets: list[np.ndarray], expected: list[Hashable], scratch: ReusedArrays | None = None,
+                 early: bool = True) -> None:
+        self._folds = [MergeFold(t, scratch) for t in targets]
+        self._early = early and len(expected) >= EARLY_SENDERS
+        self._due = list(reversed(expected))  # the expected keys not folded yet, the first last
+        self._waiting: dict[Hashable, list[Contribution | None]] = {}  # offered, not folded yet
+        self.refused: dict[Hashable, int] = {}  # per key folded: its values refused as not finite
+
+    def offer(self, key: Hashable, contributions: list[Contribution | None]) -> bool:
+        """Take a sender's contributions (one per target), to fold later; False, taking nothing, for
+        a key offered before."""
+        if key in self._waiting or key in self.refused:
+            return False
+        self._waiting[key] = contributions
+        return True
+
+    @property
+    def keys(self) -> list[Hashable]:
+        """Every key offered (folded or not)."""
+        return [*self.refused, *self._waiting]
+
+    def fold_due(self) -> None:
+        """Fold, in order, the keys offered whose expected keys before them are all in (with ``early``)."""
+        due = []
+        while self._early and self._due and self._due[-1] in self._waiting:
+            due.append(self._due.pop())
+        if due:
+            self._fold(due, finish=False)
+
+    def pending(self) -> list[tuple[Hashable, list[Contribution | None]]]:
+        """The offered keys not folded yet and their contributions, in the merge's order, taken out
+        (for a merge of its own: `sync.robust`, which needs them all at once)."""
+        return [(k, self._waiting.pop(k)) for k in self._order()]
+
+    def finish(self) -> list[float]:
+        """Fold what waits and average every target in place; per target, the fraction of (element,
+        contribution) pairs that arrived over the whole merge (1.0 for one nothing was added to)."""
+        return self._fold(self._order(), finish=True)
+
+    def _order(self) -> list[Hashable]:
+        """The keys waiting, in the merge's order."""
+        expected = [k for k in reversed(self._due) if k in self._waiting]
+        return expected + sorted(set(self._waiting) - set(expected))
+
+    def _fold(self, keys: list[Hashable], finish: bool) -> list[float]:
+        offered = [self._waiting.pop(k) for k in keys]
+        fractions = []
+        for i, fold in enumerate(self._folds):
+            pieces = [c[i] for c in offered if c[i] is not None]
+            if finish:
+                fractions.append(fold.finish(pieces))
+            else:
+                fold.add(pieces)
+        self.refused.update((k, nonfinite(c)) for k, c in zip(keys, offered))
+        return fractions
 
 
 def _target_code(own: np.ndarray) -> int:

@@ -4,9 +4,9 @@ from __future__ import annotations
 import time
 
 from p2plearn.sync.base import Synchronizer
+from p2plearn.sync.merge import OrderedFolds
 from p2plearn.sync.robust import RobustMerge
 from p2plearn.sync.window import MergeWindow
-from p2plearn.transport import Delivery
 
 
 class SSP(Synchronizer):
@@ -32,13 +32,19 @@ class SSP(Synchronizer):
         self.window = MergeWindow(staleness, ssp=True, round_cap_s=self.round_cap_s)  # refuses a negative s
         self.robust = robust
 
-    def _wait_round(self, rnd: int, senders: set[int], until: float) -> None:
+    def _wait_round(self, rnd: int, senders: set[int], until: float, merge: OrderedFolds) -> None:
         """Nothing to wait for while sending: SSP's wait is on the clocks, after the send."""
 
-    def _inputs(self, rnd: int) -> list[Delivery]:
+    def _gather(self, rnd: int, merge: OrderedFolds) -> None:
+        """Wait for the slowest clock SSP's bound allows, offering `merge` what comes meanwhile
+        (folded while the wait is idle), then the rest."""
+        def idle() -> None:
+            for d in self.inbox.take(*self.window.merged(rnd)):
+                self._offer(merge, d)
+            merge.fold_due()
+
         target = self.window.hold_target(rnd)
-        if not self._hold(target, time.monotonic() + self._wait_limit(None)):
+        if not self._hold(target, time.monotonic() + self._wait_limit(None), idle):
             raise TimeoutError(f"SSP: the slowest live peer stayed below clock {target} for "
                                f"{self.round_cap_s:g} s")
-        self.inbox.drain()
-        return self.inbox.take(*self.window.merged(rnd))
+        super()._gather(rnd, merge)

@@ -41,14 +41,15 @@ def replayer(received: dict[tuple[int, int, int], Delivery]):
 
 def record_merges(peers) -> dict[tuple[int, int], list[tuple[int, int]]]:
     """From now on, what each BSP or SSP peer's merges take from its inbox: by (receiver, round), the
-    (sender, message id) of each delivery, in the order taken. The round is the last one the take
-    asks for (`MergeWindow.merged(rnd)` ends at rnd)."""
+    (sender, message id) of each delivery, in the order taken, over every take of the round (a merge
+    takes what came while it waits, then the rest). The round is the last one the take asks for
+    (`MergeWindow.merged(rnd)` ends at rnd)."""
     merged: dict[tuple[int, int], list[tuple[int, int]]] = {}
 
     def recording(rank, take):
         def take_and_record(first, last):
             out = take(first, last)
-            merged[(rank, last)] = [(d.sender, d.msg_id) for d in out]
+            merged.setdefault((rank, last), []).extend((d.sender, d.msg_id) for d in out)
             return out
         return take_and_record
 

@@ -26,7 +26,7 @@ from p2plearn.train.optimizer import layers_on_pieces
 from p2plearn.sync.outer import OuterOptimizer
 from p2plearn.topology import homogeneous, save
 from p2plearn.transport import Delivery, Reason
-from tests.sync.test_rounds import JOB, Peer, run_threads
+from tests.sync.test_rounds import JOB, Peer, merge, run_threads
 from tests.train.conftest import in_process_job, on_peers
 from tests.train.test_schedule import local_step, mlp, params
 
@@ -225,14 +225,14 @@ def test_several_rounds_merged_at_once_each_go_into_their_own_fragment(jobs):
         return Delivery(sender=1, msg_id=rnd, arrays=arrays, mask=np.ones(3, bool), reason=Reason.COMPLETE,
                         source=("", 0), fractions=[1.0] * len(arrays))
 
-    merged, delivered = peer.sync._merge([delivery(0, 4.0), delivery(1, -8.0)])
+    merged, delivered = merge(peer.sync, 1, [delivery(0, 4.0), delivery(1, -8.0)])
     assert (merged, delivered) == (2, 1.0)
     for i, want in enumerate([(own[0] + 4) / 2, (own[1] + 4) / 2, (own[2] - 8) / 2, (own[3] - 8) / 2]):
         np.testing.assert_array_equal(peer.params[i], want.astype(np.float32))
     # a message of round 2 (fragment 0 again) does not fit fragment 1's arrays: it is not merged
     wrong = delivery(1, 1.0)
     wrong.msg_id = 2
-    assert peer.sync._merge([wrong]) == (0, 1.0)
+    assert merge(peer.sync, 2, [wrong]) == (0, 1.0)
     assert peer.sync.inbox.drops == {"unmergeable: not this model's message": 1}
 
 

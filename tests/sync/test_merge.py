@@ -4,7 +4,7 @@ import pytest
 
 from p2plearn.sync import Contribution, merge_parameter
 from p2plearn.sync.bfloat16 import BF16Array, store
-from p2plearn.sync.merge import decode, place
+from p2plearn.sync.merge import decode, nonfinite, place
 from p2plearn.compute import InvalidArgument, check, ffi, lib
 from p2plearn.transport.delivery import ChunkMask
 
@@ -537,3 +537,48 @@ def test_a_part_merged_as_its_senders_arrive_equals_the_part_merged_at_the_end(m
         if mode:
             for a, b in zip(arriving.gather_feedback.residuals(slices), at_end.gather_feedback.residuals(slices)):
                 np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("fmt", ["float32", "float16", "int8", "int4"])
+def test_ordered_folds_give_one_merge_in_their_order_whatever_the_arrival_order(fmt):
+    """A BSP or SSP receiver's merge (`OrderedFolds`, keys (round, sender)): round 7's expected
+    senders in rank order, then the others by round and sender (an unexpected sender, late messages
+    of older rounds). Offered in any arrival order, folded early at any points between, it ends with
+    the bits, fractions and refusals of one merge_parameter per target over every contribution in
+    that order; a target nothing came for (another fragment's array) keeps its values."""
+    from p2plearn.sync.merge import OrderedFolds
+    from p2plearn.sync.reused import ReusedArrays
+
+    rng = np.random.default_rng(13)
+    sizes = [3 * 2048 + 11, 2048 + 700, 50]
+    base = [rng.standard_normal(n).astype(np.float32) for n in sizes]
+    keys = [(7, 1), (7, 3), (7, 4), (7, 0), (6, 2), (5, 3)]
+    order = [(7, 1), (7, 3), (7, 4), (5, 3), (6, 2), (7, 0)]
+    per_target = [_contributions(fmt, n, rng, len(keys)) for n in sizes[:2]]
+    offered = {k: [per_target[0][j], per_target[1][j], None] for j, k in enumerate(keys)}
+    if fmt == "float32":  # where the order of the sums shows: 1e17 + 1 - 1e17 is 0 or 1 in double
+        base[0][:64] = 0.0
+        for k, x in (((7, 3), 1e17), ((7, 4), 1.0), ((6, 2), -1e17)):
+            c = offered[k][0]
+            c.values[:64], c.chunks.arrived[0] = x, True
+            if c.mask is not None:
+                c.mask[:64] = True
+
+    at_end = [b.copy() for b in base]
+    fractions = [merge_parameter(at_end[i], [offered[k][i] for k in order]) for i in range(2)]
+    refused = {k: nonfinite(offered[k]) for k in keys}
+    assert sum(refused.values()) > 0 and all(0.5 < f < 1.0 for f in fractions)
+    scratch = ReusedArrays()
+    for trial in range(8):
+        got = [b.copy() for b in base]
+        folds = OrderedFolds(got, [(7, s) for s in (1, 3, 4)], scratch)
+        for j in rng.permutation(len(keys)):
+            assert folds.offer(keys[j], offered[keys[j]])
+            if rng.random() < 0.5:
+                folds.fold_due()
+                np.testing.assert_array_equal(got[0], base[0])  # written by finish only
+        assert not folds.offer(keys[0], offered[keys[0]])  # a second message of a round from one sender
+        assert folds.finish() == [*fractions, 1.0]
+        for a, b in zip(got, at_end + [base[2]]):
+            np.testing.assert_array_equal(a.view(np.uint8), b.view(np.uint8))
+        assert folds.refused == refused and sorted(folds.keys) == sorted(keys)

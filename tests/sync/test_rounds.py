@@ -42,6 +42,60 @@ class Peer:
         self.channel.close()
 
 
+def merge(sync, rnd: int, deliveries: list, expected: set[int] = frozenset(), fold_after: set[int] = frozenset()):
+    """The receiver's side of round `rnd` as `Synchronizer.step` takes it: its merge begun, the
+    deliveries offered as they come (the merge folds what is due after those at the indices
+    `fold_after`, as while a wait is idle), then finished: (messages merged, fraction delivered)."""
+    folds = sync._begin_merge(rnd, set(expected))
+    for i, d in enumerate(deliveries):
+        sync._offer(folds, d)
+        if i in fold_after:
+            folds.fold_due()
+    return sync._merge(folds)
+
+
+@pytest.mark.parametrize("cls", [BSP, SSP])
+def test_a_round_merged_as_its_messages_arrive_equals_the_round_merged_at_the_end(job, cls):
+    """Whatever the order messages arrive in and the merge folds them (while the round waits idle),
+    the receiver's model ends bit for bit as when every message is merged at the end, with the same
+    counts: messages with lost chunks, an unexpected sender's, for SSP an older round's."""
+    from p2plearn.transport import Delivery, Reason
+
+    (peer,) = job(1, cls)
+    rng = np.random.default_rng(3)
+    start = [rng.standard_normal(p.shape).astype(np.float32) for p in peer.params]
+    start[0].reshape(-1)[:8] = 0.0
+    sizes = [p.nbytes for p in peer.params]
+    keys = [(3, 1), (3, 2), (3, 3), *([(2, 4)] if cls is SSP else []), (3, 5)]  # the merge's order: expected, then the others
+    # where the order of the sums shows (1e17 + 1 - 1e17 is 0 or 1 in double): the first elements, whose chunk arrives
+    first = {keys[0]: 1e17, keys[1]: 1.0, keys[-1]: -1e17}
+
+    def delivery(rnd: int, sender: int) -> Delivery:
+        arrays = [rng.standard_normal(p.shape).astype(np.float32) for p in peer.params]
+        arrays[0].reshape(-1)[:8] = first.get((rnd, sender), 0.0)
+        mask = rng.random(-(-sum(sizes) // 64)) < 0.7
+        mask[0] = True
+        return Delivery(sender=sender, msg_id=rnd, arrays=arrays, mask=mask, reason=Reason.COMPLETE, source=("", 0),
+                        fractions=[0.7] * 2, chunk_size=64, offsets=[0, sizes[0]])
+
+    deliveries = {k: delivery(*k) for k in keys}
+
+    def run(order: list, fold_after: set[int]) -> tuple:
+        for p, s in zip(peer.params, start):
+            p[...] = s
+        counts = merge(peer.sync, 3, [deliveries[k] for k in order], {1, 2, 3}, fold_after)
+        return counts, [p.copy() for p in peer.params]
+
+    counts, at_end = run(keys, set())
+    assert counts[0] == len(keys) and 0.0 < counts[1] < 1.0  # (chunks were lost)
+    for trial in range(6):
+        order = [keys[i] for i in rng.permutation(len(keys))]
+        got_counts, got = run(order, {i for i in range(len(keys)) if rng.random() < 0.6})
+        assert got_counts == counts
+        for a, b in zip(got, at_end):
+            np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
 @pytest.fixture
 def job():
     """job(n, cls, **kw) -> n peers of an in-process job (its coordinator: job.coordinator);
@@ -290,7 +344,7 @@ def test_a_message_that_does_not_fit_is_dropped_and_counted_and_the_others_merge
 
     good = delivery(1, 4.0, mask=np.ones(3, bool), fractions=[1.0, 1.0])
     bad = delivery(2, 1e9, mask=np.array([True, False]), fractions=[0.5, 0.5], chunk_size=8, offsets=[0, 8000])
-    merged, _ = peer.sync._merge([bad, good])
+    merged, _ = merge(peer.sync, 0, [bad, good])
     assert merged == 1
     np.testing.assert_allclose(peer.params[0], 2.0)  # (0 + 4) / 2: rank 0 holds 0
     assert peer.sync.inbox.drops == {"unmergeable: values reaching past their message's 2 chunks": 1}

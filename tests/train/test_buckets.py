@@ -195,11 +195,11 @@ def test_layer_ranges_must_match_the_layers():
 
 def test_a_round_of_300_tensors_sends_and_merges_one_bucket(monkeypatch):
     """The Python work that grew with the tensors (a segment each, a merge call each) is per bucket."""
-    import p2plearn.sync.base as base
+    import p2plearn.sync.merge as merging
 
     merges, segments = [], []
-    merge = base.merge_parameter
-    monkeypatch.setattr(base, "merge_parameter", lambda own, cs: merges.append(own.size) or merge(own, cs))
+    merge = merging.merge_parameter  # (what a round's merge calls: nothing was folded before its end)
+    monkeypatch.setattr(merging, "merge_parameter", lambda own, cs: merges.append(own.size) or merge(own, cs))
 
     def body(rank, opt):
         send = opt.channel.send
