@@ -1,19 +1,20 @@
 """Claim (issue 46): with --robust clip, one lying member in 8 (two in 16) costs the others little
 accuracy, whatever it sends; without it, the table shows what each attack does.
 
-    python experiments/attacks.py [--quick] [--seeds N] [--peers 8,16] [--modes none,clip,clip:1,clip+exclude]
-                                  [--out DIR]
+    python experiments/attacks.py [--quick] [--seeds N] [--peers 8,16] [--sync bsp,ssp]
+                                  [--modes none,clip,clip:1,clip+exclude] [--out DIR]
 
 In virtual time (`p2plearn-sim train --attack A --attackers RANKS`), the setting of `sim_scale.py`
-(heterogeneous tiers 25/50/100 Mbit/s, steady; i.i.d. shards; BSP, SELMCAST p=1; the MNIST-1D MLP,
+(heterogeneous tiers 25/50/100 Mbit/s, steady; i.i.d. shards; SELMCAST p=1; the MNIST-1D MLP,
 hidden sim_scale.HIDDEN, a round every sim_scale.PERIOD steps, sim_scale.STEPS local steps). The
 attackers are the last ranks (n/8 of them); each trains honestly, merges honestly, and sends, instead
 of its model, what the attack makes of it each round (`p2plearn.sim.attacks`, which says what each
-attack sends and how strong it is; experiments/attacks_sim.py runs the same attacks at 64 and 256 peers).
+attack sends and how strong it is; experiments/attacks_sim.py runs the same attacks at 64 and 256 peers),
+in BSP and in SSP with staleness 2 (--sync).
 Accuracy: the mean over the honest ranks 0..EVAL_PEERS-1's own models at the end (and at each
 evaluation); "final" is the honest models' average. Clipped: the share of the attackers' merges (at
 their receivers) where most of the values were clipped, and the same share for honest senders.
-Quick: 8 peers, sign flip and alie only, one seed.
+Quick: 8 peers, BSP, sign flip and alie only, one seed.
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from p2plearn.sim.__main__ import main as sim_main
 
 NAME = "attacks"
 ATTACKS = ("none", *attack_models.ATTACKS)
+SYNC_FLAGS = {"bsp": ("--sync", "bsp"), "ssp": ("--sync", "ssp", "--staleness", "2")}
 
 
 def run(tmp: Path, peers: int, attack: str, mode: str, seed: int, attackers: int | None = None,
@@ -75,6 +77,8 @@ def run(tmp: Path, peers: int, attack: str, mode: str, seed: int, attackers: int
 
 def extra_flags(ap) -> None:
     ap.add_argument("--peers", default="8,16", help="comma-separated sizes; n/8 attackers (default: %(default)s)")
+    ap.add_argument("--sync", default="bsp,ssp", help=f"comma-separated sync modes, of {', '.join(SYNC_FLAGS)} "
+                    "(SSP: staleness 2) (default: %(default)s)")
     ap.add_argument("--modes", default="none,clip,clip:1,clip+exclude",
                     help="--robust values compared, :R for --robust-radius R, +exclude for --robust-exclude "
                          "(default: %(default)s)")
@@ -84,6 +88,9 @@ def main(argv: list[str] | None = None) -> None:
     args = c.parse_args(__doc__, argv, extra=extra_flags)
     os.chdir(c.ROOT)
     sizes = [8] if args.quick else [int(x) for x in args.peers.split(",")]
+    syncs = ["bsp"] if args.quick else args.sync.split(",")
+    if unknown := set(syncs) - set(SYNC_FLAGS):
+        raise SystemExit(f"attacks.py: --sync {args.sync}: not a sync mode: {', '.join(sorted(unknown))}")
     attacks = ("none", "sign flip", "alie") if args.quick else ATTACKS
     modes = args.modes.split(",")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -91,15 +98,16 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="p2psim-") as tmp:
         for n in sizes:
-            for attack in attacks:
-                for robust in modes:
-                    cfg = {"peers": n, "attack": attack, "robust": robust}
-                    rows += c.repeat(cfg, args.seeds,
-                                     lambda seed, cfg=cfg: run(Path(tmp), n, cfg["attack"], cfg["robust"], seed))
+            for sync in syncs:
+                for attack in attacks:
+                    for robust in modes:
+                        cfg = {"peers": n, "sync": sync, "attack": attack, "robust": robust}
+                        rows += c.repeat(cfg, args.seeds, lambda seed, cfg=cfg: run(
+                            Path(tmp), cfg["peers"], cfg["attack"], cfg["robust"], seed, flags=SYNC_FLAGS[cfg["sync"]]))
     print(f"{len(rows)} runs in {time.monotonic() - t0:.0f} s", file=sys.stderr)
     tables, verdicts = [], []
-    for (n,), group in c.groups(rows, ["peers"]).items():
-        tables.append(f"**{n} peers, {max(1, n // 8)} attacker(s)**\n\n" + c.table(
+    for (n, sync), group in c.groups(rows, ["peers", "sync"]).items():
+        tables.append(f"**{n} peers, {max(1, n // 8)} attacker(s), {sync}**\n\n" + c.table(
             group, ["attack", "robust"],
             {"honest own accuracy (end)": c.metric("own_accuracy_end"),
              "honest average's accuracy": c.metric("final_accuracy"),
@@ -111,20 +119,21 @@ def main(argv: list[str] | None = None) -> None:
             worst = min(((c.summary(r["own_accuracy_end"] for r in group if r["ok"] and r["attack"] == a
                                     and r["robust"] == m)[0], a) for a in attacks if a != "none"), default=None)
             if worst:
-                verdicts.append(f"- {n} peers, --robust {m}: without attackers {clean[m]:.3f}; worst attack "
+                verdicts.append(f"- {n} peers, {sync}, --robust {m}: without attackers {clean[m]:.3f}; worst attack "
                                 f"{worst[1]}: {worst[0]:.3f} ({(worst[0] - clean['none' if 'none' in clean else m]) * 100:+.1f} "
                                 f"points from the clean plain run)")
     setup = (f"Commit {commit}; `python experiments/attacks.py {' '.join(argv if argv is not None else sys.argv[1:])}`. "
              f"Virtual time (`p2plearn.sim`), MNIST-1D MLP hidden {scale.HIDDEN} ({rows[0].get('parameters', '?')} "
-             f"parameters), a message {scale.MESSAGE_BYTES / 1e6:g} MB on the simulated network, BSP, SELMCAST p=1, a "
+             f"parameters), a message {scale.MESSAGE_BYTES / 1e6:g} MB on the simulated network, "
+             f"{' and '.join(s.upper() + (' (staleness 2)' if s == 'ssp' else '') for s in syncs)}, SELMCAST p=1, a "
              f"round every {scale.PERIOD} steps, {scale.STEPS} local steps, batch 32, SGD lr 0.1 momentum 0.9, i.i.d., "
              f"heterogeneous tiers 25/50/100 Mbit/s, steady; {args.seeds} seed(s). Attacks: "
              f"{attack_models.describe()}; clip: --robust clip at the default --robust-radius 2, clip:1 at 1, clip+exclude with --robust-exclude. Cells: median [min-max] over seeds. "
              f"Virtual times do not depend on the host's load. " + c.load_note(rows))
 
     def draw(ax) -> None:
-        draw_curves(ax, [r for r in rows if r["ok"] and r["seed"] == 0 and r["peers"] == sizes[0]],
-                    f"{sizes[0]} peers, {max(1, sizes[0] // 8)} attacker(s), seed 0")
+        draw_curves(ax, [r for r in rows if r["ok"] and r["seed"] == 0 and (r["peers"], r["sync"]) == (sizes[0], syncs[0])],
+                    f"{sizes[0]} peers, {max(1, sizes[0] // 8)} attacker(s), {syncs[0]}, seed 0")
 
     c.write_results(args.out, NAME, rows, "Lying members: attacks against the plain and the robust merge", setup,
                     "\n\n".join(tables), draw, notes="\n".join(verdicts))
