@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> None:
     n = 4 if args.quick else 8
     script = {"epochs": 2 if args.quick else 6, "samples": 4000 if args.quick else 12000,
               "model": "mlp", "hidden": HIDDEN}
-    target = 0.3 if args.quick else 0.6
+    target = 0.3 if args.quick else 0.5  # the MLP ends near 0.6 after 6 epochs (the CNN passed 0.8)
     testbed = c.is_root()
     rows = []
     with tempfile.TemporaryDirectory(prefix="p2pexp-") as tmp:
