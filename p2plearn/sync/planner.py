@@ -14,7 +14,7 @@ import numpy as np
 
 from p2plearn.control import GlobalView
 from p2plearn.selection import NetworkView, average_fanout, flow_probes, make_policy, plan_flows, plan_time
-from p2plearn.selection.view import multicast_domains
+from p2plearn.selection.view import FRAMING, multicast_domains
 from p2plearn.transport.channel import TRANSPORT_MODES
 
 
@@ -65,20 +65,33 @@ class RoundPlanner:
         self.policy = make_policy(selection, seed=seed, **policy_options)
         self.transport_mode = transport_mode
         self.fanout = fanout
-        # (view order, round) -> (flows per sender, group per sender, T, average p)
-        self._cache: dict[tuple, tuple[dict[int, list[tuple[int, float, str]]], dict[int, list[int]], float, float]] \
-            = {}
+        # (view order, round) -> (whole plan as whole_plan returns it, the network it was paced on, who sends to whom)
+        self._cache: dict[tuple, tuple[tuple, NetworkView, dict[int, list[int]]]] = {}
 
     def plan(self, view: GlobalView, rnd: int, rank: int, own_bytes: float) -> LocalPlan:
-        """``own_bytes``: this peer's message size, standing in for sizes the view does not know yet."""
+        """``own_bytes``: this peer's message size this round, standing in for sizes the view does not
+        know yet. The view knows each peer's last message only, which a filter that defers whole
+        layers makes a hundred bytes one round and a megabyte the next: paced as its last (a share
+        of each downlink in proportion to size), such a message would take hours. So a message
+        larger than the view's is paced at least at equal shares (as if every message were its
+        size: the others may have grown too, as peers running the same filter do), and T is the
+        plan's with this size. A smaller one keeps its pace and ends early. Who sends to whom stays
+        the view's plan, the same on every peer."""
         key = (view.order, rnd)
         if key not in self._cache:
-            self._cache[key] = self.whole_plan(view, rnd, own_bytes)
+            self._cache[key] = self._whole_plan(view, rnd, own_bytes)
             while len(self._cache) > self.CACHED:
                 del self._cache[next(iter(self._cache))]
-        flows, groups, planned_time, fanout = self._cache[key]
+        (flows, groups, planned_time, fanout), net, plan = self._cache[key]
         senders = sorted(i for i, rs in flows.items() if any(j == rank for j, _, _ in rs))
         mine = flows.get(rank, [])
+        size = own_bytes * FRAMING
+        if mine and size > net.message_bytes[rank]:
+            src, dst, rates = plan_flows(replace(net, message_bytes=np.full(net.n, size)), plan)
+            equal = dict(zip(dst[src == rank].tolist(), rates[src == rank].tolist()))
+            mine = [(j, max(rate, equal[j]), probe) for j, rate, probe in mine]
+            planned_time = plan_time(replace(net, message_bytes=np.where(np.arange(net.n) == rank, size,
+                                                                         net.message_bytes)), plan)
         return LocalPlan([(j, rate) for j, rate, _ in mine], senders, planned_time, fanout,
                          {j: probe for j, _, probe in mine if probe}, frozenset(groups.get(rank, [])))
 
@@ -86,6 +99,10 @@ class RoundPlanner:
         """Every sender's plan of round ``rnd`` at once (what ``plan`` caches and each peer reads its
         part of): (flows per sender as (receiver, rate, probe), multicast group per sender, T, average p).
         Uncached: the simulator, which plans for all peers, calls it once per round."""
+        return self._whole_plan(view, rnd, own_bytes)[0]
+
+    def _whole_plan(self, view: GlobalView, rnd: int, own_bytes: float):
+        """``whole_plan``, with the network it paced on and the policy's plan (to pace again)."""
         sizes = np.where(view.message_bytes > 0, view.message_bytes, float(own_bytes))
         net = NetworkView.from_global(view, sizes).probed(rnd)  # probes: see selection.view
         # the domains this job sends by, whatever the view says: the policy, pacing and T read them
@@ -98,4 +115,4 @@ class RoundPlanner:
         for i, j, rate, up, down in zip(src, dst, rates, *flow_probes(net, src, dst)):
             flows[int(i)].append((int(j), float(rate), "+".join(e for e, on in (("uplink", up), ("downlink", down)) if on)))
         groups = multicast_groups(net.mcast_domain, plan)
-        return flows, groups, plan_time(net, plan), average_fanout(plan)
+        return (flows, groups, plan_time(net, plan), average_fanout(plan)), net, plan

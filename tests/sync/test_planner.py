@@ -49,3 +49,27 @@ def test_each_sender_paces_its_flows_at_its_uplink_over_its_copies(mode, grouped
         assert [rate for _, rate in plan.receivers] == pytest.approx([PACING_HEADROOM * rates[rank]] * 3)
     # T: the slowest uplink's copies (the downlinks take 3 messages at 10x the rate)
     assert plan.planned_time == pytest.approx(max(copies_of_0 * M * FRAMING / R, 3 * M * FRAMING / (3 * R)))
+
+
+def test_a_sender_paces_its_flows_for_this_rounds_message_not_the_last_one_the_view_knows():
+    # Downlinks are the bottleneck; rank 0's last message was a header (a filter deferred every
+    # layer), this round's is as large as the others': it takes an equal share of each downlink.
+    g = view([10 * R] * 4, [R] * 4, [-1] * 4)
+    g = GlobalView(**{**g.__dict__, "message_bytes": np.array([100.0, M, M, M])})
+    planner = RoundPlanner("all", 3, 0, "unicast")
+    grown = planner.plan(g, 0, 0, M)
+    assert [rate for _, rate in grown.receivers] == pytest.approx([PACING_HEADROOM * R / 3] * 3)
+    assert grown.planned_time == pytest.approx(3 * M * FRAMING / R)
+    # The others pace for the sizes they know (their own and rank 0's last), from the same plan.
+    other = planner.plan(g, 0, 1, M)
+    assert dict(other.receivers)[2] == pytest.approx(PACING_HEADROOM * R * M / (2 * M + 100))  # 0, 1, 3 send to 2
+    assert (grown.senders, other.senders) == ([1, 2, 3], [0, 2, 3])
+    # Twice the others' size: still an equal share (the others may have grown too), T with its size.
+    doubled = planner.plan(g, 0, 0, 2 * M)
+    assert [rate for _, rate in doubled.receivers] == pytest.approx([PACING_HEADROOM * R / 3] * 3)
+    assert doubled.planned_time == pytest.approx(4 * M * FRAMING / R)
+    # Smaller than the view's: the view's pace and T (it ends early).
+    g2 = GlobalView(**{**g.__dict__, "message_bytes": np.full(4, M)})
+    assert planner.plan(g2, 1, 0, M / 2) == planner.plan(g2, 1, 0, M)
+    # Paced as its last message (the view's plan), rank 0's would have gone at 1/67 of that share.
+    assert planner.whole_plan(g, 0, M)[0][0][0][1] == pytest.approx(PACING_HEADROOM * R * 100 / (2 * M + 100))
