@@ -37,6 +37,7 @@ from typing import Any, Iterable
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "experiments" / "results"
 PREFIX = "Measured: "
+MOVES = "Moves-results"  # the commit trailer that names the results a change can move (changes_since)
 LINE = re.compile(r"^Measured: commit (?P<commit>[0-9a-f]{7,40}|unknown)(?P<bound> or earlier)? "
                   r"\((?P<tree>clean|dirty|tree unknown)\) · load (?P<load>[^·]+?) · seeds (?P<seeds>[^·]+?) · "
                   r"command: `(?P<command>[^`]+)`$", re.MULTILINE)
@@ -143,18 +144,30 @@ def stamp(path: Path, provenance: Provenance) -> None:
     path.write_text(text)
 
 
-def changes_since(provenance: Provenance | None, measures: Iterable[str]) -> list[str]:
+def changes_since(provenance: Provenance | None, measures: Iterable[str], name: str | None = None) -> list[str]:
     """Why a file with this line is stale: the commits ('abc1234 subject', oldest first) that changed
     its measured code after its commit, or one reason when it cannot be judged fresh (no line, a
-    dirty tree, an unknown commit); [] when it is fresh."""
+    dirty tree, an unknown commit); [] when it is fresh.
+
+    A commit whose message ends with the trailer ``Moves-results: NAME ...`` (or ``none``) says which
+    results its change can move: it stales result ``name`` only if it lists it (a change to shared
+    code that only some runs reach, e.g. one branch that runs under a filter; the message says why
+    the others cannot move, and a test shows it). Without ``name``, or without the trailer, every
+    commit that changed the measured code counts."""
     if provenance is None:
         return ["no Measured: line"]
     if provenance.tree == "dirty":
         return ["measured on a tree with uncommitted changes to the code it measures"]
     if not git("rev-parse", "--verify", "--quiet", f"{provenance.commit}^{{commit}}"):
         return [f"commit {provenance.commit} is not in this checkout"]
-    log = git("log", "--reverse", "--format=%h %s", f"{provenance.commit}..HEAD", "--", *measures)
-    return log.splitlines()
+    log = git("log", "--reverse", f"--format=%h %s%x1f%(trailers:key={MOVES},valueonly,separator=%x20)%x1e",
+              f"{provenance.commit}..HEAD", "--", *measures)
+    changes = []
+    for record in filter(str.strip, log.split("\x1e")):
+        subject, _, moves = record.strip("\n").partition("\x1f")
+        if name is None or not moves.split() or name in moves.split():
+            changes.append(subject)
+    return changes
 
 
 def main(argv: list[str] | None = None) -> None:

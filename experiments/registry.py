@@ -7,7 +7,9 @@ files whose measured code changed since the commit they record, and tests/test_c
 README or docs figure from such a file unless the text says it is from an older version.
 
 Tune `measures` to what a run exercises: too wide and every unrelated change marks the claims stale,
-too narrow and a change that moves the figures goes unnoticed. A new experiment (or a new variant of
+too narrow and a change that moves the figures goes unnoticed. A change inside measured code that
+only some runs reach says so in its commit message: the trailer `Moves-results: NAME ...` names the
+results it can move (the others stay fresh), and the message says why the rest cannot. A new experiment (or a new variant of
 one, e.g. another `--name`) adds its entry here; the test checks that every results file has one.
 """
 from __future__ import annotations

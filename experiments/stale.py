@@ -4,7 +4,8 @@
     python experiments/stale.py --commands   # the commands that re-measure them (--all: every file)
 
 A file is stale when a commit after the one its `Measured:` line names changed the code it measures
-(experiments/registry.py), when it was measured on a dirty tree, or when it has no line. `make
+(experiments/registry.py), unless that commit's `Moves-results:` trailer names other results only
+(see `provenance.changes_since`), when it was measured on a dirty tree, or when it has no line. `make
 experiments` runs every command of the registry (`--all --commands`), in its order.
 """
 from __future__ import annotations
@@ -25,7 +26,7 @@ def results_names() -> list[str]:
 def why_stale(name: str) -> list[str]:
     """[] when experiments/results/<name>.md measured today's code; else the reasons (the changing
     commits, oldest first)."""
-    return provenance.changes_since(provenance.read(name), entry(name).measures)
+    return provenance.changes_since(provenance.read(name), entry(name).measures, name)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -118,6 +118,33 @@ def test_the_measured_line_round_trips(tmp_path: Path) -> None:
     assert provenance.parse(path.read_text()) == again and path.read_text().count("Measured: ") == 1
 
 
+def test_a_commit_stales_only_the_results_its_moves_trailer_names(tmp_path: Path, monkeypatch) -> None:
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=tmp_path, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    def change(message: str) -> None:
+        (tmp_path / "code.py").write_text((tmp_path / "code.py").read_text() + "x = 1\n")
+        git("commit", "-qam", message)
+
+    git("init", "-q")
+    (tmp_path / "code.py").write_text("")
+    git("add", "code.py")
+    git("commit", "-qm", "measured here")
+    measured = provenance.Provenance(git("rev-parse", "HEAD"), True, "clean", "0.1", "0", "python x.py")
+    monkeypatch.setattr(provenance, "ROOT", tmp_path)
+    change("pace grown messages\n\nWhy only the filter's runs can move.\n\nMoves-results: value_filter faults")
+    change("no figure moves\n\nMoves-results: none")
+    assert provenance.changes_since(measured, ["code.py"], "time_to_accuracy") == []
+    assert [c.split(" ", 1)[1] for c in provenance.changes_since(measured, ["code.py"], "faults")] == \
+        ["pace grown messages"]
+    change("a change without the trailer")
+    assert [c.split(" ", 1)[1] for c in provenance.changes_since(measured, ["code.py"], "time_to_accuracy")] == \
+        ["a change without the trailer"]
+    assert len(provenance.changes_since(measured, ["code.py"])) == 3  # no name: every change
+    assert provenance.changes_since(measured, ["other.py"], "faults") == []
+
+
 def test_every_results_file_is_registered_and_says_what_it_measured() -> None:
     names = stale.results_names()
     assert sorted(REGISTRY) == names
