@@ -121,7 +121,7 @@ RESULTS: dict[str, Entry] = {
     "bench_average": _entry("sudo python -m p2plearn.bench average --rounds 8", BENCH),
     "bench_average_gpt2": _entry("sudo python -m p2plearn.bench average --model gpt2-small "
                                  "--topologies loopback,homogeneous-4 --rounds 5", BENCH),
-    "bench_rounds_transport": _entry("sudo python -m p2plearn.bench rounds --transport", BENCH),
+    "bench_rounds_transport": _entry("sudo python experiments/bench_rounds_transport.py", BENCH),
     "bench_transport": _entry("sudo python -m p2plearn.bench transport --reps 3", ENGINE, ["p2plearn/transport",
                                                                                         "p2plearn/bench"]),
     "round_cpu": _entry("python experiments/round_cpu.py", BENCH, DDP),
