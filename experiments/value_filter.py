@@ -7,7 +7,7 @@ Emulated (`--emulate`) on homogeneous-4 (100 Mbit/s). Thresholds are `--filter-i
 round's threshold as a multiple of the first round's mean |update|, which momentum makes ~10x smaller
 than later ones; it decays as 1/sqrt(t), t counted in `--filter-period` rounds, default 100).
 Full: no filter, and per_element / per_layer at scales 10, 30 (the default), 100; 6 epochs, 3 seeds
-(unfiltered and per-element runs ~1.6 min each, per-layer ones 5 min or more, on 2 cores). Quick:
+(runs of 0.4-2.4 min, the whole set ~36 min on 2 cores). Quick:
 no filter, per_element 30, per_layer 30; 1 seed, 2 epochs (~1.5 min).
 """
 from __future__ import annotations
