@@ -351,9 +351,9 @@ class VirtualTraining:
         """Round `rnd`'s flows, each peer sending its message of sizes[i] bytes from send_at[i]: per
         flow (round, src, dst, arrival time, delivered fraction, slow-closed or not), when each peer's
         sends were done, the plan's T and the deadlines."""
-        # The whole plan every peer cuts its own part from (RoundPlanner.plan); taken whole here,
-        # once, rather than n times.
-        planned, _, planned_s, _ = self.planner.whole_plan(self.control.view_for(rnd), rnd, self.message_bytes)
+        # The whole plan every peer cuts its own part from (RoundPlanner.plan), each sender paced for
+        # its own message as there; taken whole here, once, rather than n times.
+        planned, _, planned_s, _ = self.planner.whole_plan(self.control.view_for(rnd), rnd, self.message_bytes, sizes)
         plan = {i: [j for j, _, _ in rs] for i, rs in planned.items()}
         src = np.array([i for i, rs in planned.items() for _ in rs], dtype=np.int64)
         dst = np.array([j for rs in planned.values() for j, _, _ in rs], dtype=np.int64)

@@ -8,6 +8,7 @@ the senders its own plan expects only up to the round's limit.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -65,7 +66,7 @@ class RoundPlanner:
         self.policy = make_policy(selection, seed=seed, **policy_options)
         self.transport_mode = transport_mode
         self.fanout = fanout
-        # (view order, round) -> (whole plan as whole_plan returns it, the network it was paced on, who sends to whom)
+        # (view order, round) -> (whole plan as whole_plan returns it, the network it paced on, who sends to whom)
         self._cache: dict[tuple, tuple[tuple, NetworkView, dict[int, list[int]]]] = {}
 
     def plan(self, view: GlobalView, rnd: int, rank: int, own_bytes: float) -> LocalPlan:
@@ -82,24 +83,37 @@ class RoundPlanner:
             self._cache[key] = self._whole_plan(view, rnd, own_bytes)
             while len(self._cache) > self.CACHED:
                 del self._cache[next(iter(self._cache))]
-        (flows, groups, planned_time, fanout), net, plan = self._cache[key]
+        flows, groups, planned_time, fanout = self._grown(*self._cache[key], {rank: own_bytes})
         senders = sorted(i for i, rs in flows.items() if any(j == rank for j, _, _ in rs))
         mine = flows.get(rank, [])
-        size = own_bytes * FRAMING
-        if mine and size > net.message_bytes[rank]:
-            src, dst, rates = plan_flows(replace(net, message_bytes=np.full(net.n, size)), plan)
-            equal = dict(zip(dst[src == rank].tolist(), rates[src == rank].tolist()))
-            mine = [(j, max(rate, equal[j]), probe) for j, rate, probe in mine]
-            planned_time = plan_time(replace(net, message_bytes=np.where(np.arange(net.n) == rank, size,
-                                                                         net.message_bytes)), plan)
         return LocalPlan([(j, rate) for j, rate, _ in mine], senders, planned_time, fanout,
                          {j: probe for j, _, probe in mine if probe}, frozenset(groups.get(rank, [])))
 
-    def whole_plan(self, view: GlobalView, rnd: int, own_bytes: float):
+    def whole_plan(self, view: GlobalView, rnd: int, own_bytes: float, sizes: np.ndarray | None = None):
         """Every sender's plan of round ``rnd`` at once (what ``plan`` caches and each peer reads its
         part of): (flows per sender as (receiver, rate, probe), multicast group per sender, T, average p).
+        ``sizes``: every sender's message this round (bytes), where the caller knows them all: each
+        sender's flows are paced as its own ``plan`` paces them, and T is the plan's with them all.
         Uncached: the simulator, which plans for all peers, calls it once per round."""
-        return self._whole_plan(view, rnd, own_bytes)[0]
+        whole, net, plan = self._whole_plan(view, rnd, own_bytes)
+        return whole if sizes is None else self._grown(whole, net, plan, dict(enumerate(sizes)))
+
+    @staticmethod
+    def _grown(whole: tuple, net: NetworkView, plan: dict[int, list[int]], sizes: Mapping[int, float]) -> tuple:
+        """``whole`` with each sender of ``sizes`` (rank -> this round's bytes) whose message is larger
+        than the view's paced at least at equal shares, and T with those sizes (see ``plan``)."""
+        flows, groups, planned_time, fanout = whole
+        grown = {i: b * FRAMING for i, b in sizes.items() if flows.get(i) and b * FRAMING > net.message_bytes[i]}
+        if not grown:
+            return whole
+        # With equal sizes every downlink is shared equally whatever the size: one pacing serves all.
+        src, dst, rates = plan_flows(replace(net, message_bytes=np.ones(net.n)), plan)
+        equal = dict(zip(zip(src.tolist(), dst.tolist()), rates.tolist()))
+        flows = {i: [(j, max(rate, equal[i, j]), probe) for j, rate, probe in rs] if i in grown else rs
+                 for i, rs in flows.items()}
+        resized = np.array(net.message_bytes, dtype=float)
+        resized[list(grown)] = list(grown.values())
+        return flows, groups, plan_time(replace(net, message_bytes=resized), plan), fanout
 
     def _whole_plan(self, view: GlobalView, rnd: int, own_bytes: float):
         """``whole_plan``, with the network it paced on and the policy's plan (to pace again)."""

@@ -73,3 +73,16 @@ def test_a_sender_paces_its_flows_for_this_rounds_message_not_the_last_one_the_v
     assert planner.plan(g2, 1, 0, M / 2) == planner.plan(g2, 1, 0, M)
     # Paced as its last message (the view's plan), rank 0's would have gone at 1/67 of that share.
     assert planner.whole_plan(g, 0, M)[0][0][0][1] == pytest.approx(PACING_HEADROOM * R * 100 / (2 * M + 100))
+
+
+def test_the_simulators_whole_plan_paces_every_sender_as_its_own_plan_does():
+    # Rank 0 grew from a header, rank 3 doubled, rank 1 kept its size, rank 2 shrank.
+    g = view([10 * R] * 4, [R] * 4, [-1] * 4)
+    g = GlobalView(**{**g.__dict__, "message_bytes": np.array([100.0, M, 3 * M, M])})
+    sizes = np.array([M, M, 2 * M, 2 * M])
+    planner = RoundPlanner("all", 3, 0, "unicast")
+    flows, _, planned_time, _ = planner.whole_plan(g, 0, M, sizes)
+    for rank in range(4):
+        assert [(j, rate) for j, rate, _ in flows[rank]] == planner.plan(g, 0, rank, sizes[rank]).receivers
+    # T with the grown sizes and the shrunk one's view size: receiver 0 takes M + 3M + 2M.
+    assert planned_time == pytest.approx(6 * M * FRAMING / R)
