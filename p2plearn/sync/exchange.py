@@ -33,7 +33,7 @@ from p2plearn.sync.compress import Compressor, stored
 from p2plearn.sync.feedback import PartFeedback
 from p2plearn.sync.inbox import UNUSABLE
 from p2plearn.sync.layout import Slices
-from p2plearn.sync.merge import Contribution, OrderedFolds, decode, nonfinite, place, unfit
+from p2plearn.sync.merge import Contribution, OrderedFolds, decode, place, unfit
 from p2plearn.sync.reused import ReusedArrays
 from p2plearn.transport.delivery import Delivery
 
