@@ -1,5 +1,5 @@
 """Claim: where the senders' uplinks bound a round, IP multicast rounds take a fraction of unicast's
-time; where the downlinks do, multicast gains nothing.
+time; where the downlinks do, multicast gains little.
 
     sudo python experiments/bench_rounds_transport.py [--quick] [--seeds N] [--out DIR]
 
@@ -11,7 +11,7 @@ time, the median of rounds 2-11. Per topology and p, each transport mode in turn
 the ratio to that repetition's unicast: homogeneous-8, asymmetric-8 and heterogeneous-8 at p = 3
 and 7 (unicast, multicast), mixed-8 (two peers behind routers, no IP multicast in or out) at p = 7
 (unicast, multicast, auto). `--seeds N` repetitions of the whole set (default 3; nothing is drawn at
-random: repetitions measure the testbed's noise), ~25 min. Quick: heterogeneous-8 at p = 7, once.
+random: repetitions measure the testbed's noise), ~37 min. Quick: heterogeneous-8 at p = 7, once.
 Root only.
 """
 from __future__ import annotations
@@ -25,10 +25,8 @@ from p2plearn.bench.rounds import run_config
 
 NAME = "bench_rounds_transport"
 MEGABYTES, ROUNDS = 1.0, 12
-FULL = [("homogeneous-8", p, ("unicast", "multicast")) for p in (3, 7)] + \
-       [("asymmetric-8", p, ("unicast", "multicast")) for p in (3, 7)] + \
-       [("heterogeneous-8", p, ("unicast", "multicast")) for p in (3, 7)] + \
-       [("mixed-8", 7, ("unicast", "multicast", "auto"))]
+FULL = [(t, p, ("unicast", "multicast")) for t in ("homogeneous-8", "asymmetric-8", "heterogeneous-8")
+        for p in (3, 7)] + [("mixed-8", 7, ("unicast", "multicast", "auto"))]
 QUICK = [("heterogeneous-8", 7, ("unicast", "multicast"))]
 KEYS = ["topology", "p", "transport"]
 
