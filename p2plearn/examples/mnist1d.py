@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"averaged_accuracy": avg, "own_accuracy": own, "wall_s": wall,
-                           "rounds": st.rounds, "average_p": st.average_p, "delivered": st.delivered,
+                           "steps": steps, "rounds": st.rounds, "average_p": st.average_p, "delivered": st.delivered,
                            "comm_s": st.comm_s, "compute_s": st.compute_s, "bytes_sent": st.bytes_sent,
                            "history": history, "round_times": st.round_times,
                            "send_times": st.send_times,
