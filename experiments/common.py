@@ -181,16 +181,16 @@ def groups(rows: list[Row], keys: list[str]) -> dict[tuple, list[Row]]:
 
 
 def table(rows: list[Row], keys: list[str], metrics: dict[str, Callable[[Row], float]],
-          baseline: tuple | None = None, ratio_of: str | None = None) -> str:
+          baseline: tuple | None = None, ratio_of: str | None = None, fmt: str = ".3g") -> str:
     """A Markdown table: one line per configuration (`keys`), each metric as median [min-max] over
-    the seeds; with `baseline` (a key tuple) and `ratio_of` (a metric), a column of the ratio of the
-    medians, configuration / baseline."""
+    the seeds in `fmt`; with `baseline` (a key tuple) and `ratio_of` (a metric), a column of the ratio
+    of the medians, configuration / baseline."""
     grouped = groups(rows, keys)
     header = [*keys, *metrics] + ([f"{ratio_of} / baseline"] if ratio_of else [])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     base = summary(metrics[ratio_of](r) for r in grouped.get(baseline, []))[0] if ratio_of else math.nan
     for key, rs in grouped.items():
-        cells = [str(k) for k in key] + [cell(f(r) for r in rs) for f in metrics.values()]
+        cells = [str(k) for k in key] + [cell((f(r) for r in rs), fmt) for f in metrics.values()]
         if ratio_of:
             med = summary(metrics[ratio_of](r) for r in rs)[0]
             cells.append(f"{med / base:.2f}" if base and math.isfinite(base) and math.isfinite(med) else "-")

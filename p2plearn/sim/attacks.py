@@ -69,22 +69,27 @@ class Attack:
         of the round) in place with what the attack sends. Called once per round, rounds in order."""
         if self.name == "none" or not self.attackers:
             return
-        true, mean = rows[self.attackers].copy(), rows[self.honest].mean(0)
+        rows[self.attackers] = self.forge(rows[self.attackers], rows[self.honest])
+
+    def forge(self, true: np.ndarray, honest: np.ndarray) -> np.ndarray:
+        """What the attackers send this round instead of their true models (true [a, P]), knowing the
+        honest models `honest` [h, P] (all of them here; a real attacker passes what it received and
+        its own: experiments/attack_peer.py). Called once per round, rounds in order."""
+        true, mean = true.copy(), honest.mean(0)
         last, last_mean = self._last if self._last is not None else (true, mean)
         self._last = (true, mean)
         self._history.append(true)
         if self.name == "sign flip":
-            rows[self.attackers] = last - FLIP * (true - last)
-        elif self.name == "scaled":
-            rows[self.attackers] = last + SCALE * (true - last)
-        elif self.name == "gaussian":
-            rows[self.attackers] = true + self.rng.normal(0.0, NOISE, true.shape).astype(np.float32)
-        elif self.name == "alie":
-            rows[self.attackers] = mean - ALIE_Z * rows[self.honest].std(0)
-        elif self.name == "ipm":
-            rows[self.attackers] = last_mean - IPM_EPS * (mean - last_mean)
-        else:  # stale
-            rows[self.attackers] = self._history[0]
+            return last - FLIP * (true - last)
+        if self.name == "scaled":
+            return last + SCALE * (true - last)
+        if self.name == "gaussian":
+            return true + self.rng.normal(0.0, NOISE, true.shape).astype(np.float32)
+        if self.name == "alie":
+            return mean - ALIE_Z * honest.std(0)
+        if self.name == "ipm":
+            return last_mean - IPM_EPS * (mean - last_mean)
+        return self._history[0]  # stale
 
 
 def attacked_training(attack: str, attackers: list[int]) -> type[VirtualTraining]:
