@@ -76,7 +76,7 @@ clean:
 # `experiments-quick` runs each script once in --quick mode (a smoke test, results in /tmp).
 EXPERIMENTS := time_to_accuracy charlm_time_to_loss selmcast_vs_random multicast_16 rate_classes loss_tolerance_vs_tcp \
                layerwise_bounds phase_aware value_filter faults ddp_vs_gloo scale sim_budget sim_tolerance \
-               sim_value_filter sim_train_validation sim_scale sim_slow_close
+               sim_value_filter sim_train_validation sim_scale sim_slow_close attacks_transformer
 
 .PHONY: experiments experiments-quick experiments-stale
 experiments: $(STAMP)

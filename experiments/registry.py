@@ -99,6 +99,9 @@ RESULTS: dict[str, Entry] = {
     "attacks": _entry("python experiments/attacks.py", SIMULATOR, ROBUST),
     "attacks_sim": _entry("python experiments/attacks_sim.py --configs 64:bsp,64:ssp,256:bsp,256:ssp --jobs 2",
                           SIMULATOR, ROBUST, ["experiments/attacks.py"]),
+    # real training; the attacks' definitions (p2plearn/sim/attacks.py) are left out with the rest of p2plearn/sim
+    "attacks_transformer": _entry("python experiments/attacks_transformer.py", TRAINING, ROBUST,
+                                  ["experiments/attack_peer.py", "experiments/sim_scale.py"]),
     "sim_scale": _entry("python experiments/sim_scale.py --peers 16,64", SIMULATOR),
     "sim_scale_256_steady": _entry(f"{_SIM_SCALE} --bursts no --name sim_scale_256_steady", SIMULATOR),
     "sim_scale_256_bursts_iid": _entry(f"{_SIM_SCALE} --bursts yes --sync bsp --data iid "

@@ -1,6 +1,7 @@
 """Smoke tests of the experiment harness: scripts in --quick mode write a non-trivial CSV, Markdown
-table and PNG plot. The cheapest MNIST-1D script (~70 s), and the transformer experiment (local SGD
-and two p2plearn configurations, 60 steps each, 4 ranks)."""
+table and PNG plot. The cheapest MNIST-1D script (~70 s), the transformer experiment (local SGD
+and two p2plearn configurations, 60 steps each, 4 ranks), and a lying member on the transformer (8
+real peers, 80 steps: the sign flip's messages reach the honest ranks, and the clipped merge bounds them)."""
 from __future__ import annotations
 
 import csv
@@ -42,6 +43,19 @@ def test_charlm_time_to_loss_quick(tmp_path: Path) -> None:
     assert [r["system"] for r in rows] == ["local SGD", "p2plearn", "p2plearn"] and all(r["ok"] == "True" for r in rows)
     assert all(math.isfinite(float(r["averaged_loss"])) and float(r["averaged_loss"]) < math.log(256) for r in rows)
     assert "homogeneous-4" in md and md.count("\n| ") >= 4 and "charlm_time_to_loss.png" in md
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # four 8-peer trainings of 80 steps: 4-5 min on a busy 2-core machine
+def test_attacks_transformer_quick(tmp_path: Path) -> None:
+    rows, md = run_quick("attacks_transformer", tmp_path, timeout=1100)
+    assert [(r["attack"], r["robust"]) for r in rows] == [("none", "none"), ("none", "clip"), ("sign flip", "none"),
+                                                         ("sign flip", "clip")] and all(r["ok"] == "True" for r in rows)
+    loss = {(r["attack"], r["robust"]): float(r["honest_loss"]) for r in rows}
+    # measured: clean 2.80 nats, the plain merge under the sign flip 3.0 (its worst honest rank 3.35), clipped 2.82
+    assert loss[("sign flip", "none")] > loss[("none", "none")] + 0.1, loss
+    assert loss[("sign flip", "clip")] < loss[("sign flip", "none")] - 0.1, loss
+    assert "rank 7 attacks" in md and "attacks_transformer.png" in md
 
 
 @pytest.mark.slow
