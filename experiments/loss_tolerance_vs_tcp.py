@@ -15,6 +15,7 @@ Quick: 4-peer versions of both, 10 rounds, bounds 0 / 0.05, tcp, gloo, 1 seed (~
 """
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 import subprocess
@@ -56,6 +57,16 @@ def run_config(tb, kind: str, bound: str, cfg: dict, tmp: Path) -> list[float] |
     return None if failed else json.loads(outs[0].read_text())["latencies"]
 
 
+def latency_row(tb, kind: str, bound, cfg: dict, n: int, tmp: Path) -> c.Row | None:
+    """One run's round latencies (p50, p99, max) and offered throughput per peer; None if it failed."""
+    lat = run_config(tb, kind, bound, cfg, tmp)
+    if not lat:
+        return None
+    sent = cfg["bytes"] * 2 * (n - 1) / n if kind == "gloo" else cfg["bytes"] * cfg["fanout"]
+    return {"p50_s": c.percentile(lat, 0.5), "p99_s": c.percentile(lat, 0.99), "max_s": max(lat),
+            "mbit_per_peer": sent * 8 / statistics.mean(lat) / 1e6, "latencies": lat}
+
+
 def main(argv: list[str] | None = None) -> None:
     args = c.parse_args(__doc__, argv)
     if not c.is_root():
@@ -70,24 +81,18 @@ def main(argv: list[str] | None = None) -> None:
     rounds = 10 if args.quick else 50
     setups = [("incast", incast(n), 1 << 20 if args.quick else 4 << 20, 125e6),
               ("microburst", microburst(n), 1 << 20, 12.5e6)]
-    rows = []
-    port = 47300
+    rows: list[c.Row] = []
+    ports = itertools.count(47301)  # a fresh port per run: no TIME_WAIT clash for TCP and gloo
     with tempfile.TemporaryDirectory(prefix="p2pexp-") as tmp:
         for topo_name, topo, size, rate in setups:
             with Testbed(topo, name="exp") as tb:
                 for kind, bound in transports(args.quick):
                     config = {"topology": f"{topo_name}-{n}", "transport": kind, "bound": bound, "megabytes": size / 2**20}
-                    for seed in range(args.seeds):
-                        port += 1  # a fresh port per run: no TIME_WAIT clash for TCP and gloo
-                        cfg = {"bytes": size, "fanout": 3, "rounds": rounds, "rate": rate, "seed": seed, "port": port}
-                        print(f"  {config}, seed {seed} ...", file=sys.stderr, flush=True)
-                        lat = run_config(tb, kind, bound, cfg, Path(tmp))
-                        row = {**config, "seed": seed, "ok": lat is not None}
-                        if lat:
-                            sent = size * 2 * (n - 1) / n if kind == "gloo" else size * cfg["fanout"]
-                            row.update(p50_s=c.percentile(lat, 0.5), p99_s=c.percentile(lat, 0.99), max_s=max(lat),
-                                       mbit_per_peer=sent * 8 / statistics.mean(lat) / 1e6, latencies=lat)
-                        rows.append(row)
+
+                    def one(seed: int) -> c.Row | None:  # called at once by repeat: the loop's values hold
+                        cfg = {"bytes": size, "fanout": 3, "rounds": rounds, "rate": rate, "seed": seed, "port": next(ports)}
+                        return latency_row(tb, kind, bound, cfg, n, Path(tmp))
+                    rows += c.repeat(config, args.seeds, one)
     keys = ["topology", "transport", "bound"]
     metrics = {m: c.metric(m) for m in ("p50_s", "p99_s", "max_s", "mbit_per_peer")}
     tables = "\n\n".join(f"### {t}\n\n" + c.table([r for r in rows if r["topology"] == t], keys, metrics,
@@ -98,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
              f"{rounds} rounds per run, {args.seeds} seed(s). Round latency = rank 0's time from its send to the "
              f"end of the barrier (its send done, every message to it arrived or closed). gloo all-reduces the "
              f"same M bytes. Throughput = bytes each peer offers per round (M x p; gloo 2M(n-1)/n) / mean round "
-             f"latency. Last column: p99 / TcpChannel's p99 on the same topology.")
+             f"latency. Last column: p99 / TcpChannel's p99 on the same topology. " + c.load_note(rows))
 
     def draw(ax) -> None:
         for key, rs in c.groups(rows, keys).items():
