@@ -6,7 +6,7 @@ a clean network.
 
 Each run is experiments/ddp_peer.py on every peer of the testbed (root: network namespaces,
 tbf-shaped veths, the topology's switch queues and scheduled bursts; gloo with GLOO_SOCKET_IFNAME,
-both backends rendezvous at rank 0's testbed address): the MNIST-1D MLP (HIDDEN units: 0.29M
+both backends rendezvous at rank 0's testbed address): the MNIST-1D MLP (common.MLP_HIDDEN units: 0.29M
 parameters, 1.2 MB of gradients, one DDP bucket), SGD lr 0.1 momentum 0.9, batch 32 per rank, STEPS
 steps, rank 0's test accuracy every EVAL_EVERY steps. Per-step time = rank 0's wall time of a step
 (forward, backward up to the averaged last bucket, optimizer step). Time to target = rank 0's
@@ -31,7 +31,6 @@ from pathlib import Path
 import common as c
 
 NAME = "ddp_vs_gloo"
-HIDDEN = 512
 STEPS = 100
 EVAL_EVERY = 10
 TARGET = 0.4
@@ -57,7 +56,7 @@ def run(tb, topology: Path, config: dict, steps: int, seed: int, port: int) -> c
     """One DDP job on the testbed's peers; rank 0's JSON summarised, or None when a rank failed. The
     topology file seeds p2plearn's view (its parts and pacing), as p2plearn-run --topology does."""
     n = len(tb.peers)
-    flags = {"model": "mlp", "hidden": HIDDEN, "steps": steps, "eval_every": EVAL_EVERY, "epochs": 100, "seed": seed,
+    flags = {"model": "mlp", "hidden": c.MLP_HIDDEN, "steps": steps, "eval_every": EVAL_EVERY, "epochs": 100, "seed": seed,
              **{k: v for k, v in config.items() if v is not True}}
     argv = [c.PY, str(c.ROOT / "experiments" / "ddp_peer.py"), *c.args_of(flags),
             *[f"--{k}" for k, v in config.items() if v is True]]
@@ -153,7 +152,7 @@ def write(out: Path, rows: list[c.Row], steps: int, seeds: int) -> None:
                                                    baseline=(t, "gloo"), ratio_of="step_p50_s")
                          for t in dict.fromkeys(r["topology"] for r in rows))
     setup = (f"Testbed (root; network namespaces, tbf-shaped veths, switch queues, scheduled bursts). DDP on the "
-             f"MNIST-1D MLP ({HIDDEN} hidden units), {steps} steps, batch 32 per rank, {seeds} seed(s); each cell "
+             f"MNIST-1D MLP ({c.MLP_HIDDEN} hidden units), {steps} steps, batch 32 per rank, {seeds} seed(s); each cell "
              f"median [min-max] over the seeds. Per-step time: rank 0's, first step left out. Time to target: rank 0's "
              f"training time until test accuracy >= {TARGET} ('-': not reached). delivered: mean fraction of the "
              f"hook's chunks acknowledged per send. Last column: p50 step / gloo's p50 step. {c.load_note(rows)}")

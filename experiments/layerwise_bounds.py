@@ -18,7 +18,6 @@ import common as c
 from p2plearn.topology import homogeneous, save
 
 NAME = "layerwise_bounds"
-HIDDEN = 512  # the MNIST-1D MLP of ddp_vs_gloo: 0.29M parameters, 1.2 MB a round at --period 1
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -27,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     configs = [{"tolerance": "fixed", "loss_bound": 0.0}] + [
         {"tolerance": t, "loss_bound": b} for b in bounds for t in ("fixed", "layerwise")]
     script = {"epochs": 2 if args.quick else 6, "samples": 4000 if args.quick else 12000,
-              "model": "mlp", "hidden": HIDDEN}
+              "model": "mlp", "hidden": c.MLP_HIDDEN}
     rows = []
     with tempfile.TemporaryDirectory(prefix="p2pexp-") as tmp:
         topo = Path(tmp) / "homogeneous-4-loss10.json"
@@ -42,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     metrics = {"delivered": c.metric("delivered"), "step time s": c.metric("round_s"),
                "comm median s": c.metric("comm_median_s"), "final accuracy": c.metric("averaged_accuracy")}
     setup = (f"Emulated (`--emulate`, no namespaces): `homogeneous(4, 100 Mbit/s, loss=0.1)` written to a "
-             f"temporary topology file; MNIST-1D MLP ({HIDDEN} hidden units), {script['epochs']} epochs, "
+             f"temporary topology file; MNIST-1D MLP ({c.MLP_HIDDEN} hidden units), {script['epochs']} epochs, "
              f"{script['samples']} samples, BSP, selmcast p=2, {args.seeds} seed(s); median [min-max]. "
              f"`loss_bound` is fixed's bound and layerwise's overall target; `delivered` is rank 0's mean "
              f"delivered fraction of merged messages, to check both run at the same overall fraction. "

@@ -21,7 +21,6 @@ import common as c
 from p2plearn.topology import microburst, save
 
 NAME = "phase_aware"
-HIDDEN = 512  # the MNIST-1D MLP of ddp_vs_gloo: 0.29M parameters, 1.2 MB a round at --period 1
 CONFIGS = [{"tolerance": "fixed", "loss_bound": 0.0}, {"tolerance": "fixed", "loss_bound": 0.05},
            {"tolerance": "phase", "loss_bound": 0.05}]
 
@@ -30,7 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     args = c.parse_args(__doc__, argv)
     n = 4 if args.quick else 8
     script = {"epochs": 2 if args.quick else 6, "samples": 4000 if args.quick else 12000,
-              "model": "mlp", "hidden": HIDDEN}
+              "model": "mlp", "hidden": c.MLP_HIDDEN}
     target = 0.3 if args.quick else 0.5  # the MLP ends near 0.6 after 6 epochs (the CNN passed 0.8)
     testbed = c.is_root()
     rows = []
@@ -47,7 +46,7 @@ def main(argv: list[str] | None = None) -> None:
     where = ("Testbed (root; network namespaces, tbf shaping, the bursts applied by the testbed scheduler)"
              if testbed else "Emulated fallback (not root: `--emulate` applies base rates only, NO bursts)")
     setup = (f"{where}; `microburst({n})` (100 Mbit/s; every 5 s per peer a 0.25 s burst of 20% loss and "
-             f"10 Mbit/s downlink), MNIST-1D MLP ({HIDDEN} hidden units), {script['epochs']} epochs, "
+             f"10 Mbit/s downlink), MNIST-1D MLP ({c.MLP_HIDDEN} hidden units), {script['epochs']} epochs, "
              f"{script['samples']} samples, BSP, selmcast p=2, {args.seeds} seed(s); median [min-max]. exact = fixed "
              f"0; phase uses 0.05 as its middle-phase bound. Time to accuracy: first epoch-end evaluation of rank "
              f"0's own model at >= {target:.0%}. Ratio: time to accuracy / exact.")

@@ -17,7 +17,6 @@ import sys
 import common as c
 
 NAME = "value_filter"
-HIDDEN = 512  # the MNIST-1D MLP of ddp_vs_gloo: 0.29M parameters, 1.2 MB a round at --period 1
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -27,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
         {"filter": "value", "filter_granularity": g, "filter_init_scale": s}
         for g in ("per_element", "per_layer") for s in scales]
     script = {"epochs": 2 if args.quick else 6, "samples": 4000 if args.quick else 12000,
-              "model": "mlp", "hidden": HIDDEN}
+              "model": "mlp", "hidden": c.MLP_HIDDEN}
 
     def run(cfg: dict, seed: int) -> c.Row | None:
         options = {k: v for k, v in cfg.items() if v != "-"}
@@ -43,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     metrics = {"MB sent (rank 0)": c.metric("mb_sent"), "final accuracy": c.metric("averaged_accuracy"),
                "wall s": c.metric("wall_s")}
     setup = (f"Emulated (`--emulate`, no namespaces), `topology/homogeneous-4.json`, MNIST-1D MLP "
-             f"({HIDDEN} hidden units), {script['epochs']} epochs, {script['samples']} samples, BSP, selmcast p=2, "
+             f"({c.MLP_HIDDEN} hidden units), {script['epochs']} epochs, {script['samples']} samples, BSP, selmcast p=2, "
              f"{args.seeds} seed(s); median [min-max]. Ratio: MB sent / no filter.")
     tables = c.table(rows, keys, metrics, baseline=("none", "-", "-"), ratio_of="MB sent (rank 0)")
 
