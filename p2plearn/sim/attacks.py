@@ -74,7 +74,8 @@ class Attack:
     def forge(self, true: np.ndarray, honest: np.ndarray) -> np.ndarray:
         """What the attackers send this round instead of their true models (true [a, P]), knowing the
         honest models `honest` [h, P] (all of them here; a real attacker passes what it received and
-        its own: experiments/attack_peer.py). Called once per round, rounds in order."""
+        its own: experiments/attack_peer.py); [a, P], every attacker's row. Called once per round, rounds
+        in order."""
         true, mean = true.copy(), honest.mean(0)
         last, last_mean = self._last if self._last is not None else (true, mean)
         self._last = (true, mean)
@@ -86,9 +87,9 @@ class Attack:
         if self.name == "gaussian":
             return true + self.rng.normal(0.0, NOISE, true.shape).astype(np.float32)
         if self.name == "alie":
-            return mean - ALIE_Z * honest.std(0)
+            return np.broadcast_to(mean - ALIE_Z * honest.std(0), true.shape)
         if self.name == "ipm":
-            return last_mean - IPM_EPS * (mean - last_mean)
+            return np.broadcast_to(last_mean - IPM_EPS * (mean - last_mean), true.shape)
         return self._history[0]  # stale
 
 

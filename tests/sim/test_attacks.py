@@ -55,6 +55,16 @@ def test_each_attack_sends_what_its_rule_says_and_leaves_the_honest_rows(name):
             np.testing.assert_allclose(sent[attackers], expected[name], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("name", ATTACKS)
+def test_forge_gives_each_attacker_a_row_from_what_it_knows(name):
+    # a real attacker (experiments/attack_peer.py): its own model and the two it received, shapes vary
+    attack = Attack(name, [7], 8, seed=0)
+    for rnd, rows in enumerate(rounds_of_messages(4, n=3)):
+        own = rows[:1]
+        forged = attack.forge(own, rows[: 1 + rnd % 3])
+        assert forged.shape == own.shape and forged.dtype == np.float32 and np.isfinite(forged).all()
+
+
 def test_none_and_bad_attackers():
     rows = rounds_of_messages(1)[0]
     sent = rows.copy()
