@@ -9,7 +9,7 @@ real attacker knows less: not every honest model of the round, only its own (it 
 honestly) and the messages it received. For alie and ipm its "honest models" are its own and the
 plain float32 messages that arrived whole since its last send (with SELMCAST p=1, one or two);
 sign flip, scaled, gaussian and stale need its own model only. Only the round messages lie: the
-final average (which experiments/attacks_real.py does not read) and state transfer are honest.
+final average (which experiments/attacks_transformer.py does not read) and state transfer are honest.
 Refused (one line): --filter value and --sync partitioned, whose messages are not the model.
 """
 from __future__ import annotations
