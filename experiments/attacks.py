@@ -65,7 +65,7 @@ def run(tmp: Path, peers: int, attack: str, mode: str, seed: int, attackers: int
     row = {"final_accuracy": r["attack"]["honest_averaged_accuracy"] if count else r["averaged_accuracy"],
            "own_accuracy_end": r["history"][-1][2] if r["history"] else math.nan,
            "history": [(t, mean) for t, _, mean in r["history"]], "virtual_s": r["virtual_s"], "wall_s": r["wall_s"],
-           "parameters": r["parameters"], "attackers": ranks}
+           "parameters": r["parameters"], "attackers": ranks, **c.compute_clock(r)}
     if "robust" in r:
         senders = {int(k): v for k, v in r["robust"]["senders"].items()}
         share = (lambda who: sum(senders.get(s, {}).get("clipped", 0) for s in who) /

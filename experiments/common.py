@@ -216,6 +216,22 @@ def add_streaming_metrics(r: Row) -> None:
 STREAMING_METRICS = {"peak uplink MB/s": metric("peak_uplink_mb_s"), "wall / bound": metric("wall_over_bound")}
 
 
+def compute_clock(sim_result: dict[str, Any]) -> Row:
+    """The compute clock of a `p2plearn-sim train` run (its --json): milliseconds per local step and
+    per evaluation, calibrated on this host (cached) or given. A row carrying them has
+    `write_results` name them: a virtual run's seconds follow from them and the network."""
+    return {"step_ms": sim_result["costs"]["step_s"] * 1e3, "eval_ms": sim_result["costs"]["eval_s"] * 1e3}
+
+
+def clock_sentence(rows: list[Row]) -> str:
+    """The sentence naming each distinct compute clock of `rows` (see compute_clock), or ""."""
+    clocks = sorted({(r["step_ms"], r["eval_ms"]) for r in rows if "step_ms" in r and "eval_ms" in r})
+    if not clocks:
+        return ""
+    return (" Compute clock (the simulator's calibration on this host, or given): " +
+            "; ".join(f"a step {step:.3g} ms, an evaluation {ev:.3g} ms" for step, ev in clocks) + ".")
+
+
 def write_results(out: Path, name: str, rows: list[Row], title: str, setup: str, tables: str,
                   draw: Callable[[plt.Axes], None], notes: str = "") -> None:
     """Write <out>/<name>.csv (every row, list-valued fields as JSON), <name>.md and <name>.png; the
@@ -227,7 +243,8 @@ def write_results(out: Path, name: str, rows: list[Row], title: str, setup: str,
         for r in rows:
             writer.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in r.items()})
     measured = provenance.current(name, rows).line()
-    md = f"# {title}\n\n{measured}\n\n{setup.strip()}\n\n{tables.strip()}\n\n![{name}]({name}.png)\n"
+    md = (f"# {title}\n\n{measured}\n\n{setup.strip()}{clock_sentence(rows)}\n\n{tables.strip()}\n\n"
+          f"![{name}]({name}.png)\n")
     (out / f"{name}.md").write_text(md + (f"\n{notes.strip()}\n" if notes else ""))
     fig, ax = plt.subplots(figsize=(7, 4.5))
     draw(ax)

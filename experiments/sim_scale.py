@@ -80,7 +80,7 @@ def virtual_run(tmp: Path, topology: Path, peers: int, seed: int, flags: list[st
             "final_accuracy": r["averaged_accuracy"], "history": [(t, mean) for t, _, mean in r["history"]],
             "own_accuracy_end": r["history"][-1][2] if r["history"] else math.nan,
             "message_bytes": r["message_bytes"], "mb_per_message": r.get("bytes_per_message", r["message_bytes"]) / 1e6,
-            "bytes_ratio": r.get("bytes_ratio", 1.0), "parameters": r["parameters"]}
+            "bytes_ratio": r.get("bytes_ratio", 1.0), "parameters": r["parameters"], **c.compute_clock(r)}
 
 
 def time_to_target(group: list[c.Row]) -> float:

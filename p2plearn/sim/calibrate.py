@@ -17,8 +17,10 @@ and the coordinator's share, the merge of a tiny model), measured with two BSP p
 this process on loopback, every one sending to the other, ROUND_ROUNDS rounds after a warm-up.
 
 Each is the median of several timed blocks after a warm-up, so that one preempted block on a busy
-machine does not set it; a machine busier than when it was calibrated still runs its real steps
-slower (measure on a quiet host, or pass `recalibrate=True` there). The cache is a JSON file under
+machine does not set it; a load that shares the core for the whole calibration does (on a 2-core VM
+beside two busy processes, an MLP's step came out 1.5-2.6x a quiet core's), and every later run
+reuses the cached times: a calibration made with less than one idle core says so on stderr
+(measure on a quiet host, or pass `recalibrate=True` there). The cache is a JSON file under
 ~/.cache/p2plearn (or $P2PLEARN_CACHE), keyed by the model's name, batch size, torch version and
 host name.
 """
@@ -29,6 +31,7 @@ import os
 import platform
 import secrets
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -59,6 +62,10 @@ def _cached(key: str, measure: Callable[[], Any], recalibrate: bool) -> Any:
     cached = _read(path)
     if key in cached and not recalibrate:
         return cached[key]
+    busy = _busy()
+    if busy:
+        print(f"p2plearn-sim: calibrating {key!r} {busy}: the times measured (and cached) come out higher "
+              f"than a quiet core's; --recalibrate on a quiet machine", file=sys.stderr)
     result = measure()
     _write(path, {**_read(path), key: result})
     return result
@@ -141,6 +148,13 @@ def _measure_round() -> float:
         for part in parts:
             part.close()
         coordinator.stop()
+
+
+def _busy() -> str:
+    """Why this host's cores are not free to calibrate on ("while the 1-minute load is ..."), or "".
+    One core is all a calibration uses: a load leaving less than one idle core shares it."""
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    return f"while the 1-minute load is {load:.1f} on {cores} cores" if load > cores - 1 else ""
 
 
 def _median_block(run: Callable[[], None], per_block: int) -> float:

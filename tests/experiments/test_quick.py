@@ -67,3 +67,4 @@ def test_virtual_time_experiments_quick(tmp_path: Path, name: str, runs: int) ->
     assert len(rows) == runs and all(r["ok"] == "True" for r in rows), rows
     assert all(float(r["virtual_s"]) > 0 and 0.0 <= float(r["final_accuracy"]) <= 1.0 for r in rows)
     assert "Virtual time" in md and md.count("\n| ") >= runs + 1 and "time to target" in md
+    assert "Compute clock (" in md and all(float(r["step_ms"]) > 0 for r in rows)  # its seconds follow from it
