@@ -4,7 +4,7 @@ from __future__ import annotations
 from p2plearn.sim import calibrate
 
 
-def _calibrate(monkeypatch, tmp_path, load: float, cores: int = 2) -> list[str]:
+def _calibrate(monkeypatch, tmp_path, load: float, cores: int = 2) -> list[int]:
     monkeypatch.setenv("P2PLEARN_CACHE", str(tmp_path))
     monkeypatch.setattr(calibrate.os, "getloadavg", lambda: (load, load, load))
     monkeypatch.setattr(calibrate.os, "cpu_count", lambda: cores)
