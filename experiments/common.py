@@ -35,16 +35,19 @@ Row = dict[str, Any]
 
 
 def parse_args(doc: str, argv: list[str] | None = None,
-               extra: Callable[[argparse.ArgumentParser], None] | None = None) -> argparse.Namespace:
-    """--quick, --out, --seeds: the flags every experiment takes (``extra`` adds an experiment's own)."""
+               extra: Callable[[argparse.ArgumentParser], None] | None = None,
+               full_seeds: int | None = 3) -> argparse.Namespace:
+    """--quick, --out, --seeds: the flags every experiment takes (``extra`` adds an experiment's own).
+    --seeds defaults to 1 with --quick, else to ``full_seeds`` (None: left to the script, per part)."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     if extra:
         extra(ap)
     ap.add_argument("--quick", action="store_true", help="smallest setup (a minute or two): a smoke test")
     ap.add_argument("--out", type=Path, default=RESULTS, help="directory for <name>.csv/.md/.png")
-    ap.add_argument("--seeds", type=int, default=None, help="repetitions per configuration (default 1 quick, 3 full)")
+    ap.add_argument("--seeds", type=int, default=None, help="repetitions per configuration (default 1 quick, "
+                    f"{full_seeds or 'per part'} full)")
     args = ap.parse_args(argv)
-    args.seeds = args.seeds or (1 if args.quick else 3)
+    args.seeds = args.seeds or (1 if args.quick else full_seeds)
     args.out.mkdir(parents=True, exist_ok=True)
     return args
 

@@ -18,29 +18,33 @@ runs one):
   not root: emulated, where the downlinks and bursts do not exist, said in the .md), non-i.i.d.
   shards (Dirichlet alpha 0.1 over the classes, seeded), BSP and SSP s=2 x selmcast (p=1, the
   default), random p = 1, 2, 3, all and the exponential graph (p=1), a round every PERIOD_16 steps
-  for every configuration, 10 epochs, 3 seeds: 36 runs of 30-120 s of training plus ~50 s each
-  for the namespaces and 16 peers' start-up (55 min on the shared 2-core machine). Time to
+  for every configuration, 10 epochs, 5 seeds: 60 runs of 30-120 s of training plus ~50 s each
+  for the namespaces and 16 peers' start-up (about 90 min on the shared 2-core machine). Time to
   target: first evaluation of rank 0's own model (every 2 rounds, just after a merge) at or above
-  the target, which `target_of` fixes from seed 0's curves alone; the ratio is SELMCAST's median /
-  the best random-p's (lowest median) in the same sync mode. Issue 16's goal: at most 0.7 at no
+  TARGET_16 (35%, one target for every 16-peer run); the ratio is SELMCAST's median / the best
+  random-p's (lowest median) in the same sync mode. Issue 16's goal: at most 0.7 at no
   lower final accuracy. `selmcast_16_diagnosis.py` splits the result into rounds and their cost.
 
 Quick: heterogeneous-16 BSP x selmcast / random p=1, 1 epoch; heterogeneous-4 BSP x selmcast /
 random p=2 / all and SSP s=2 x selmcast, 2 epochs; 1 seed (~5 min).
 
 --slow-close S: the 16-peer part alone, BSP, selmcast and random p = 1, 2, 3 each without and with
-`--slow-close S`, and the exponential graph without (27 runs, about 45 min): selmcast_vs_random_16_slow.*.
+`--slow-close S`, and the exponential graph without (45 runs at 5 seeds, about 75 min): selmcast_vs_random_16_slow.*.
 The ratio is to the best random-p of either setting. With `--ssp`: the same in SSP s=2, except random
-p = 2 and 3 only without the close (in BSP it changed their time to target by 1-2%; 21 runs):
+p = 2 and 3 only without the close (in BSP it changed their time to target by 1-2%; 35 runs):
 selmcast_vs_random_16_slow_ssp.*.
 
 --max-fanout K: SELMCAST p=1 with at most K receivers per sender (its extras capped). The 8-peer
 part: BSP and SSP s=2, against random p=1, 3 seeds (12 runs, about 10 min): selmcast_vs_random_capped.*.
 The 16-peer part: BSP, SELMCAST p=1 without and with the cap, random p = 1 and 3 (the best baselines
-of the runs before), 3 seeds (12 runs, about 25 min): selmcast_vs_random_16_capped.*.
+of the runs before), 5 seeds (20 runs, about 35 min): selmcast_vs_random_16_capped.*.
+
+Seeds: 3 for the 8-peer part, 5 for the 16-peer part (its time to target spreads widely), unless
+--seeds says otherwise.
 """
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 
@@ -54,6 +58,12 @@ TOPOLOGY_16 = "topology/heterogeneous-16.json"
 # usual 4-16 and gives ~4.5 rounds per epoch. The same for every configuration.
 PERIOD_16 = 4
 EVAL_EVERY_16 = 2 * PERIOD_16  # steps: rank 0's accuracy every 2 rounds, just after a merge
+# One target for every 16-peer run, so that their times compare across files: 35%, what `target_of`'s
+# rule gave the last two runs (2026-11-30; the three before it gave 30%, 30% and 35%), fixed before
+# the 5-seed runs. The final accuracies (0.45-0.62) are all above it.
+TARGET_16 = 0.35
+SEEDS_8 = 3
+SEEDS_16 = 5  # the 16-peer runs' spread is wide (time to target 0.83-1.64x from run to run at 3 seeds)
 DIRICHLET = 0.1
 WIDTH_16 = 64
 NAME_16_SLOW = "selmcast_vs_random_16_slow"
@@ -189,7 +199,7 @@ def part_16(args) -> None:
 def report_16(args, rows: list[c.Row], testbed: bool) -> None:
     """Time to target, ratios, verdicts and the figure of the 16-peer part, from its rows."""
     script = script_16(args.quick)
-    target = target_of(rows)
+    target = TARGET_16
     keys = KEYS + (["max_fanout"] if args.max_fanout else [])
     for r in rows:
         r["max_fanout"] = cap_of(r)
@@ -225,9 +235,8 @@ def report_16(args, rows: list[c.Row], testbed: bool) -> None:
              f"run's seed), MNIST-1D CNN width {script['width']}, {script['epochs']} epoch(s) of {script['samples']} "
              f"samples (600 per peer, batch 32), a round every {PERIOD_16} steps for every configuration, "
              f"{args.seeds} seed(s) per configuration; cells are median [min-max] over seeds. Time to target: first "
-             f"evaluation of rank 0's own model (every {EVAL_EVERY_16} steps, just after a merge) at >= {target:.0%}; "
-             f"the target was fixed by rule from seed 0's curves alone (the highest accuracy every configuration's "
-             f"seed-0 curve reached, rounded down to 5 points), before comparing. Final accuracy: the average of the "
+             f"evaluation of rank 0's own model (every {EVAL_EVERY_16} steps, just after a merge) at >= {target:.0%}, "
+             f"the one target of every 16-peer run (fixed before these runs). Final accuracy: the average of the "
              f"16 models at the end. The ratio column is time to target / the best random-p's (lowest median) in the "
              f"same sync mode. {c.load_note(rows)}")
 
@@ -269,15 +278,15 @@ def main(argv: list[str] | None = None) -> None:
         ap.add_argument("--max-fanout", type=int, default=0,
                         help="K: SELMCAST p=1 with --max-fanout K against random-p (with --part: that part alone)")
 
-    args = c.parse_args(__doc__, argv, extra=extra)
+    args = c.parse_args(__doc__, argv, extra=extra, full_seeds=None)
     if args.ssp and not args.slow_close:
         raise SystemExit("--ssp goes with --slow-close S")
     if args.max_fanout and args.slow_close:
         raise SystemExit("--max-fanout goes without --slow-close")
-    if args.part != "8":
-        part_16(args)  # the claim issue 16 asks about first
+    if args.part != "8":  # the claim issue 16 asks about first
+        part_16(argparse.Namespace(**{**vars(args), "seeds": args.seeds or SEEDS_16}))
     if args.part != "16" and not args.slow_close:
-        part_8(args)
+        part_8(argparse.Namespace(**{**vars(args), "seeds": args.seeds or SEEDS_8}))
 
 
 if __name__ == "__main__":
