@@ -55,7 +55,7 @@ def test_attacks_transformer_quick(tmp_path: Path) -> None:
     # measured: clean 2.80 nats, the plain merge under the sign flip 3.0 (its worst honest rank 3.35), clipped 2.82
     assert loss[("sign flip", "none")] > loss[("none", "none")] + 0.1, loss
     assert loss[("sign flip", "clip")] < loss[("sign flip", "none")] - 0.1, loss
-    assert "rank 7 attacks" in md and "attacks_transformer.png" in md
+    assert "rank 7 attacks (" in md and "attacks_transformer.png" in md
 
 
 @pytest.mark.slow
