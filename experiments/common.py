@@ -34,6 +34,18 @@ MLP_HIDDEN = 512  # the MNIST-1D MLP of the per-step experiments: 0.29M paramete
 Row = dict[str, Any]
 
 
+def results_name(name: str) -> str:
+    """A `--name` flag's type: a results name that experiments/registry.py has an entry for (the
+    results' Measured: line is read from it), refused when parsed rather than after the runs."""
+    from registry import entry
+    try:
+        entry(name)
+    except KeyError as e:
+        raise argparse.ArgumentTypeError(f"{e.args[0]}: add one (the command and the code it measures) "
+                                         "before the run") from None
+    return name
+
+
 def parse_args(doc: str, argv: list[str] | None = None,
                extra: Callable[[argparse.ArgumentParser], None] | None = None,
                full_seeds: int | None = 3) -> argparse.Namespace:
