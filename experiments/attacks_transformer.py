@@ -82,7 +82,8 @@ def extra_flags(ap) -> None:
     ap.add_argument("--modes", default="none,clip", help="--robust values compared (default: %(default)s)")
     ap.add_argument("--peers", type=int, default=PEERS, help="peers per job, 8 or more; 1 attacker per 8 "
                     "(default: %(default)s)")
-    ap.add_argument("--name", default=NAME, type=c.results_name, help="the results files' name (default: %(default)s)")
+    ap.add_argument("--name", default=NAME, type=c.results_name,
+                    help="the results files' name (default: %(default)s)")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -81,8 +81,9 @@ def partitioned_mb_sent(n: int, codec: str, parameters: int) -> float:
 def extra_flags(ap) -> None:
     ap.add_argument("--peers", default="64,256", help="comma-separated sizes (default: %(default)s)")
     ap.add_argument("--bursts", choices=("both", "yes", "no"), default="no", help="default: %(default)s")
-    ap.add_argument("--name", default=NAME, type=c.results_name, help="results file name, to run sizes in parallel processes "
-                                                 "(default: %(default)s)")
+    ap.add_argument("--name", default=NAME, type=c.results_name,
+                    help="results file name, to run sizes in parallel processes "
+                         "(default: %(default)s)")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,8 +18,8 @@ runs one):
   not root: emulated, where the downlinks and bursts do not exist, said in the .md), non-i.i.d.
   shards (Dirichlet alpha 0.1 over the classes, seeded), BSP and SSP s=2 x selmcast (p=1, the
   default), random p = 1, 2, 3, all and the exponential graph (p=1), a round every PERIOD_16 steps
-  for every configuration, 10 epochs, 5 seeds: 60 runs of 30-120 s of training plus ~50 s each
-  for the namespaces and 16 peers' start-up (about 90 min on the shared 2-core machine). Time to
+  for every configuration, 10 epochs, 5 seeds: 60 runs of 50-110 s of training plus ~50 s each
+  for the namespaces and 16 peers' start-up (about 2.5 h on the shared 2-core machine). Time to
   target: first evaluation of rank 0's own model (every 2 rounds, just after a merge) at or above
   TARGET_16 (35%, one target for every 16-peer run); the ratio is SELMCAST's median / the best
   random-p's (lowest median) in the same sync mode. Issue 16's goal: at most 0.7 at no
@@ -29,15 +29,15 @@ Quick: heterogeneous-16 BSP x selmcast / random p=1, 1 epoch; heterogeneous-4 BS
 random p=2 / all and SSP s=2 x selmcast, 2 epochs; 1 seed (~5 min).
 
 --slow-close S: the 16-peer part alone, BSP, selmcast and random p = 1, 2, 3 each without and with
-`--slow-close S`, and the exponential graph without (45 runs at 5 seeds, about 75 min): selmcast_vs_random_16_slow.*.
+`--slow-close S`, and the exponential graph without (45 runs at 5 seeds, about 1.8 h): selmcast_vs_random_16_slow.*.
 The ratio is to the best random-p of either setting. With `--ssp`: the same in SSP s=2, except random
-p = 2 and 3 only without the close (in BSP it changed their time to target by 1-2%; 35 runs):
+p = 2 and 3 only without the close (in BSP it changed their time to target by 1-2%; 35 runs, 83 min on 2026-12-01):
 selmcast_vs_random_16_slow_ssp.*.
 
 --max-fanout K: SELMCAST p=1 with at most K receivers per sender (its extras capped). The 8-peer
 part: BSP and SSP s=2, against random p=1, 3 seeds (12 runs, about 10 min): selmcast_vs_random_capped.*.
 The 16-peer part: BSP, SELMCAST p=1 without and with the cap, random p = 1 and 3 (the best baselines
-of the runs before), 5 seeds (20 runs, about 35 min): selmcast_vs_random_16_capped.*.
+of the runs before), 5 seeds (20 runs, 42 min on 2026-12-01): selmcast_vs_random_16_capped.*.
 
 Seeds: 3 for the 8-peer part, 5 for the 16-peer part (its time to target spreads widely), unless
 --seeds says otherwise.

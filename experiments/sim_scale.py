@@ -110,8 +110,9 @@ def extra_flags(ap) -> None:
     ap.add_argument("--bursts", choices=("both", "yes", "no"), default="both", help="default: %(default)s")
     ap.add_argument("--data", choices=("both", "iid", "dirichlet"), default="both", help="default: %(default)s")
     ap.add_argument("--sync", choices=("both", "bsp", "ssp"), default="both", help="default: %(default)s")
-    ap.add_argument("--name", default=NAME, type=c.results_name, help="results file name, to run sizes in parallel processes "
-                                                 "(default: %(default)s)")
+    ap.add_argument("--name", default=NAME, type=c.results_name,
+                    help="results file name, to run sizes in parallel processes "
+                         "(default: %(default)s)")
 
 
 def main(argv: list[str] | None = None) -> None:

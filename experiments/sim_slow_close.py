@@ -61,7 +61,8 @@ def extra_flags(ap) -> None:
     ap.add_argument("--bursts", choices=("yes", "no"), default="yes", help="default: %(default)s")
     ap.add_argument("--data", choices=("both", "iid", "dirichlet"), default="both", help="default: %(default)s")
     ap.add_argument("--selections", default=SELECTIONS, help="policy:fanout,... (default: %(default)s)")
-    ap.add_argument("--name", default=NAME, type=c.results_name, help="results file name (default: %(default)s)")
+    ap.add_argument("--name", default=NAME, type=c.results_name,
+                    help="results file name (default: %(default)s)")
 
 
 def verdict(group: list[c.Row]) -> str:
