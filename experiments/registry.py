@@ -102,6 +102,8 @@ RESULTS: dict[str, Entry] = {
     # real training; the attacks' definitions (p2plearn/sim/attacks.py) are left out with the rest of p2plearn/sim
     "attacks_transformer": _entry("python experiments/attacks_transformer.py", TRAINING, ROBUST,
                                   ["experiments/attack_peer.py", "experiments/sim_scale.py"]),
+    "attacks_transformer_ssp": _entry("python experiments/attacks_transformer.py --sync ssp --name attacks_transformer_ssp",
+                                      TRAINING, ROBUST, ["experiments/attack_peer.py", "experiments/sim_scale.py"]),
     "sim_scale": _entry("python experiments/sim_scale.py --peers 16,64", SIMULATOR),
     "sim_scale_256_steady": _entry(f"{_SIM_SCALE} --bursts no --name sim_scale_256_steady", SIMULATOR),
     "sim_scale_256_bursts_iid": _entry(f"{_SIM_SCALE} --bursts yes --sync bsp --data iid "
