@@ -137,13 +137,16 @@ def main(argv: list[str] | None = None) -> int:
     if bool(args.attack) != bool(args.attackers):
         print("error: --attack and --attackers go together", file=sys.stderr)
         return 2
+    if args.ignore_attackers and not args.attack:
+        print("error: --ignore-attackers needs --attack and --attackers", file=sys.stderr)
+        return 2
     name = f"cnn-{args.width}" if args.model == "cnn" else f"mlp-{args.hidden}"
     print(f"p2plearn-sim: {ranks} virtual peers of {name} on {topology.name}: preparing the data, the replicas and "
           f"the step time ({'given' if args.step_ms else 'calibrated once per model, then cached'})",
           file=sys.stderr, flush=True)
     with ExitStack() as stack:
         try:
-            training = attacks.attacked_training(args.attack, args.attackers) if args.attack else VirtualTraining
+            training = attacks.attacked_training(args.attack, args.attackers, args.ignore_attackers) if args.attack else VirtualTraining
             run = training(options, settings, topology, mnist1d(args.samples), lambda: make_model(args), name)
             log_dir = options.log_dir or (stack.enter_context(tempfile.TemporaryDirectory(prefix="p2plearn-sim-"))
                                           if args.report else None)

@@ -20,6 +20,10 @@ ALIE_Z leaves the honest spread).
 `Attack` rewrites the attacker rows of one round's messages; `attacked_training` is a
 `VirtualTraining` whose rounds go through it (the experiments and `p2plearn-sim train --attack` both
 use it). The attackers should be the last ranks, so that `--eval-peers` evaluates honest ones.
+`--ignore-attackers` is the ideal defence, which no real receiver has: the honest peers know the
+attackers from the start and never merge what they send (their links still carry it). It is the floor
+a robust merge is measured against: what the honest peers lose by training without the attackers'
+share of the work, whatever the attack.
 """
 from __future__ import annotations
 
@@ -93,9 +97,10 @@ class Attack:
         return self._history[0]  # stale
 
 
-def attacked_training(attack: str, attackers: list[int]) -> type[VirtualTraining]:
+def attacked_training(attack: str, attackers: list[int], ignored: bool = False) -> type[VirtualTraining]:
     """A `VirtualTraining` whose `attackers` send what `attack` makes of their models (`Attack`); its
-    result adds "attack": the attack, the attackers, the strengths and the honest models' average's
+    result adds "attack": the attack, the attackers, the strengths, whether they were `ignored` (the
+    ideal defence: honest receivers drop their deliveries unmerged) and the honest models' average's
     accuracy (the run's averaged_accuracy counts the attackers' models)."""
 
     class Attacked(VirtualTraining):
@@ -113,12 +118,15 @@ def attacked_training(attack: str, attackers: list[int]) -> type[VirtualTraining
             for rnd in sorted(r for r in messages if r > self._tampered):
                 self.attack.tamper(messages[rnd])
                 self._tampered = rnd
+            if ignored:
+                from_attacker = np.isin(pending["src"], attackers) & ~np.isin(pending["dst"], attackers)
+                taken = taken & ~from_attacker
             super()._merge(current, pending, taken, messages, anchors)
 
         def _run(self, progress) -> dict:
             result = super()._run(progress)
             honest = self.replicas.flat[self.attack.honest].mean(0)
-            result["attack"] = {"name": attack, "attackers": list(attackers), "strengths": describe(),
+            result["attack"] = {"name": attack, "attackers": list(attackers), "strengths": describe(), "ignored": ignored,
                                 "honest_averaged_accuracy": self.replicas.accuracy(honest, self.data.x_test,
                                                                                    self.data.y_test)}
             return result
@@ -146,3 +154,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                             "default: none)")
     group.add_argument("--attackers", type=parse_ranks, default=None, metavar="RANKS",
                        help="the attacking ranks, e.g. 60-63; the last ranks keep --eval-peers honest (default: none)")
+    group.add_argument("--ignore-attackers", action="store_true",
+                       help="the ideal defence: honest peers never merge what the attackers send (the floor a "
+                            "robust merge is measured against)")

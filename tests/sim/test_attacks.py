@@ -115,6 +115,28 @@ def test_receivers_merge_what_the_attack_made_of_the_round():
     assert any(not np.array_equal(values, before[rnd][7]) for rnd, values in from_attacker)
 
 
+def test_ignored_attackers_reach_no_honest_model():
+    """--ignore-attackers (the ideal defence): no honest receiver merges what rank 7 sends, and rank 7
+    still merges the honest peers' messages."""
+    args = parser().parse_args(["train", *JOB, "--steps", "24"])
+    options = Options.from_args(args)
+    settings = Settings(batch_size=32, steps=args.steps, eval_every=args.eval_every, step_s=0.002, eval_s=0.0)
+    training = attacked_training("gaussian", [7], ignored=True)(options, settings, load(options.topology),
+                                                                mnist1d(args.samples), lambda: make_model(args), "mlp-32")
+    merged = []  # (sender, receiver) of every delivery merged
+    plain = training.arrivals.plain
+
+    def recording_plain(sender, receiver, msg_id, values, delivered, layer_delivered):
+        merged.append((sender, receiver))
+        return plain(sender, receiver, msg_id, values, delivered, layer_delivered)
+
+    training.arrivals.plain = recording_plain
+    result = training.run()
+    assert result["attack"]["ignored"] and merged
+    assert not [(s, r) for s, r in merged if s == 7]
+    assert [(s, r) for s, r in merged if r == 7]
+
+
 def test_the_cli_takes_the_attack_and_refuses_bad_ranks(tmp_path, capsys):
     out = tmp_path / "out.json"
     assert main(["train", *JOB, "--steps", "24", "--attack", "alie", "--attackers", "6-7", "--json", str(out)]) == 0
@@ -125,6 +147,8 @@ def test_the_cli_takes_the_attack_and_refuses_bad_ranks(tmp_path, capsys):
     assert "distinct ranks of the 8 peers" in capsys.readouterr().err
     assert main(["train", *JOB, "--attack", "alie"]) == 2
     assert "--attack and --attackers go together" in capsys.readouterr().err
+    assert main(["train", *JOB, "--ignore-attackers"]) == 2
+    assert "--ignore-attackers needs --attack" in capsys.readouterr().err
     assert main(["train", *JOB, "--attack", "alie", "--attackers", "7", "--compress", "int8"]) == 2
     assert "not simulated with --compress" in capsys.readouterr().err
     with pytest.raises(SystemExit):
