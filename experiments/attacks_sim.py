@@ -8,7 +8,8 @@ attacks.py's setting and attacks (`p2plearn.sim.attacks`, through `p2plearn-sim 
 --attackers RANKS`: heterogeneous tiers 25/50/100 Mbit/s, steady, i.i.d., SELMCAST p=1, the MNIST-1D
 MLP, a round every sim_scale.PERIOD steps, sim_scale.STEPS local steps) at 64 peers with 4 attackers
 and 256 with 16 (one in PER_ATTACKER, the last ranks), BSP and SSP s=2; every attack with the plain
-merge and with --robust clip (radius 2), and no attacker with both. --configs names the (peers, sync)
+merge and with --robust clip (radius 2), no attacker with both, and attacks.py's ideal defence (the
+attackers ignored from the start: the floor of any receiver's defence, one row, attack "any"). --configs names the (peers, sync)
 pairs run: SSP at 256 peers is left out by default (each 256-peer setting costs ~15 CPU-minutes here).
 Accuracy: the mean over honest ranks 0..EVAL_PEERS-1's own models at the end ("final") and the honest
 models' average's. Time to target: the first evaluation at which that mean reaches the target, fixed
@@ -65,6 +66,8 @@ def judge(group: list[c.Row]) -> dict[tuple[str, str], str]:
         acc, tta = median(attack, robust, "own_accuracy_end"), median(attack, robust, "tta_s")
         if robust == "none":
             verdicts[(attack, robust)] = "baseline" if attack == "none" else "-"
+        elif robust == attacks.IDEAL:
+            verdicts[(attack, robust)] = f"the floor ({(acc - base_acc) * 100:+.1f} pts)"
         elif attack == "none":
             ok = acc >= base_acc - CLEAN_POINTS and tta <= CLEAN_TTA * base_tta
             verdicts[(attack, robust)] = (f"{'met' if ok else 'missed'} ({(acc - base_acc) * 100:+.1f} pts, "
@@ -99,6 +102,8 @@ def main(argv: list[str] | None = None) -> None:
     names = ("none", "sign flip") if args.quick else ("none", *attack_models.ATTACKS)
     jobs = [({"peers": n, "sync": sync, "attack": attack, "robust": robust}, seed) for n, sync in configs
             for attack in names for robust in MODES for seed in range(args.seeds)]
+    jobs += [({"peers": n, "sync": sync, "attack": "any", "robust": attacks.IDEAL}, seed) for n, sync in configs
+             for seed in range(args.seeds)]
     t0 = time.monotonic()
     with ProcessPoolExecutor(args.jobs) as pool:
         rows: list[c.Row] = [row for done in pool.map(one_run, jobs) for row in done]
@@ -125,13 +130,14 @@ def main(argv: list[str] | None = None) -> None:
         tables.append(f"**{n} peers, {n // PER_ATTACKER} attackers, {sync}** (target {target:.0%})\n\n" + "\n".join(lines))
         held = [v for (a, m), v in verdicts.items() if m == "clip" and a != "none"]
         notes.append(f"- {n} peers, {sync}: clip without attackers {verdicts[('none', 'clip')]}; under attack "
-                     f"{sum(v.startswith('met') for v in held)} of {len(held)} attacks within 2 points")
+                     f"{sum(v.startswith('met') for v in held)} of {len(held)} attacks within 2 points; ideal "
+                     f"defence: {verdicts[('any', attacks.IDEAL)]}")
     setup = (f"Virtual time (`p2plearn-sim train --attack A --attackers RANKS`), MNIST-1D MLP hidden {scale.HIDDEN} "
              f"({rows[0].get('parameters', '?')} parameters), a message {scale.MESSAGE_BYTES / 1e6:g} MB on the "
              f"simulated network, SELMCAST p=1, a round every {scale.PERIOD} steps, {scale.STEPS} local steps, batch 32, "
              f"SGD lr 0.1 momentum 0.9, i.i.d., heterogeneous tiers 25/50/100 Mbit/s, steady; one attacker in "
              f"{PER_ATTACKER} (the last ranks); SSP with s=2; {args.seeds} seed(s). Attacks: {attack_models.describe()}; "
-             f"clip: --robust clip at the default radius 2. Cells: median [min-max] over seeds; goal: on the "
+             f"clip: --robust clip at the default radius 2; ideal: the attackers ignored from the start (--ignore-attackers). Cells: median [min-max] over seeds; goal: on the "
              f"medians, against the plain run without attackers (final accuracy; for clip without attackers also "
              f"the time to target). The runs took {cpu_min:.1f} CPU-minutes. Virtual times "
              f"do not depend on the host's load. " + c.load_note(rows))

@@ -61,7 +61,7 @@ def test_attacks_transformer_quick(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("name,runs", [("sim_scale", 6), ("sim_tolerance", 3), ("sim_value_filter", 3),
-                                       ("sim_slow_close", 4), ("attacks_sim", 4), ("defaults_sim", 6)])
+                                       ("sim_slow_close", 4), ("attacks_sim", 5), ("defaults_sim", 6)])
 def test_virtual_time_experiments_quick(tmp_path: Path, name: str, runs: int) -> None:
     rows, md = run_quick(name, tmp_path, timeout=800)
     assert len(rows) == runs and all(r["ok"] == "True" for r in rows), rows
