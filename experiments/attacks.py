@@ -128,15 +128,15 @@ def main(argv: list[str] | None = None) -> None:
                              and r["robust"] == mode)[0]
 
         clean = {m: accuracy("none", m) for m in modes if m != IDEAL}
-        baseline = clean.get("none", math.nan)
         ideal = accuracy("any", IDEAL) if IDEAL in modes else math.nan
         if not math.isnan(ideal):
             verdicts.append(f"- {n} peers, {sync}, ideal defence (the attackers ignored from the start): {ideal:.3f} "
-                            f"({(ideal - baseline) * 100:+.1f} points from the clean plain run): the floor")
+                            f"({(ideal - clean.get('none', math.nan)) * 100:+.1f} points from the clean plain run): "
+                            "the floor")
         for m in clean:
             worst = min(((accuracy(a, m), a) for a in attacks if a != "none"), default=None)
             if worst:
-                baseline = clean.get("none", clean[m])
+                baseline = clean.get("none", clean[m])  # the plain merge's clean run, where it was run
                 versus_ideal = "" if math.isnan(ideal) else f", {(worst[0] - ideal) * 100:+.1f} from the ideal defence"
                 verdicts.append(f"- {n} peers, {sync}, --robust {m}: without attackers {clean[m]:.3f}; worst attack "
                                 f"{worst[1]}: {worst[0]:.3f} ({(worst[0] - baseline) * 100:+.1f} points from the clean "
@@ -147,7 +147,9 @@ def main(argv: list[str] | None = None) -> None:
              f"{' and '.join(s.upper() + (' (staleness 2)' if s == 'ssp' else '') for s in syncs)}, SELMCAST p=1, a "
              f"round every {scale.PERIOD} steps, {scale.STEPS} local steps, batch 32, SGD lr 0.1 momentum 0.9, i.i.d., "
              f"heterogeneous tiers 25/50/100 Mbit/s, steady; {args.seeds} seed(s). Attacks: "
-             f"{attack_models.describe()}; clip: --robust clip at the default --robust-radius 2, clip:1 at 1, clip+exclude with --robust-exclude; ideal: the attackers ignored from the start (--ignore-attackers), the same whatever they send. Cells: median [min-max] over seeds. "
+             f"{attack_models.describe()}; clip: --robust clip at the default --robust-radius 2, clip:1 at 1, "
+             f"clip+exclude with --robust-exclude; ideal: the attackers ignored from the start (--ignore-attackers), "
+             f"the same whatever they send. Cells: median [min-max] over seeds. "
              f"Virtual times do not depend on the host's load. " + c.load_note(rows))
 
     def draw(ax) -> None:

@@ -9,8 +9,8 @@ attacks.py's setting and attacks (`p2plearn.sim.attacks`, through `p2plearn-sim 
 MLP, a round every sim_scale.PERIOD steps, sim_scale.STEPS local steps) at 64 peers with 4 attackers
 and 256 with 16 (one in PER_ATTACKER, the last ranks), BSP and SSP s=2; every attack with the plain
 merge and with --robust clip (radius 2), no attacker with both, and attacks.py's ideal defence (the
-attackers ignored from the start: the floor of any receiver's defence, one row, attack "any"). --configs names the (peers, sync)
-pairs run: SSP at 256 peers is left out by default (each 256-peer setting costs ~15 CPU-minutes here).
+attackers ignored from the start: the floor of any receiver's defence, one row, attack "any").
+--configs names the (peers, sync) pairs run: SSP at 256 peers is left out by default (each 256-peer setting costs ~15 CPU-minutes here).
 Accuracy: the mean over honest ranks 0..EVAL_PEERS-1's own models at the end ("final") and the honest
 models' average's. Time to target: the first evaluation at which that mean reaches the target, fixed
 per setting before any comparison: TARGET_SHARE of the lower final accuracy of seed 0's two runs without
@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> None:
              f"simulated network, SELMCAST p=1, a round every {scale.PERIOD} steps, {scale.STEPS} local steps, batch 32, "
              f"SGD lr 0.1 momentum 0.9, i.i.d., heterogeneous tiers 25/50/100 Mbit/s, steady; one attacker in "
              f"{PER_ATTACKER} (the last ranks); SSP with s=2; {args.seeds} seed(s). Attacks: {attack_models.describe()}; "
-             f"clip: --robust clip at the default radius 2; ideal: the attackers ignored from the start (--ignore-attackers). Cells: median [min-max] over seeds; goal: on the "
+             f"clip: --robust clip at the default radius 2; ideal: the attackers ignored from the start "
+             f"(--ignore-attackers). Cells: median [min-max] over seeds; goal: on the "
              f"medians, against the plain run without attackers (final accuracy; for clip without attackers also "
              f"the time to target). The runs took {cpu_min:.1f} CPU-minutes. Virtual times "
              f"do not depend on the host's load. " + c.load_note(rows))

@@ -146,7 +146,8 @@ def main(argv: list[str] | None = None) -> int:
           file=sys.stderr, flush=True)
     with ExitStack() as stack:
         try:
-            training = attacks.attacked_training(args.attack, args.attackers, args.ignore_attackers) if args.attack else VirtualTraining
+            training = (attacks.attacked_training(args.attack, args.attackers, args.ignore_attackers) if args.attack
+                        else VirtualTraining)
             run = training(options, settings, topology, mnist1d(args.samples), lambda: make_model(args), name)
             log_dir = options.log_dir or (stack.enter_context(tempfile.TemporaryDirectory(prefix="p2plearn-sim-"))
                                           if args.report else None)

@@ -126,7 +126,8 @@ def attacked_training(attack: str, attackers: list[int], ignored: bool = False) 
         def _run(self, progress) -> dict:
             result = super()._run(progress)
             honest = self.replicas.flat[self.attack.honest].mean(0)
-            result["attack"] = {"name": attack, "attackers": list(attackers), "strengths": describe(), "ignored": ignored,
+            result["attack"] = {"name": attack, "attackers": list(attackers), "strengths": describe(),
+                                "ignored": ignored,
                                 "honest_averaged_accuracy": self.replicas.accuracy(honest, self.data.x_test,
                                                                                    self.data.y_test)}
             return result
