@@ -2,7 +2,7 @@
 within 2 points of the run without attackers for every attack, and without attackers costs <= 0.5
 points and <= 1.1x the time to target.
 
-    python experiments/attacks_sim.py [--quick] [--seeds N] [--configs 64:bsp,64:ssp,256:bsp] [--jobs N] [--out DIR]
+    python experiments/attacks_sim.py [--quick] [--report] [--seeds N] [--configs 64:bsp,64:ssp,256:bsp] [--jobs N] [--out DIR]
 
 attacks.py's setting and attacks (`p2plearn.sim.attacks`, through `p2plearn-sim train --attack A
 --attackers RANKS`: heterogeneous tiers 25/50/100 Mbit/s, steady, i.i.d., SELMCAST p=1, the MNIST-1D
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import resource
 import sys
 import tempfile
@@ -39,6 +40,7 @@ import sim_scale as scale
 from p2plearn.sim import attacks as attack_models
 
 NAME = "attacks_sim"
+CPU = re.compile(r"The runs took ([0-9.]+) CPU-minutes")  # the setup's, read back by --report
 PER_ATTACKER = 16             # peers per attacker: 64 -> 4, 256 -> 16
 MODES = ("none", "clip")      # --robust values compared
 SYNC_FLAGS = {"bsp": ("--sync", "bsp"), "ssp": ("--sync", "ssp", "--staleness", "2")}
@@ -71,7 +73,7 @@ def judge(group: list[c.Row]) -> dict[tuple[str, str], str]:
         elif attack == "none":
             ok = acc >= base_acc - CLEAN_POINTS and tta <= CLEAN_TTA * base_tta
             verdicts[(attack, robust)] = (f"{'met' if ok else 'missed'} ({(acc - base_acc) * 100:+.1f} pts, "
-                                          f"{tta / base_tta:.2f}x)")
+                                          f"{c.number(tta / base_tta, '.2f')}x)")
         else:
             ok = acc >= base_acc - ATTACK_POINTS
             verdicts[(attack, robust)] = f"{'met' if ok else 'missed'} ({(acc - base_acc) * 100:+.1f} pts)"
@@ -96,20 +98,13 @@ def extra_flags(ap) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = c.parse_args(__doc__, argv, extra=extra_flags)
+    args = c.parse_args(__doc__, argv, extra=extra_flags, report=True)
     os.chdir(c.ROOT)
-    configs = [(64, "bsp")] if args.quick else [(int(n), s) for n, s in (x.split(":") for x in args.configs.split(","))]
-    names = ("none", "sign flip") if args.quick else ("none", *attack_models.ATTACKS)
-    jobs = [({"peers": n, "sync": sync, "attack": attack, "robust": robust}, seed) for n, sync in configs
-            for attack in names for robust in MODES for seed in range(args.seeds)]
-    jobs += [({"peers": n, "sync": sync, "attack": "any", "robust": attacks.IDEAL}, seed) for n, sync in configs
-             for seed in range(args.seeds)]
-    t0 = time.monotonic()
-    with ProcessPoolExecutor(args.jobs) as pool:
-        rows: list[c.Row] = [row for done in pool.map(one_run, jobs) for row in done]
-    # the workers' CPU (they have ended: the pool has waited for them)
-    cpu_min = sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2]) / 60
-    print(f"{len(rows)} runs in {time.monotonic() - t0:.0f} s, {cpu_min:.1f} CPU-minutes", file=sys.stderr)
+    if args.report:  # the stored run's CPU time is in its setup text only
+        rows = c.read_rows(args.out / f"{NAME}.csv")
+        cpu_min = float(re.search(CPU, (args.out / f"{NAME}.md").read_text())[1])
+    else:
+        rows, cpu_min = run_all(args)
     tables, notes = [], []
     for (n, sync), group in c.groups(rows, ["peers", "sync"]).items():
         target = target_of(group)
@@ -136,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
              f"({rows[0].get('parameters', '?')} parameters), a message {scale.MESSAGE_BYTES / 1e6:g} MB on the "
              f"simulated network, SELMCAST p=1, a round every {scale.PERIOD} steps, {scale.STEPS} local steps, batch 32, "
              f"SGD lr 0.1 momentum 0.9, i.i.d., heterogeneous tiers 25/50/100 Mbit/s, steady; one attacker in "
-             f"{PER_ATTACKER} (the last ranks); SSP with s=2; {args.seeds} seed(s). Attacks: {attack_models.describe()}; "
+             f"{PER_ATTACKER} (the last ranks); SSP with s=2; {c.seed_count(rows)} seed(s). Attacks: {attack_models.describe()}; "
              f"clip: --robust clip at the default radius 2; ideal: the attackers ignored from the start "
              f"(--ignore-attackers). Cells: median [min-max] over seeds; goal: on the "
              f"medians, against the plain run without attackers (final accuracy; for clip without attackers also "
@@ -150,7 +145,24 @@ def main(argv: list[str] | None = None) -> None:
                             f"{first['peers']} peers, {first['peers'] // PER_ATTACKER} attackers, {first['sync']}, seed 0")
 
     c.write_results(args.out, NAME, rows, "Lying members at 64 and 256 peers, in virtual time", setup,
-                    "\n\n".join(tables), draw, notes="\n".join(notes))
+                    "\n\n".join(tables), draw, notes="\n".join(notes), report=args.report)
+
+
+def run_all(args) -> tuple[list[c.Row], float]:
+    """Every job the flags select, in args.jobs processes; the rows and the workers' CPU-minutes."""
+    configs = [(64, "bsp")] if args.quick else [(int(n), s) for n, s in (x.split(":") for x in args.configs.split(","))]
+    names = ("none", "sign flip") if args.quick else ("none", *attack_models.ATTACKS)
+    jobs = [({"peers": n, "sync": sync, "attack": attack, "robust": robust}, seed) for n, sync in configs
+            for attack in names for robust in MODES for seed in range(args.seeds)]
+    jobs += [({"peers": n, "sync": sync, "attack": "any", "robust": attacks.IDEAL}, seed) for n, sync in configs
+             for seed in range(args.seeds)]
+    t0 = time.monotonic()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        rows: list[c.Row] = [row for done in pool.map(one_run, jobs) for row in done]
+    # the workers' CPU (they have ended: the pool has waited for them)
+    cpu_min = sum(resource.getrusage(resource.RUSAGE_CHILDREN)[:2]) / 60
+    print(f"{len(rows)} runs in {time.monotonic() - t0:.0f} s, {cpu_min:.1f} CPU-minutes", file=sys.stderr)
+    return rows, cpu_min
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ which starts `p2plearn.launch` around the MNIST-1D example and reads rank 0's JS
 rows to `write_results`, which writes `<out>/<name>.csv` (raw rows), `<name>.md` (setup + table)
 and `<name>.png` (the figure the script draws). The .md starts with the run's `Measured:` line
 (commit, tree, load, seeds, command: experiments/provenance.py), which the .png carries too.
+Medians are over seeds, a target never reached counting as the slowest run ('never'); a script
+with --report rewrites its .md and .png from the stored CSV when that summary changes.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ RESULTS = ROOT / "experiments" / "results"
 PY = sys.executable
 MLP_HIDDEN = 512  # the MNIST-1D MLP of the per-step experiments: 0.29M parameters, 1.2 MB a round at --period 1
 Row = dict[str, Any]
+READING = "Reading (ours):"  # how the paragraph we add to a results file by hand begins
 
 
 def results_name(name: str) -> str:
@@ -48,9 +51,11 @@ def results_name(name: str) -> str:
 
 def parse_args(doc: str, argv: list[str] | None = None,
                extra: Callable[[argparse.ArgumentParser], None] | None = None,
-               full_seeds: int | None = 3) -> argparse.Namespace:
+               full_seeds: int | None = 3, report: bool = False) -> argparse.Namespace:
     """--quick, --out, --seeds: the flags every experiment takes (``extra`` adds an experiment's own).
-    --seeds defaults to 1 with --quick, else to ``full_seeds`` (None: left to the script, per part)."""
+    --seeds defaults to 1 with --quick, else to ``full_seeds`` (None: left to the script, per part).
+    ``report``: the script can also rewrite its tables from the rows it stored (--report: `read_rows`
+    of the stored CSV, then `write_results(..., report=True)`)."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     if extra:
         extra(ap)
@@ -58,7 +63,12 @@ def parse_args(doc: str, argv: list[str] | None = None,
     ap.add_argument("--out", type=Path, default=RESULTS, help="directory for <name>.csv/.md/.png")
     ap.add_argument("--seeds", type=int, default=None, help="repetitions per configuration (default 1 quick, "
                     f"{full_seeds or 'per part'} full)")
+    if report:
+        ap.add_argument("--report", action="store_true",
+                        help="no runs: rewrite <out>/<name>.md and .png from the <name>.csv stored there, keeping "
+                        "its Measured: line and our reading (after a change to how the rows are summarised)")
     args = ap.parse_args(argv)
+    args.report = getattr(args, "report", False)
     args.seeds = args.seeds or (1 if args.quick else full_seeds)
     args.out.mkdir(parents=True, exist_ok=True)
     return args
@@ -145,6 +155,23 @@ def repeat(config: Row, seeds: int, run: Callable[[int], Row | None], first_seed
     return rows
 
 
+def repeat_all(configs: Iterable[Row], seeds: int, run: Callable[[Path, Row, int], Row | None]) -> list[Row]:
+    """`repeat` of `run(tmp, config, seed)` for each config, in one temporary directory they share
+    (topology files, a run's JSON); says how many runs took how long."""
+    rows: list[Row] = []
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="p2psim-") as tmp:
+        for config in configs:
+            rows += repeat(config, seeds, lambda seed, config=config: run(Path(tmp), config, seed))
+    print(f"{len(rows)} runs in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    return rows
+
+
+def seed_count(rows: list[Row]) -> int:
+    """How many seeds the rows ran (each configuration the same)."""
+    return len({r["seed"] for r in rows})
+
+
 def load_note(rows: list[Row]) -> str:
     """A sentence on when the rows ran and how loaded the (shared) machine was, for a setup text."""
     loads = [r["load_1min"] for r in rows if "load_1min" in r]
@@ -157,8 +184,9 @@ def load_note(rows: list[Row]) -> str:
 
 
 def time_to_accuracy(history: Iterable[tuple[float, float]], target: float) -> float:
-    """Wall seconds of the first evaluation at or above `target`; nan if never reached."""
-    return next((t for t, acc in history if acc >= target), math.nan)
+    """Wall seconds of the first evaluation at or above `target`; inf if never reached (a miss: slower
+    than any time, so that a median over seeds counts it; a failed run is nan and counts nowhere)."""
+    return next((t for t, acc in history if acc >= target), math.inf)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -170,22 +198,29 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def summary(values: Iterable[float]) -> tuple[float, float, float]:
-    """(median, min, max) over the finite values; nans when none is."""
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    if not finite:
+    """(median, min, max) over the values that are not nan (a failed run): inf (a target never
+    reached) counts as the slowest; nans when every value is nan."""
+    known = [v for v in values if v is not None and not math.isnan(v)]
+    if not known:
         return math.nan, math.nan, math.nan
-    return statistics.median(finite), min(finite), max(finite)
+    return statistics.median(known), min(known), max(known)
+
+
+def number(value: float, fmt: str = ".3g") -> str:
+    """`value` in `fmt`; inf (a target never reached) as 'never'."""
+    return "never" if value == math.inf else f"{value:{fmt}}"
 
 
 def cell(values: Iterable[float], fmt: str = ".3g") -> str:
-    """'median [min-max]' for a table; '-' when nothing finite (e.g. target never reached)."""
+    """'median [min-max]' for a table, a target never reached as 'never' (counted in the median); '-'
+    when every run failed, '(k n/a)' after the figures for the k failed runs among the others."""
     values = list(values)
     med, lo, hi = summary(values)
     if math.isnan(med):
         return "-"
-    missing = sum(1 for v in values if v is None or not math.isfinite(v))
-    spread = "" if lo == hi else f" [{lo:{fmt}}-{hi:{fmt}}]"
-    return f"{med:{fmt}}{spread}" + (f" ({missing} n/a)" if missing else "")
+    failed = sum(1 for v in values if v is None or math.isnan(v))
+    spread = "" if lo == hi else f" [{number(lo, fmt)}-{number(hi, fmt)}]"
+    return f"{number(med, fmt)}{spread}" + (f" ({failed} n/a)" if failed else "")
 
 
 def groups(rows: list[Row], keys: list[str]) -> dict[tuple, list[Row]]:
@@ -209,7 +244,8 @@ def table(rows: list[Row], keys: list[str], metrics: dict[str, Callable[[Row], f
         cells = [str(k) for k in key] + [cell((f(r) for r in rs), fmt) for f in metrics.values()]
         if ratio_of:
             med = summary(metrics[ratio_of](r) for r in rs)[0]
-            cells.append(f"{med / base:.2f}" if base and math.isfinite(base) and math.isfinite(med) else "-")
+            cells.append("never" if med == math.inf and math.isfinite(base)
+                         else f"{med / base:.2f}" if base and math.isfinite(base) and math.isfinite(med) else "-")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -247,20 +283,52 @@ def clock_sentence(rows: list[Row]) -> str:
             "; ".join(f"a step {step:.3g} ms, an evaluation {ev:.3g} ms" for step, ev in clocks) + ".")
 
 
+def read_rows(path: Path) -> list[Row]:
+    """The rows of a CSV that `write_results` wrote (JSON lists and numbers back, True/False back to
+    booleans, an empty field, a failed run's missing value, to None)."""
+    def value(text: str) -> Any:
+        if text in ("", "True", "False"):
+            return None if text == "" else text == "True"
+        try:
+            return json.loads(text)
+        except ValueError:
+            try:
+                return float(text)  # nan and inf, which JSON spells otherwise
+            except ValueError:
+                return text
+
+    if not path.exists():
+        raise SystemExit(f"{path} does not exist (run the experiment first)")
+    with open(path, newline="") as f:
+        return [{k: value(v) for k, v in row.items()} for row in csv.DictReader(f)]
+
+
 def write_results(out: Path, name: str, rows: list[Row], title: str, setup: str, tables: str,
-                  draw: Callable[[plt.Axes], None], notes: str = "") -> None:
+                  draw: Callable[[plt.Axes], None], notes: str = "", report: bool = False) -> None:
     """Write <out>/<name>.csv (every row, list-valued fields as JSON), <name>.md and <name>.png; the
-    .md's first line after the title, and the .png's Description, say what the rows measured."""
-    fields = list(dict.fromkeys(k for r in rows for k in r))
-    with open(out / f"{name}.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fields)
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in r.items()})
-    measured = provenance.current(name, rows).line()
+    .md's first line after the title, and the .png's Description, say what the rows measured.
+    ``report``: the rows are the stored CSV's (--report): the CSV, the .md's Measured: line and
+    the paragraph of our reading at its end (from READING on) stay as they were."""
+    path = out / f"{name}.md"
+    if report:
+        stored = path.read_text() if path.exists() else ""
+        kept = provenance.parse(stored)
+        if kept is None:
+            raise SystemExit(f"--report: {path} has no Measured: line to keep")
+        measured = kept.line()
+        reading = stored[stored.index(READING):] if READING in stored else ""
+    else:
+        fields = list(dict.fromkeys(k for r in rows for k in r))
+        with open(out / f"{name}.csv", "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=fields)
+            writer.writeheader()
+            for r in rows:
+                writer.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in r.items()})
+        measured = provenance.current(name, rows).line()
+        reading = ""
     md = (f"# {title}\n\n{measured}\n\n{setup.strip()}{clock_sentence(rows)}\n\n{tables.strip()}\n\n"
           f"![{name}]({name}.png)\n")
-    (out / f"{name}.md").write_text(md + (f"\n{notes.strip()}\n" if notes else ""))
+    path.write_text(md + (f"\n{notes.strip()}\n" if notes else "") + (f"\n{reading.strip()}\n" if reading else ""))
     fig, ax = plt.subplots(figsize=(7, 4.5))
     draw(ax)
     ax.grid(alpha=0.3)
@@ -273,14 +341,19 @@ def write_results(out: Path, name: str, rows: list[Row], title: str, setup: str,
 
 def bar_chart(ax: plt.Axes, rows: list[Row], keys: list[str], value: Callable[[Row], float], ylabel: str,
               title: str) -> None:
-    """Bars of the median over seeds per configuration, with min-max error bars."""
+    """Bars of the median over seeds per configuration, with min-max error bars; a configuration
+    whose runs never reached the target (inf) says how many in its label, its bar and bar ends
+    drawn only where finite."""
     labels, meds, lows, highs = [], [], [], []
     for key, rs in groups(rows, keys).items():
-        med, lo, hi = summary(value(r) for r in rs)
-        labels.append("\n".join(str(k) for k in key))
-        meds.append(0.0 if math.isnan(med) else med)
-        lows.append(0.0 if math.isnan(med) else med - lo)
-        highs.append(0.0 if math.isnan(med) else hi - med)
+        values = [value(r) for r in rs]
+        med, lo, hi = summary(values)
+        never = sum(1 for v in values if v == math.inf)
+        labels.append("\n".join(str(k) for k in key) + (f"\n({never} never)" if never else ""))
+        shown = math.isfinite(med)
+        meds.append(med if shown else 0.0)
+        lows.append(med - lo if shown else 0.0)
+        highs.append(hi - med if shown and math.isfinite(hi) else 0.0)
     ax.bar(range(len(labels)), meds, yerr=[lows, highs], capsize=3, color="tab:blue")
     ax.set_xticks(range(len(labels)), labels, fontsize=7)
     ax.set_ylabel(ylabel)

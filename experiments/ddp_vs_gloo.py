@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
 
     args = c.parse_args(__doc__, argv, extra)
     if args.merge:
-        rows = [row for path in args.merge for row in read_rows(path)]
+        rows = [row for path in args.merge for row in c.read_rows(path)]
         write(args.out, rows, int(rows[0]["steps"]) if rows else STEPS, args.seeds)
         return
     if not c.is_root():
@@ -125,22 +125,6 @@ def main(argv: list[str] | None = None) -> None:
 
                 rows += c.repeat({"topology": topology, "config": name}, args.seeds, one)
         write(args.out, rows, steps, args.seeds)
-
-
-def read_rows(path: Path) -> list[c.Row]:
-    """The rows of a CSV that `write` wrote (JSON lists back to lists, numbers back to numbers)."""
-    import csv
-
-    def value(text: str):
-        if text in ("", "True", "False"):  # a failed run's missing fields; its ok
-            return None if text == "" else text == "True"
-        try:
-            return json.loads(text)
-        except ValueError:
-            return text
-
-    with open(path, newline="") as f:
-        return [{k: value(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
 def write(out: Path, rows: list[c.Row], steps: int, seeds: int) -> None:

@@ -2,7 +2,7 @@
 256 peers, in virtual time: today's defaults (BSP, SELMCAST p=1, a round every 16 steps) or
 partitioned rounds (a full average at an all-reduce's cost), each plain, --compress fp16 and int4.
 
-    python experiments/defaults_sim.py [--quick] [--seeds N] [--peers 64,256] [--bursts no|yes|both]
+    python experiments/defaults_sim.py [--quick] [--report] [--seeds N] [--peers 64,256] [--bursts no|yes|both]
                                        [--name NAME] [--out DIR]
 
 The virtual-time half of what chooses the defaults (experiments/time_to_accuracy.py measures the
@@ -20,9 +20,9 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -87,21 +87,13 @@ def extra_flags(ap) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = c.parse_args(__doc__, argv, extra=extra_flags)
+    args = c.parse_args(__doc__, argv, extra=extra_flags, report=True)
     os.chdir(c.ROOT)
-    sizes = [16] if args.quick else [int(x) for x in args.peers.split(",")]
-    bursts = [False] if args.quick else [b for b in (False, True) if args.bursts in ("both", "yes" if b else "no")]
-    rows: list[c.Row] = []
-    t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="p2psim-") as tmp:
-        for n in sizes:
-            for bursty in bursts:
-                for setting in SETTINGS:
-                    for codec in CODECS:
-                        cfg = {"peers": n, "bursts": bursty, "data": "iid", "setting": setting, "compress": codec}
-                        rows += c.repeat(cfg, args.seeds, lambda seed, cfg=cfg: run(Path(tmp), cfg, seed))
-    wall = time.monotonic() - t0
-    print(f"{len(rows)} runs in {wall:.0f} s", file=sys.stderr)
+    if args.report:  # the stored run's wall time is in its setup text only
+        rows = c.read_rows(args.out / f"{args.name}.csv")
+        wall = float(re.search(WALL, (args.out / f"{args.name}.md").read_text())[1])
+    else:
+        rows, wall = run_all(args)
     tables, verdicts = [], []
     tta = c.metric("tta_s")
     for group in c.groups(rows, ["peers", "bursts"]).values():
@@ -115,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
                           "wall s (simulation)": c.metric("wall_s")},
             baseline=(DEFAULTS, "none"), ratio_of="time to target s"))
         verdicts.append(f"- {where}: {soonest(group)}")
-    setup = setup_text(rows, args.seeds, any(bursts), wall)
+    setup = setup_text(rows, any(r["bursts"] for r in rows), wall)
 
     def draw(ax) -> None:
         last = [r for r in rows if r["ok"] and r["seed"] == 0 and (r["peers"], r["bursts"]) ==
@@ -124,10 +116,20 @@ def main(argv: list[str] | None = None) -> None:
                           f"{rows[-1]['peers']} peers, {'bursts' if rows[-1]['bursts'] else 'steady'}, seed 0")
 
     c.write_results(args.out, args.name, rows, "The defaults against partitioned rounds and compression at 64-256 "
-                    "peers, in virtual time", setup, "\n\n".join(tables), draw, notes="\n".join(verdicts))
+                    "peers, in virtual time", setup, "\n\n".join(tables), draw, notes="\n".join(verdicts),
+                    report=args.report)
 
 
-def setup_text(rows: list[c.Row], seeds: int, bursty: bool, wall: float) -> str:
+def run_all(args) -> tuple[list[c.Row], float]:
+    """Every configuration the flags select, each over the seeds; the rows and their wall seconds."""
+    sizes, bursts = scale.sizes_and_bursts(args)
+    t0 = time.monotonic()
+    rows = c.repeat_all(({"peers": n, "bursts": bursty, "data": "iid", "setting": setting, "compress": codec}
+                         for n in sizes for bursty in bursts for setting in SETTINGS for codec in CODECS), args.seeds, run)
+    return rows, time.monotonic() - t0
+
+
+def setup_text(rows: list[c.Row], bursty: bool, wall: float) -> str:
     """The results' setup: the model, what a message costs on the network (compressed too), the
     schedule, the network, how time to target and bytes are counted, the run's wall time and load."""
     parameters = next((r["parameters"] for r in rows if r["ok"]), 0)
@@ -140,7 +142,7 @@ def setup_text(rows: list[c.Row], seeds: int, bursty: bool, wall: float) -> str:
             f"{model_mb('int4', parameters):.3g} MB with its scales), for bsp messages and "
             f"partitioned parts alike; a merge costs the calibrated float32 merge's time whatever the format. "
             f"A round every {PERIOD} steps (the defaults' period, for every setting), {scale.STEPS} local steps "
-            f"({ROUNDS} rounds), batch 32, SGD lr 0.1 momentum 0.9, {seeds} seed(s); heterogeneous tiers 25/50/100 "
+            f"({ROUNDS} rounds), batch 32, SGD lr 0.1 momentum 0.9, {c.seed_count(rows)} seed(s); heterogeneous tiers 25/50/100 "
             f"Mbit/s (uplinks 1 or 0.5 of the downlink){bursts}, "
             f"i.i.d. shards. Cells: median [min-max] over seeds. Time to target: the first evaluation (every "
             f"{scale.EVAL_EVERY} steps) at which the mean accuracy of ranks 0..{scale.EVAL_PEERS - 1}'s own models "
@@ -154,6 +156,9 @@ def setup_text(rows: list[c.Row], seeds: int, bursty: bool, wall: float) -> str:
             f"This run: {len(rows)} runs in {wall:.0f} s of wall time. " + c.load_note(rows))
 
 
+WALL = re.compile(r"This run: \d+ runs in (\d+) s of wall time")  # setup_text's, read back by --report
+
+
 def soonest(group: list[c.Row]) -> str:
     """The setting with the lowest median time to target, its ratio to the defaults' and the two
     final accuracies (the group's `tta_s` set)."""
@@ -164,8 +169,9 @@ def soonest(group: list[c.Row]) -> str:
     if not reached:
         return "no setting reached the target"
     best, base = min(reached, key=reached.get), (DEFAULTS, "none")
-    ratio = f"{reached[best] / median[base]:.2f}x the defaults' time" if base in reached \
-        else "the defaults never reached it"
+    ratio = (f"{reached[best] / median[base]:.2f}x the defaults' time" if base in reached else
+             f"the defaults reached it in {sum(math.isfinite(r['tta_s']) for r in by.get(base, []))} of "
+             f"{len(by.get(base, []))} seeds")
     return (f"soonest **{best[0]}, compress {best[1]}** ({reached[best]:.3g} s, {ratio}; final accuracy "
             f"{accuracy[best]:.3f} vs the defaults' {accuracy.get(base, float('nan')):.3f})")
 

@@ -1,7 +1,7 @@
 """Claim (issue 19): where the network replicates multicast, SELMCAST with IP multicast reaches the
 16-peer experiment's target accuracy sooner than with unicast.
 
-    sudo python experiments/multicast_16.py [--quick] [--seeds N] [--out DIR] [--steady] [--slow-close S]
+    sudo python experiments/multicast_16.py [--quick] [--report] [--seeds N] [--out DIR] [--steady] [--slow-close S]
 
 The 16-peer setting of selmcast_vs_random.py (heterogeneous-16 on the testbed, whose bridge forwards
 IP multicast, with its bursts; Dirichlet 0.1 shards; a round every PERIOD_16 steps; 10 epochs), BSP,
@@ -35,17 +35,20 @@ def main(argv: list[str] | None = None) -> None:
         ap.add_argument("--steady", action="store_true", help="heterogeneous-16 without its bursts (multicast_16_steady.*)")
         ap.add_argument("--slow-close", type=float, default=0.0, help="S: both transports with --slow-close S (*_slow.*)")
 
-    args = c.parse_args(__doc__, argv, extra=extra)
+    args = c.parse_args(__doc__, argv, extra=extra, report=True)
     topology, name = (STEADY_TOPOLOGY, NAME + "_steady") if args.steady else (svr.TOPOLOGY_16, NAME)
     name += "_slow" if args.slow_close else ""
-    if not c.is_root():
+    script = svr.script_16(args.quick)
+    if args.report:
+        rows = c.read_rows(args.out / f"{name}.csv")
+    elif not c.is_root():
         print("multicast_16: needs root (the testbed's bridge is what replicates multicast); skipped", file=sys.stderr)
         return
-    script = svr.script_16(args.quick)
-    rows = []
-    for cfg in configs(args.slow_close):
-        rows += c.repeat(cfg, args.seeds, lambda seed, cfg=cfg: c.train(16, cfg, {**script, "seed": seed},
-                                                                        topology=topology, testbed=True))
+    else:
+        rows = []
+        for cfg in configs(args.slow_close):
+            rows += c.repeat(cfg, args.seeds, lambda seed, cfg=cfg: c.train(16, cfg, {**script, "seed": seed},
+                                                                            topology=topology, testbed=True))
     target = svr.target_of(rows)
     for r in rows:
         if r["ok"]:
@@ -80,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
         ax.legend(fontsize=8)
 
     c.write_results(args.out, name, rows, "SELMCAST with IP multicast vs unicast: 16 peers", setup, table, draw,
-                    notes=verdict)
+                    notes=verdict, report=args.report)
 
 
 if __name__ == "__main__":

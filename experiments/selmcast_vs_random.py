@@ -1,7 +1,7 @@
 """Claim: SELMCAST picks receivers so that rounds are shorter than random-p at a similar or higher
 average p, and reaches a target accuracy sooner, under BSP and SSP on a heterogeneous network.
 
-    sudo python experiments/selmcast_vs_random.py [--part 8|16] [--slow-close S [--ssp]] [--max-fanout K] [--quick] [--seeds N] [--out DIR]
+    sudo python experiments/selmcast_vs_random.py [--part 8|16] [--report] [--slow-close S [--ssp]] [--max-fanout K] [--quick] [--seeds N] [--out DIR]
 
 Two parts, each with its own files in the results directory (the 16-peer one runs first; `--part`
 runs one):
@@ -49,6 +49,7 @@ import math
 import sys
 
 import common as c
+import provenance
 
 NAME = "selmcast_vs_random"
 NAME_16 = "selmcast_vs_random_16"
@@ -141,10 +142,12 @@ def part_8(args) -> None:
     n, topo = (4, "topology/heterogeneous-4.json") if args.quick else (8, "topology/heterogeneous-8.json")
     script = {"epochs": 2, "samples": 4000, "width": 64} if args.quick else {"epochs": 6, "samples": 12000, "width": 64}
     target = 0.3 if args.quick else 0.6
-    rows = []
-    for cfg in configs(args.quick, args.max_fanout):
-        rows += c.repeat(cfg, args.seeds, lambda seed, cfg=cfg: c.train(n, cfg, {**script, "seed": seed},
-                                                                        topology=topo))
+    name, heading = ((NAME_CAPPED, f"SELMCAST p=1 with --max-fanout {args.max_fanout} vs random p=1") if args.max_fanout
+                     else (NAME, "SELMCAST vs random-p"))
+    rows = c.read_rows(args.out / f"{name}.csv") if args.report else [
+        row for cfg in configs(args.quick, args.max_fanout)
+        for row in c.repeat(cfg, args.seeds, lambda seed, cfg=cfg: c.train(n, cfg, {**script, "seed": seed},
+                                                                           topology=topo))]
     keys = KEYS + (["max_fanout"] if args.max_fanout else [])
     for r in rows:
         r["max_fanout"] = cap_of(r)
@@ -167,20 +170,19 @@ def part_8(args) -> None:
                 median = c.summary(c.metric("tta_s")(r) for r in sel)[0]
                 capped = f" --max-fanout {cap}" if args.max_fanout else ""
                 verdicts.append(f"- {title}: SELMCAST p={p}{capped} / best random-p (p={best['fanout']}) time to {target:.0%} "
-                                f"= {median:.3g} / {best['tta']:.3g} s = **{median / best['tta']:.2f}** (goal <= 1).")
+                                f"= {c.number(median)} / {best['tta']:.3g} s = **{c.number(median / best['tta'], '.2f')}** "
+                                "(goal <= 1).")
     setup = (f"Emulated (`--emulate`: each engine paced to its node's uplink in `{topo}`; no namespaces), "
              f"{n} peers, i.i.d. shards, MNIST-1D CNN width {script['width']}, {script['epochs']} epochs, "
-             f"{script['samples']} samples, a round every step (period 1), {args.seeds} seed(s) per configuration; "
+             f"{script['samples']} samples, a round every step (period 1), {c.seed_count(rows)} seed(s) per configuration; "
              f"cells are median [min-max] over seeds. Step time = training wall time / rounds (compute + "
              f"communication). Time to accuracy: first epoch-end evaluation of rank 0's own model at >= "
              f"{target:.0%}; the ratio column is it / the best random-p's (lowest median) in the same sync mode. "
              f"{c.load_note(rows)}")
-    name, title = ((NAME_CAPPED, f"SELMCAST p=1 with --max-fanout {args.max_fanout} vs random p=1") if args.max_fanout
-                   else (NAME, "SELMCAST vs random-p"))
-    c.write_results(args.out, name, rows, title, setup, "\n\n".join(tables),
+    c.write_results(args.out, name, rows, heading, setup, "\n\n".join(tables),
                     lambda ax: c.bar_chart(ax, rows, keys, c.metric("round_s"),
                                            "step time (s per round)", f"{topo}: median step time, min-max over seeds"),
-                    notes="\n".join(verdicts))
+                    notes="\n".join(verdicts), report=args.report)
 
 
 def script_16(quick: bool) -> dict:
@@ -189,11 +191,27 @@ def script_16(quick: bool) -> dict:
 
 
 def part_16(args) -> None:
+    name, _ = names_16(args)
+    if args.report:  # the stored run's command says whether it ran as root, on the testbed
+        stored = provenance.parse((args.out / f"{name}.md").read_text()) if (args.out / f"{name}.md").exists() else None
+        report_16(args, c.read_rows(args.out / f"{name}.csv"), bool(stored) and stored.command.startswith("sudo "))
+        return
     rows, script = [], script_16(args.quick)
     for cfg in configs_16(args.quick, args.slow_close, args.ssp, args.max_fanout):
         rows += c.repeat(cfg, args.seeds, lambda seed, cfg=cfg: c.train(16, cfg, {**script, "seed": seed},
                                                                         topology=TOPOLOGY_16, testbed=c.is_root()))
     report_16(args, rows, c.is_root())
+
+
+def names_16(args) -> tuple[str, str]:
+    """The 16-peer part's results name and title for these flags."""
+    if args.max_fanout:
+        return (NAME_16_CAPPED, f"SELMCAST with and without --max-fanout {args.max_fanout} vs random-p: 16 peers, "
+                                "non-i.i.d., bursts")
+    if args.slow_close:
+        return (NAME_16_SLOW_SSP if args.ssp else NAME_16_SLOW,
+                "SELMCAST vs random-p with and without the slow close: 16 peers, non-i.i.d., bursts")
+    return NAME_16, "SELMCAST vs random-p, all, exponential: 16 peers, non-i.i.d., bursts"
 
 
 def report_16(args, rows: list[c.Row], testbed: bool) -> None:
@@ -229,15 +247,16 @@ def report_16(args, rows: list[c.Row], testbed: bool) -> None:
                                  if tuple(r[k] for k in keys) == best["key"])[0]
             capped = f", --max-fanout {cap}" if args.max_fanout else ""
             verdicts.append(f"- {title}, slow close {slow:g}{capped}: SELMCAST / best random-p (p={best['fanout']}, "
-                            f"slow close {best['slow_close']:g}) time to {target:.0%} = {tta:.3g} / {best['tta']:.3g} s "
-                            f"= **{tta / best['tta']:.2f}** (goal <= 0.7); final accuracy {acc:.3f} vs {acc_best:.3f}.")
+                            f"slow close {best['slow_close']:g}) time to {target:.0%} = {c.number(tta)} / "
+                            f"{best['tta']:.3g} s = **{c.number(tta / best['tta'], '.2f')}** (goal <= 0.7); final "
+                            f"accuracy {acc:.3f} vs {acc_best:.3f}.")
     where = (f"Testbed (root; 16 network namespaces shaped by tbf from `{TOPOLOGY_16}`, its bursts applied)"
              if testbed else f"Emulated (not root: `--emulate` paces each engine to its uplink in `{TOPOLOGY_16}`; "
                              f"the downlinks and bursts do not exist there)")
     setup = (f"{where}. 16 peers, non-i.i.d. shards (Dirichlet alpha {DIRICHLET} over the 10 classes, seeded by the "
              f"run's seed), MNIST-1D CNN width {script['width']}, {script['epochs']} epoch(s) of {script['samples']} "
              f"samples (600 per peer, batch 32), a round every {PERIOD_16} steps for every configuration, "
-             f"{args.seeds} seed(s) per configuration; cells are median [min-max] over seeds. Time to target: first "
+             f"{c.seed_count(rows)} seed(s) per configuration; cells are median [min-max] over seeds. Time to target: first "
              f"evaluation of rank 0's own model (every {EVAL_EVERY_16} steps, just after a merge) at >= {target:.0%}, "
              f"{target_rule}. Final accuracy: the average of the "
              f"16 models at the end. The ratio column is time to target / the best random-p's (lowest median) in the "
@@ -259,17 +278,12 @@ def report_16(args, rows: list[c.Row], testbed: bool) -> None:
         ax.set_title(f"heterogeneous-16 (testbed), Dirichlet {DIRICHLET}, seed 0; grey: the target", fontsize=10)
         ax.legend(fontsize=7, ncol=2)
 
-    name, title = ((NAME_16_CAPPED, f"SELMCAST with and without --max-fanout {args.max_fanout} vs random-p: 16 peers, "
-                                    f"non-i.i.d., bursts") if args.max_fanout else
-                   (NAME_16_SLOW_SSP if args.ssp else NAME_16_SLOW,
-                    "SELMCAST vs random-p with and without the slow close: 16 peers, non-i.i.d., bursts")
-                   if args.slow_close else
-                   (NAME_16, "SELMCAST vs random-p, all, exponential: 16 peers, non-i.i.d., bursts"))
-    why = (f"\nWhy: `python experiments/selmcast_16_diagnosis.py --csv {args.out / name}.csv` splits time to target "
+    name, title = names_16(args)
+    why = (f"\nWhy: `python experiments/selmcast_16_diagnosis.py --csv experiments/results/{name}.csv` splits time to target "
            f"into rounds and wall per round and replays the plans; [selmcast_16_diagnosis.md](selmcast_16_diagnosis.md) "
            f"is our reading of the 2026-11-25 run.")
     c.write_results(args.out, name, rows, title, setup, "\n\n".join(tables), draw,
-                    notes="\n".join(verdicts) + "\n" + why)
+                    notes="\n".join(verdicts) + "\n" + why, report=args.report)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -281,7 +295,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.add_argument("--max-fanout", type=int, default=0,
                         help="K: SELMCAST p=1 with --max-fanout K against random-p (with --part: that part alone)")
 
-    args = c.parse_args(__doc__, argv, extra=extra, full_seeds=None)
+    args = c.parse_args(__doc__, argv, extra=extra, full_seeds=None, report=True)
     if args.ssp and not args.slow_close:
         raise SystemExit("--ssp goes with --slow-close S")
     if args.max_fanout and args.slow_close:

@@ -1,7 +1,7 @@
 """Claim (the seeds' SELMCAST claim, at scale): SELMCAST's rounds are shorter than random-p's at a
 similar or larger average p, so it reaches a target accuracy sooner, at 16 to 256 peers.
 
-    python experiments/sim_scale.py [--quick] [--seeds N] [--peers 16,64,256] [--name NAME] [--out DIR]
+    python experiments/sim_scale.py [--quick] [--report] [--seeds N] [--peers 16,64,256] [--name NAME] [--out DIR]
 
 In virtual time (`p2plearn-sim train`): heterogeneous tiers (downlinks 25/50/100 Mbit/s, uplinks 1
 or 0.5 of them: heterogeneous-16's mix, generated for each size), steady and with a quarter of the
@@ -20,8 +20,6 @@ import json
 import math
 import os
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import common as c
@@ -116,24 +114,9 @@ def extra_flags(ap) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = c.parse_args(__doc__, argv, extra=extra_flags)
+    args = c.parse_args(__doc__, argv, extra=extra_flags, report=True)
     os.chdir(c.ROOT)
-    sizes = [16] if args.quick else [int(x) for x in args.peers.split(",")]
-    settings = [(False, "iid")] if args.quick else [(b, d) for b in (False, True) for d in ("iid", "dirichlet 0.1")
-                                                    if args.bursts in ("both", "yes" if b else "no")
-                                                    and args.data in ("both", d.split()[0])]
-    syncs = SYNCS[:1] if args.quick else [(s, st) for s, st in SYNCS if args.sync in ("both", s)]
-    rows: list[c.Row] = []
-    t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="p2psim-") as tmp:
-        for n in sizes:
-            for bursts, data in settings:
-                for sync, staleness in syncs:
-                    for selection, fanout in selections(n):
-                        cfg = {"peers": n, "bursts": bursts, "data": data, "sync": sync, "staleness": staleness,
-                               "selection": selection, "fanout": fanout}
-                        rows += c.repeat(cfg, args.seeds, lambda seed, cfg=cfg: run(Path(tmp), cfg, seed))
-    print(f"{len(rows)} runs in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    rows = c.read_rows(args.out / f"{args.name}.csv") if args.report else run_all(args)
     keys = ["peers", "bursts", "data", "sync", "selection", "fanout"]
     tables, verdicts = [], []
     for group in c.groups(rows, ["peers", "bursts", "data", "sync"]).values():
@@ -146,9 +129,9 @@ def main(argv: list[str] | None = None) -> None:
         best = min(random_p, key=random_p.get) if random_p else None
         head = group[0]
         where = f"{head['peers']} peers, {'bursts' if head['bursts'] else 'steady'}, {head['data']}, {head['sync']}"
-        ratio = medians[("selmcast", 1)] / random_p[best] if best and math.isfinite(medians[("selmcast", 1)]) else math.nan
+        ratio = medians[("selmcast", 1)] / random_p[best] if best else math.nan
         verdicts.append(f"- {where}: target {target:.0%}; SELMCAST / best random-p (p={best[1] if best else '-'}) "
-                        f"time to target = **{ratio:.2f}**")
+                        f"time to target = **{c.number(ratio, '.2f')}**")
         tables.append(f"**{where}** (target {target:.0%})\n\n" + c.table(
             group, keys, {"time to target s": tta, "final accuracy": c.metric("final_accuracy"),
                           "average p": c.metric("average_p"), "round s": c.metric("round_s"),
@@ -156,7 +139,7 @@ def main(argv: list[str] | None = None) -> None:
     setup = (f"Virtual time (`p2plearn-sim train`), MNIST-1D MLP hidden {HIDDEN} ({rows[0].get('parameters', '?')} "
              f"parameters) whose message occupies {MESSAGE_BYTES / 1e6:g} MB on the simulated network "
              f"(--message-bytes), a round every {PERIOD} steps, {STEPS} local steps, batch 32, SGD lr 0.1 momentum 0.9, "
-             f"{args.seeds} seed(s); heterogeneous tiers 25/50/100 Mbit/s (uplinks 1 or 0.5 of the downlink), "
+             f"{c.seed_count(rows)} seed(s); heterogeneous tiers 25/50/100 Mbit/s (uplinks 1 or 0.5 of the downlink), "
              f"bursts: a quarter of the peers' downlinks at 0.1x for 2 s every 10 s. Cells: median [min-max] over "
              f"seeds. Accuracy: the mean over ranks 0..{EVAL_PEERS - 1}'s own models; final: the average model's. "
              + c.load_note(rows))
@@ -169,7 +152,26 @@ def main(argv: list[str] | None = None) -> None:
                     f"{first[0]['peers']} peers, {first[0]['data']}, {first[0]['sync']}, seed 0")
 
     c.write_results(args.out, args.name, rows, "SELMCAST vs random-p, all and the exponential graph at scale, in virtual time",
-                    setup, "\n\n".join(tables), draw, notes="\n".join(verdicts))
+                    setup, "\n\n".join(tables), draw, notes="\n".join(verdicts), report=args.report)
+
+
+def run_all(args) -> list[c.Row]:
+    """Every configuration the flags select, each over the seeds."""
+    sizes, bursts = sizes_and_bursts(args)
+    settings = [(b, d) for b in bursts for d in (["iid"] if args.quick else ["iid", "dirichlet 0.1"])
+                if args.quick or args.data in ("both", d.split()[0])]
+    syncs = SYNCS[:1] if args.quick else [(s, st) for s, st in SYNCS if args.sync in ("both", s)]
+    return c.repeat_all(({"peers": n, "bursts": b, "data": data, "sync": sync, "staleness": staleness,
+                          "selection": selection, "fanout": fanout}
+                         for n in sizes for b, data in settings for sync, staleness in syncs
+                         for selection, fanout in selections(n)), args.seeds, run)
+
+
+def sizes_and_bursts(args) -> tuple[list[int], list[bool]]:
+    """The sizes (--peers) and burst settings (--bursts) to run; --quick: 16 peers, steady."""
+    if args.quick:
+        return [16], [False]
+    return [int(x) for x in args.peers.split(",")], [b for b in (False, True) if args.bursts in ("both", "yes" if b else "no")]
 
 
 if __name__ == "__main__":

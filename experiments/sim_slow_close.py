@@ -3,7 +3,7 @@ S`: a receiver whose delivery projects its end past S x its planned time is ende
 arrived), a burst costs a round a bounded time, so SELMCAST's rounds stay near their plan and it
 reaches the target in <= 0.7x the best random-p's time, with bursts, at 64 peers in virtual time.
 
-    python experiments/sim_slow_close.py [--quick] [--seeds N] [--peers 64] [--slow 0,1.5,2]
+    python experiments/sim_slow_close.py [--quick] [--report] [--seeds N] [--peers 64] [--slow 0,1.5,2]
         [--sync bsp|ssp] [--bursts yes|no] [--data both|iid|dirichlet]
         [--selections selmcast:1,random:1,...] [--name NAME]
 
@@ -23,8 +23,6 @@ import json
 import math
 import os
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import common as c
@@ -48,8 +46,7 @@ def run(tmp: Path, cfg: dict, seed: int) -> dict | None:
     full = json.loads((tmp / "run.json").read_text())
     flows = sum(x["average_p"] for x in full["round_log"]) * cfg["peers"]
     r.update(send_over_plan=full["send_over_plan"], slow_share=full["slow_closed"] / flows if flows else 0.0,
-             planned_s=sum(x["planned_s"] for x in full["round_log"]) / max(1, full["rounds"]),
-             tta_s=c.time_to_accuracy(r["history"], TARGETS[cfg["data"]]))
+             planned_s=sum(x["planned_s"] for x in full["round_log"]) / max(1, full["rounds"]))
     return r
 
 
@@ -80,14 +77,14 @@ def verdict(group: list[c.Row]) -> str:
     if not random:
         return f"- {where}: no random-p run reached the target"
     best = min(random, key=random.get)
-    parts = [f"S={s:g}: **{median(selection='selmcast', slow_close=s) / random[best]:.2f}**"
+    parts = [f"S={s:g}: **{c.number(median(selection='selmcast', slow_close=s) / random[best], '.2f')}**"
              for s in sorted({r["slow_close"] for r in group})]
     return (f"- {where}: target {TARGETS[head['data']]:.0%}; SELMCAST / best random-p (p={best[0]}, S={best[1]:g}: "
             f"{random[best]:.3g} s) time to target: " + ", ".join(parts))
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = c.parse_args(__doc__, argv, extra=extra_flags)
+    args = c.parse_args(__doc__, argv, extra=extra_flags, report=True)
     os.chdir(c.ROOT)
     peers = 16 if args.quick else args.peers
     factors = [0.0, 1.5] if args.quick else [float(s) for s in args.slow.split(",")]
@@ -97,16 +94,15 @@ def main(argv: list[str] | None = None) -> None:
     policies = [(name, int(fanout)) for name, fanout in (s.split(":") for s in chosen.split(","))]
     bursts = args.bursts == "yes"
     sync, staleness = next(x for x in sim_scale.SYNCS if x[0] == args.sync)
-    rows: list[c.Row] = []
-    t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="p2psim-") as tmp:
-        for d in data:
-            for selection, fanout in policies:
-                for s in factors:
-                    cfg = {"peers": peers, "bursts": bursts, "data": d, "sync": sync, "staleness": staleness,
-                           "selection": selection, "fanout": fanout, "slow_close": s}
-                    rows += c.repeat(cfg, args.seeds, lambda seed, cfg=cfg: run(Path(tmp), cfg, seed))
-    print(f"{len(rows)} runs in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    if args.report:
+        rows = c.read_rows(args.out / f"{args.name}.csv")
+    else:
+        rows = c.repeat_all(({"peers": peers, "bursts": bursts, "data": d, "sync": sync, "staleness": staleness,
+                              "selection": selection, "fanout": fanout, "slow_close": s}
+                             for d in data for selection, fanout in policies for s in factors), args.seeds, run)
+    for r in rows:
+        if r["ok"]:
+            r["tta_s"] = c.time_to_accuracy(r["history"], TARGETS[r["data"]])
     keys = ["peers", "bursts", "data", "sync", "selection", "fanout", "slow_close"]
     tables, verdicts = [], []
     for group in c.groups(rows, ["peers", "bursts", "data", "sync"]).values():
@@ -123,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
     setup = (f"Virtual time (`p2plearn-sim train`), sim_scale's model and schedule: MNIST-1D MLP hidden "
              f"{sim_scale.HIDDEN} whose message occupies {sim_scale.MESSAGE_BYTES / 1e6:g} MB on the simulated "
              f"network, a round every {sim_scale.PERIOD} steps, {sim_scale.STEPS} local steps, {sync.upper()}"
-             f"{f' s={staleness}' if sync == 'ssp' else ''}, {args.seeds} "
+             f"{f' s={staleness}' if sync == 'ssp' else ''}, {c.seed_count(rows)} "
              f"seed(s) (the same seeds for every S); heterogeneous tiers 25/50/100 Mbit/s (uplinks 1 or 0.5 of the "
              f"downlink){BURSTS if bursts else ', steady'}. "
              f"slow_close: S of `--slow-close` (0: off). send / plan: the longest sender's send time over the plan's "
@@ -138,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
                               f"{peers} peers, {'bursts' if bursts else 'steady'}, {data[-1]}, {sync}, seed 0")
 
     c.write_results(args.out, args.name, rows, "The slow close: SELMCAST vs random-p with bursts, in virtual time",
-                    setup, "\n\n".join(tables), draw, notes="\n".join(verdicts))
+                    setup, "\n\n".join(tables), draw, notes="\n".join(verdicts), report=args.report)
 
 
 if __name__ == "__main__":

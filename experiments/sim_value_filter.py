@@ -2,7 +2,7 @@
 so rounds are shorter and a target accuracy is reached sooner, at a small cost in accuracy; int8
 compression is the fixed-ratio alternative.
 
-    python experiments/sim_value_filter.py [--quick] [--seeds N] [--peers 64,256] [--out DIR]
+    python experiments/sim_value_filter.py [--quick] [--report] [--seeds N] [--peers 64,256] [--out DIR]
 
 In virtual time (`p2plearn-sim train`), the setting of `sim_scale.py`: heterogeneous tiers (downlinks
 25/50/100 Mbit/s, uplinks 1 or 0.5 of them), steady and with a quarter of the peers bursting
@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import common as c
@@ -43,20 +41,9 @@ def extra_flags(ap) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = c.parse_args(__doc__, argv, extra=extra_flags)
+    args = c.parse_args(__doc__, argv, extra=extra_flags, report=True)
     os.chdir(c.ROOT)
-    sizes = [16] if args.quick else [int(x) for x in args.peers.split(",")]
-    bursts = [False] if args.quick else [b for b in (False, True) if args.bursts in ("both", "yes" if b else "no")]
-    rows: list[c.Row] = []
-    t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="p2psim-") as tmp:
-        for n in sizes:
-            for burst in bursts:
-                for message, flags in MESSAGES:
-                    cfg = {"peers": n, "bursts": burst, "message": message}
-                    rows += c.repeat(cfg, args.seeds,
-                                     lambda seed, cfg=cfg, flags=flags: run(Path(tmp), cfg, flags, seed))
-    print(f"{len(rows)} runs in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+    rows = c.read_rows(args.out / f"{NAME}.csv") if args.report else run_all(args)
     tables, verdicts = [], []
     tta = c.metric("tta_s")
     for group in c.groups(rows, ["peers", "bursts"]).values():
@@ -67,8 +54,8 @@ def main(argv: list[str] | None = None) -> None:
         head = group[0]
         where = f"{head['peers']} peers, {'bursts' if head['bursts'] else 'steady'}"
         verdicts.append(f"- {where}: target {target:.0%}; time to target / dense: value filter "
-                        f"**{medians['value filter'] / medians['dense']:.2f}**, int8 "
-                        f"**{medians['int8'] / medians['dense']:.2f}**; the own models' accuracy after "
+                        f"**{c.number(medians['value filter'] / medians['dense'], '.2f')}**, int8 "
+                        f"**{c.number(medians['int8'] / medians['dense'], '.2f')}**; the own models' accuracy after "
                         f"{scale.STEPS} steps: dense {own['dense']:.3f}, value filter {own['value filter']:.3f}, "
                         f"int8 {own['int8']:.3f}")
         tables.append(f"**{where}** (target {target:.0%})\n\n" + c.table(
@@ -83,7 +70,7 @@ def main(argv: list[str] | None = None) -> None:
              f"({rows[0].get('parameters', '?')} parameters) whose dense message occupies "
              f"{scale.MESSAGE_BYTES / 1e6:g} MB on the simulated network (--message-bytes; a filtered or int8 message "
              f"its encoded bytes times the same factor), BSP, SELMCAST p=1, a round every {scale.PERIOD} steps, "
-             f"{scale.STEPS} local steps, batch 32, SGD lr 0.1 momentum 0.9, i.i.d., {args.seeds} seed(s); "
+             f"{scale.STEPS} local steps, batch 32, SGD lr 0.1 momentum 0.9, i.i.d., {c.seed_count(rows)} seed(s); "
              f"heterogeneous tiers 25/50/100 Mbit/s (uplinks 1 or 0.5 of the downlink), bursts: a quarter of the "
              f"peers' downlinks at 0.1x for 2 s every 10 s. Value filter: per_element, --filter-init-scale 30, "
              f"--filter-period 100 (training's defaults; value_filter.py's default scale). Cells: median [min-max] "
@@ -97,7 +84,15 @@ def main(argv: list[str] | None = None) -> None:
                           f"{shown[0]['peers']} peers, {'bursts' if shown[0]['bursts'] else 'steady'}, seed 0")
 
     c.write_results(args.out, NAME, rows, "The value filter and int8 at scale, in virtual time", setup,
-                    "\n\n".join(tables), draw, notes="\n".join(verdicts))
+                    "\n\n".join(tables), draw, notes="\n".join(verdicts), report=args.report)
+
+
+def run_all(args) -> list[c.Row]:
+    """Every configuration the flags select, each over the seeds."""
+    sizes, bursts = scale.sizes_and_bursts(args)
+    return c.repeat_all(({"peers": n, "bursts": burst, "message": message} for n in sizes for burst in bursts
+                         for message in dict(MESSAGES)), args.seeds,
+                        lambda tmp, cfg, seed: run(tmp, cfg, dict(MESSAGES)[cfg["message"]], seed))
 
 
 if __name__ == "__main__":

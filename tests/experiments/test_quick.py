@@ -68,3 +68,8 @@ def test_virtual_time_experiments_quick(tmp_path: Path, name: str, runs: int) ->
     assert all(float(r["virtual_s"]) > 0 and 0.0 <= float(r["final_accuracy"]) <= 1.0 for r in rows)
     assert "Virtual time" in md and md.count("\n| ") >= runs + 1 and "time to target" in md
     assert "Compute clock (" in md and all(float(r["step_ms"]) > 0 for r in rows)  # its seconds follow from it
+    if name != "sim_tolerance":  # --report rewrites the same file from the stored rows
+        proc = subprocess.run([sys.executable, str(ROOT / "experiments" / f"{name}.py"), "--quick", "--report", "--out",
+                               str(tmp_path)], cwd=ROOT / "experiments", capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert (tmp_path / f"{name}.md").read_text() == md
