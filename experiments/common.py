@@ -244,8 +244,7 @@ def table(rows: list[Row], keys: list[str], metrics: dict[str, Callable[[Row], f
         cells = [str(k) for k in key] + [cell((f(r) for r in rs), fmt) for f in metrics.values()]
         if ratio_of:
             med = summary(metrics[ratio_of](r) for r in rs)[0]
-            cells.append("never" if med == math.inf and math.isfinite(base)
-                         else f"{med / base:.2f}" if base and math.isfinite(base) and math.isfinite(med) else "-")
+            cells.append(number(med / base, ".2f") if base and math.isfinite(base) and not math.isnan(med) else "-")
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
