@@ -193,7 +193,8 @@ def script_16(quick: bool) -> dict:
 def part_16(args) -> None:
     name, _ = names_16(args)
     if args.report:  # the stored run's command says whether it ran as root, on the testbed
-        stored = provenance.parse((args.out / f"{name}.md").read_text()) if (args.out / f"{name}.md").exists() else None
+        md = args.out / f"{name}.md"
+        stored = provenance.parse(md.read_text()) if md.exists() else None
         report_16(args, c.read_rows(args.out / f"{name}.csv"), bool(stored) and stored.command.startswith("sudo "))
         return
     rows, script = [], script_16(args.quick)
