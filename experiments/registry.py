@@ -106,6 +106,9 @@ RESULTS: dict[str, Entry] = {
                                       TRAINING, ROBUST, ["experiments/attack_peer.py", "experiments/sim_scale.py"]),
     "attacks_transformer_16": _entry("python experiments/attacks_transformer.py --peers 16 --name attacks_transformer_16",
                                      TRAINING, ROBUST, ["experiments/attack_peer.py", "experiments/sim_scale.py"]),
+    "attacks_transformer_16_ssp": _entry("python experiments/attacks_transformer.py --peers 16 --sync ssp "
+                                         "--name attacks_transformer_16_ssp", TRAINING, ROBUST,
+                                         ["experiments/attack_peer.py", "experiments/sim_scale.py"]),
     "sim_scale": _entry("python experiments/sim_scale.py --peers 16,64", SIMULATOR),
     "sim_scale_256_steady": _entry(f"{_SIM_SCALE} --bursts no --name sim_scale_256_steady", SIMULATOR),
     "sim_scale_256_bursts_iid": _entry(f"{_SIM_SCALE} --bursts yes --sync bsp --data iid "
