@@ -59,6 +59,8 @@ _SIM_SCALE = "python experiments/sim_scale.py --peers 256"
 _SLOW = "python experiments/sim_slow_close.py"
 _DEFAULTS_SIM = "python experiments/defaults_sim.py"
 _SIM_SCALE_CODE = ["experiments/sim_scale.py", "experiments/selmcast_vs_random.py"]
+_ATTACKS_TRANSFORMER = "python experiments/attacks_transformer.py"
+_ATTACKS_TRANSFORMER_CODE = (TRAINING, ROBUST, ["experiments/attack_peer.py", "experiments/sim_scale.py"])
 
 RESULTS: dict[str, Entry] = {
     "time_to_accuracy": _entry("sudo python experiments/time_to_accuracy.py", TRAINING, _MNIST_TORCH),
@@ -100,15 +102,13 @@ RESULTS: dict[str, Entry] = {
     "attacks_sim": _entry("python experiments/attacks_sim.py --configs 64:bsp,64:ssp,256:bsp,256:ssp --jobs 2",
                           SIMULATOR, ROBUST, ["experiments/attacks.py"]),
     # real training; the attacks' definitions (p2plearn/sim/attacks.py) are left out with the rest of p2plearn/sim
-    "attacks_transformer": _entry("python experiments/attacks_transformer.py", TRAINING, ROBUST,
-                                  ["experiments/attack_peer.py", "experiments/sim_scale.py"]),
-    "attacks_transformer_ssp": _entry("python experiments/attacks_transformer.py --sync ssp --name attacks_transformer_ssp",
-                                      TRAINING, ROBUST, ["experiments/attack_peer.py", "experiments/sim_scale.py"]),
-    "attacks_transformer_16": _entry("python experiments/attacks_transformer.py --peers 16 --name attacks_transformer_16",
-                                     TRAINING, ROBUST, ["experiments/attack_peer.py", "experiments/sim_scale.py"]),
-    "attacks_transformer_16_ssp": _entry("python experiments/attacks_transformer.py --peers 16 --sync ssp "
-                                         "--name attacks_transformer_16_ssp", TRAINING, ROBUST,
-                                         ["experiments/attack_peer.py", "experiments/sim_scale.py"]),
+    "attacks_transformer": _entry(_ATTACKS_TRANSFORMER, *_ATTACKS_TRANSFORMER_CODE),
+    "attacks_transformer_ssp": _entry(f"{_ATTACKS_TRANSFORMER} --sync ssp --name attacks_transformer_ssp",
+                                      *_ATTACKS_TRANSFORMER_CODE),
+    "attacks_transformer_16": _entry(f"{_ATTACKS_TRANSFORMER} --peers 16 --name attacks_transformer_16",
+                                     *_ATTACKS_TRANSFORMER_CODE),
+    "attacks_transformer_16_ssp": _entry(f"{_ATTACKS_TRANSFORMER} --peers 16 --sync ssp "
+                                         "--name attacks_transformer_16_ssp", *_ATTACKS_TRANSFORMER_CODE),
     "sim_scale": _entry("python experiments/sim_scale.py --peers 16,64", SIMULATOR),
     "sim_scale_256_steady": _entry(f"{_SIM_SCALE} --bursts no --name sim_scale_256_steady", SIMULATOR),
     "sim_scale_256_bursts_iid": _entry(f"{_SIM_SCALE} --bursts yes --sync bsp --data iid "
