@@ -122,12 +122,15 @@ def test_training_script_runs_as_written(line, tmp_path):
 def test_every_launcher_costs_what_p2plearn_run_costs():
     """Each launcher line's ranks spend about the CPU time p2plearn-run's do on the same script, in this
     session (CPU, not wall time: other work on the host slows wall clocks, not the CPU a rank burns).
-    Threads oversubscribing the cores burn it spinning: srun's ranks once took 4.7x the wall time."""
+    Threads oversubscribing the cores burn it spinning: srun's ranks once took 4.7x the wall time, and
+    torchrun's ranks with 2 or 4 threads each burn 4.6-16.3 s, 10-40x the 0.3-0.5 s that every launcher's
+    ranks burn with one (measured quiet; the closing line's 0.1 s steps and a busy host's jitter moved
+    the same line from 0.3 to 0.5 s), so the bound is 3x: far from both."""
     reference = next((line for line in LINES if line.startswith("p2plearn-run -np 4 -- ")), None)
     if reference not in CPU_PER_RANK or len(CPU_PER_RANK) < 2:
         pytest.skip("runs after test_training_script_runs_as_written, with p2plearn-run's line and another")
     for line, cpu in CPU_PER_RANK.items():
-        assert cpu <= 1.5 * CPU_PER_RANK[reference], (line, CPU_PER_RANK)
+        assert cpu <= 3 * CPU_PER_RANK[reference], (line, CPU_PER_RANK)
 
 
 @pytest.mark.slow
