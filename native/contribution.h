@@ -142,4 +142,15 @@ static inline int scale_fits(const p2p_contribution *c, uint64_t b) {
  * network checked before a merge reads it. */
 int contribution_check(const p2p_contribution *c, uint64_t n, uint32_t i, const char *what);
 
+/* sum[i] += value of element from + i of c, for i < len (no checks: the caller made them). Each
+ * dtype in a loop of its own, and int8/int4 one scale block at a time, so that the compiler
+ * vectorises them (load()'s per-element dtype switch and block division would not). */
+void add_values(double *restrict sum, const p2p_contribution *c, uint64_t from, uint64_t len);
+
+/* Whether every value of c in [start, end) is finite (the float dtypes; integer ops, so they vectorise). */
+int all_finite(const p2p_contribution *c, uint64_t start, uint64_t end);
+
+/* sum[i] = v[i], float32 read into double. */
+void load_f32(double *restrict sum, const float *restrict v, uint64_t len);
+
 #endif

@@ -26,83 +26,107 @@ static uint64_t chunk_end(const p2p_contribution *c, uint64_t e) {
     return first_at(c->dtype, (k + 1) * c->chunk_size - c->first_byte);  /* (the next chunk's first byte) */
 }
 
-/* acc += d and cnt += 1 over d[0 .. len), and d's squared norm: eight partial sums, so that the adds do not wait
- * on each other (one running sum in strict IEEE order is bound by the add's latency). */
-static double accumulate_row(const double *d, uint64_t len, double *acc, double *cnt) {
-    double part[8] = {0};
-    uint64_t i = 0;
-    for (; i + 8 <= len; i += 8)
-        for (int l = 0; l < 8; l++) {
-            acc[i + l] += d[i + l];
-            cnt[i + l] += 1.0;
-            part[l] += d[i + l] * d[i + l];
-        }
-    for (; i < len; i++) {
-        acc[i] += d[i];
-        cnt[i] += 1.0;
-        part[0] += d[i] * d[i];
-    }
-    return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+/* Four doubles, as one AVX2 register (two SSE2 ones in the default build): the norms' eight partial
+ * sums written out as two of them, since the compiler does not vectorise them from plain loops.
+ * Vectors move through memcpy and pointers only (one passed by value would change the ABI). */
+typedef double v4d __attribute__((vector_size(32)));
+typedef float v4f __attribute__((vector_size(16)));
+
+/* A row's squared norm from its eight partial sums (lo: elements 0-3 of each group of eight, hi:
+ * 4-7) and its tail's: partial sums, so that the adds do not wait on each other (one running sum in
+ * strict IEEE order is bound by the add's latency), added in a fixed order. */
+static inline double total(const v4d *lo, const v4d *hi, double rest) {
+    return (((*lo)[0] + (*lo)[1]) + ((*lo)[2] + (*lo)[3])) + (((*hi)[0] + (*hi)[1]) + ((*hi)[2] + (*hi)[3])) + rest;
 }
 
-/* d = v - o, acc += d, cnt += 1 over len float32 values, and d's squared norm: the common row in one pass. */
-static double read_f32_row(const float *v, const double *o, uint64_t len, double *d, double *acc, double *cnt) {
-    double part[8] = {0};
-    uint64_t i = 0;
-    for (; i + 8 <= len; i += 8)
-        for (int l = 0; l < 8; l++) {
-            double x = (double)v[i + l] - o[i + l];
-            d[i + l] = x;
-            acc[i + l] += x;
-            cnt[i + l] += 1.0;
-            part[l] += x * x;
-        }
+/* d[i] = v[i] - o[i] over len float32 values; returns d's squared norm. It is finite exactly when
+ * every d[i] is (a difference of two floats squares far below DBL_MAX): the check that refuses a NaN
+ * or inf costs no pass of its own. */
+VECTOR_CLONES static double difference_f32(const float *restrict v, const double *restrict o, uint64_t len,
+                                           double *restrict d) {
+    v4d lo = {0}, hi = {0}, x, y;
+    v4f a, b;
     double rest = 0.0;
-    for (; i < len; i++) {
-        double x = (double)v[i] - o[i];
-        d[i] = x;
-        acc[i] += x;
-        cnt[i] += 1.0;
-        rest += x * x;
-    }
-    return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7])) + rest;
-}
-
-/* Whether v[0 .. len) are all finite: x * 0 is 0 for a finite x and NaN for inf or NaN, and NaN
- * stays in a sum; eight partial sums, so that the loop vectorises. */
-static int f32_finite(const float *v, uint64_t len) {
-    float part[8] = {0};
     uint64_t i = 0;
-    for (; i + 8 <= len; i += 8)
-        for (int l = 0; l < 8; l++) part[l] += v[i + l] * 0.0f;
-    for (; i < len; i++) part[0] += v[i] * 0.0f;
-    float all = ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
-    return all == 0.0f;
+    for (; i + 8 <= len; i += 8) {
+        memcpy(&a, v + i, sizeof a);
+        memcpy(&b, v + i + 4, sizeof b);
+        memcpy(&x, o + i, sizeof x);
+        memcpy(&y, o + i + 4, sizeof y);
+        x = __builtin_convertvector(a, v4d) - x;
+        y = __builtin_convertvector(b, v4d) - y;
+        memcpy(d + i, &x, sizeof x);
+        memcpy(d + i + 4, &y, sizeof y);
+        lo += x * x;
+        hi += y * y;
+    }
+    for (; i < len; i++) {
+        d[i] = (double)v[i] - o[i];
+        rest += d[i] * d[i];
+    }
+    return total(&lo, &hi, rest);
 }
 
-/* Elements [from, to) of c, all arrived and none refused, into d - o (start: the tile's first), with
- * acc += d, cnt += 1 and ok = 1 (ok: or NULL); returns their squared norm. */
+/* d[i] -= o[i] over len elements; returns d's squared norm. */
+VECTOR_CLONES static double subtract_row(double *restrict d, const double *restrict o, uint64_t len) {
+    v4d lo = {0}, hi = {0}, x, y, p, q;
+    double rest = 0.0;
+    uint64_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        memcpy(&x, d + i, sizeof x);
+        memcpy(&y, d + i + 4, sizeof y);
+        memcpy(&p, o + i, sizeof p);
+        memcpy(&q, o + i + 4, sizeof q);
+        x -= p;
+        y -= q;
+        memcpy(d + i, &x, sizeof x);
+        memcpy(d + i + 4, &y, sizeof y);
+        lo += x * x;
+        hi += y * y;
+    }
+    for (; i < len; i++) {
+        d[i] -= o[i];
+        rest += d[i] * d[i];
+    }
+    return total(&lo, &hi, rest);
+}
+
+VECTOR_CLONES static void add_row(double *restrict acc, const double *restrict d, uint64_t len) {
+    for (uint64_t i = 0; i < len; i++) acc[i] += d[i];
+}
+
+VECTOR_CLONES static void add_ones(double *restrict cnt, uint64_t len) {
+    for (uint64_t i = 0; i < len; i++) cnt[i] += 1.0;
+}
+
+/* v[i] = o[i] + acc[i] / (whole + cnt[i]) over len elements, written as float32: the merged tile. */
+VECTOR_CLONES static void write_f32(float *restrict v, const double *restrict o, const double *restrict acc,
+                                    double whole, const double *restrict cnt, uint64_t len) {
+    for (uint64_t i = 0; i < len; i++) v[i] = (float)(o[i] + acc[i] / (whole + cnt[i]));
+}
+
+/* Elements [from, to) of c into d - o (d, o: from the tile's first element, start), through the
+ * plain merge's vectorised readers; returns their squared norm. */
 static double read_run(const p2p_contribution *c, const double *o, uint64_t start, uint64_t from, uint64_t to,
-                       double *d, double *ok, double *acc, double *cnt) {
+                       double *d) {
     uint64_t i = from - start, len = to - from;
-    for (uint64_t x = i; ok && x < i + len; x++) ok[x] = 1.0;
-    if (c->dtype == P2P_F32) return read_f32_row((const float *)c->values + from, o + i, len, d + i, acc + i, cnt + i);
-    for (uint64_t x = from; x < to; x++)
-        d[x - start] = load(c->values, c->dtype, c->scales, c->block, x) - o[x - start];
-    return accumulate_row(d + i, len, acc + i, cnt + i);
+    if (c->dtype == P2P_F32) return difference_f32((const float *)c->values + from, o + i, len, d + i);
+    memset(d + i, 0, (size_t)len * sizeof *d);
+    add_values(d + i, c, from, len);
+    return subtract_row(d + i, o + i, len);
 }
 
 /* Row of c's tile [start, end): d[i] = value - o[i] where element start + i arrived and is not
- * refused, 0 elsewhere; acc += d and cnt += 1 where it arrived (rows are added unclipped: clip_tile
- * takes back what a clipped row's scale cuts), and ok[i] = 1 there, 0 elsewhere (ok: or NULL).
- * Returns how many arrived and counted, adds the refused, and sets *d2 to d's squared norm. */
+ * refused, 0 elsewhere, and ok[i] = 1 there, 0 elsewhere (ok: or NULL). Returns how many arrived
+ * and counted, adds the refused, and sets *d2 to d's squared norm. When not all counted, cnt[i] += 1
+ * where one did (a row that counts whole is counted once for the tile, by the caller). */
 static uint64_t read_tile(const p2p_contribution *c, const double *o, uint64_t start, uint64_t end, double *d,
-                          double *ok, double *acc, double *cnt, uint64_t *refused, double *d2) {
+                          double *ok, double *cnt, uint64_t *refused, double *d2) {
     uint64_t got = 0;
     double norm2 = 0.0;
-    int checks_values = c->finite_only && c->dtype <= P2P_BF16;  /* values that can be NaN or inf themselves */
+    int partial = 0;  /* whether cnt has this row's counts: from its first element that does not count */
     for (uint64_t e = start; e < end;) {
-        uint64_t run_end = end;
+        uint64_t run_end = end, i = e - start, len;
         int usable = 1;
         if (c->chunk_arrived) {
             uint64_t ce = chunk_end(c, e);
@@ -115,27 +139,34 @@ static uint64_t read_tile(const p2p_contribution *c, const double *o, uint64_t s
             if (block_end < run_end) run_end = block_end;
             fits = scale_fits(c, e / c->block);
         }
-        int clean = !checks_values || (c->dtype == P2P_F32 && f32_finite((const float *)c->values + e, run_end - e));
-        if (usable && fits && !c->element_arrived && clean) {  /* the common case: one pass */
-            norm2 += read_run(c, o, start, e, run_end, d, ok, acc, cnt);
-            got += run_end - e;
-            e = run_end;
-            continue;
+        len = run_end - e;
+        if (usable && fits && !c->element_arrived) {  /* the common case: the run whole, unless a value is not finite */
+            double n2 = read_run(c, o, start, e, run_end, d);
+            if (isfinite(n2) || !c->finite_only) {
+                if (partial) add_ones(cnt + i, len);
+                for (uint64_t x = i; ok && x < i + len; x++) ok[x] = 1.0;
+                norm2 += n2;
+                got += len;
+                e = run_end;
+                continue;
+            }
         }
         for (uint64_t x = e; x < run_end; x++) {
-            uint64_t i = x - start;
+            i = x - start;
             d[i] = 0.0;
             if (ok) ok[i] = 0.0;
-            if (!usable || (c->element_arrived && !c->element_arrived[x])) continue;
-            double value = fits ? load(c->values, c->dtype, c->scales, c->block, x) : NAN;
-            if (c->finite_only && !isfinite(value)) {
-                (*refused)++;
+            double value = NAN;
+            int arrived = usable && (!c->element_arrived || c->element_arrived[x]);
+            if (arrived && fits) value = load(c->values, c->dtype, c->scales, c->block, x);
+            if (arrived && c->finite_only && !isfinite(value)) (*refused)++;
+            if (!arrived || (c->finite_only && !isfinite(value))) {
+                if (!partial) add_ones(cnt, i);  /* every element before this one counted */
+                partial = 1;
                 continue;
             }
             d[i] = value - o[i];
             if (ok) ok[i] = 1.0;
-            acc[i] += d[i];
-            cnt[i] += 1.0;
+            if (partial) cnt[i] += 1.0;
             norm2 += d[i] * d[i];
             got++;
         }
@@ -169,7 +200,7 @@ static double tile_radius_base(const p2p_robust *how, uint64_t tiles, uint64_t t
 
 /* Clip tile [start, end) (tile t) of the k contributions, whose rows read_tile has summed into acc
  * unclipped (m, d2: their counts and squared norms): takes back from acc what each clipped row's
- * scale cuts, reading that row again into `row` (junk: 2 x TILE doubles for the second read's sums).
+ * scale cuts, reading that row again into `row` (junk: TILE doubles for the second read's counts).
  * Returns the tile's median RMS distance (-1: nothing arrived). */
 static double clip_tile(const p2p_robust *how, uint64_t tiles, uint64_t t, uint64_t start, uint64_t end,
                         const p2p_contribution *contribs, uint32_t k, const double *o, const uint64_t *m,
@@ -192,7 +223,7 @@ static double clip_tile(const p2p_robust *how, uint64_t tiles, uint64_t t, uint6
         if (scale < 1.0) {  /* rare for an honest sender: read its row again rather than keep every row */
             uint64_t refused = 0;
             double norm2;
-            read_tile(&contribs[j], o, start, end, row, NULL, junk, junk + TILE, &refused, &norm2);
+            read_tile(&contribs[j], o, start, end, row, NULL, junk, &refused, &norm2);
             for (uint64_t i = 0; i < end - start; i++) acc[i] -= (1.0 - scale) * row[i];
         }
         if (out) {
@@ -203,7 +234,7 @@ static double clip_tile(const p2p_robust *how, uint64_t tiles, uint64_t t, uint6
     return now;
 }
 
-/* The trimmed mean of each element of the tile into acc (as a difference from own) and cnt = 1. */
+/* The trimmed mean of each element of the tile: acc the sum of the values kept (as differences from own), cnt how many. */
 static void trim_tile(uint32_t trim, uint64_t len, uint32_t k, const double *d, const double *ok, double *acc,
                       double *cnt, p2p_robust_sender *out, double *work) {
     for (uint64_t i = 0; i < len; i++) {
@@ -250,9 +281,9 @@ int p2p_robust_merge(void *own, int own_dtype, uint64_t n, const p2p_contributio
         return 0;
     }
     /* trimmed: per sender a row of differences and one of arrivals; clip: one row of differences
-     * and two of junk sums (clip_tile); then a sorting row, and per sender its count and norm */
+     * and one of junk counts (clip_tile); then a sorting row, and per sender its count and norm */
     int trimmed = how->mode == P2P_ROBUST_TRIMMED;
-    size_t rows = (trimmed ? (size_t)2 * k : 3) * TILE, work = (size_t)2 * k + how->nhistory + 2;
+    size_t rows = (trimmed ? (size_t)2 * k : 2) * TILE, work = (size_t)2 * k + how->nhistory + 2;
     double *scratch = malloc((rows + work + 2 * TILE) * sizeof(double));
     uint64_t *m = malloc((size_t)k * sizeof *m);
     double *d2 = malloc((size_t)k * sizeof *d2);
@@ -266,15 +297,19 @@ int p2p_robust_merge(void *own, int own_dtype, uint64_t n, const p2p_contributio
     double *acc = spare + work, *cnt = acc + TILE, o[TILE];
     for (uint64_t t = 0; t < tiles; t++) {
         uint64_t start = t * TILE, end = n - start < TILE ? n : start + TILE, len = end - start;
-        for (uint64_t i = 0; i < len; i++) {
-            o[i] = load(own, own_dtype, NULL, 0, start + i);
-            acc[i] = 0.0;
-            cnt[i] = 1.0;
-        }
+        if (own_dtype == P2P_F32)
+            load_f32(o, (const float *)own + start, len);
+        else
+            for (uint64_t i = 0; i < len; i++) o[i] = load(own, own_dtype, NULL, 0, start + i);
+        memset(acc, 0, (size_t)len * sizeof *acc);
+        memset(cnt, 0, (size_t)len * sizeof *cnt);
+        double whole = 1.0;  /* the own value and every row that counted whole (the others: in cnt) */
         for (uint32_t j = 0; j < k; j++) {
             uint64_t refused = 0;
             double *row = trimmed ? d + (uint64_t)j * TILE : d, *row_ok = trimmed ? ok + (uint64_t)j * TILE : NULL;
-            m[j] = read_tile(&contribs[j], o, start, end, row, row_ok, acc, cnt, &refused, &d2[j]);
+            m[j] = read_tile(&contribs[j], o, start, end, row, row_ok, cnt, &refused, &d2[j]);
+            if (m[j] == len) whole += 1.0;
+            if (!trimmed) add_row(acc, row, len);  /* unclipped: clip_tile takes back what it cuts */
             if (out) {
                 out[j].arrived += m[j];
                 out[j].refused += refused;
@@ -286,12 +321,12 @@ int p2p_robust_merge(void *own, int own_dtype, uint64_t n, const p2p_contributio
             if (how->tile_median_out) how->tile_median_out[t] = median;
         } else {
             trim_tile(how->trim, len, k, d, ok, acc, cnt, out, spare);
+            whole = 0.0;  /* cnt: each element's count */
         }
         if (own_dtype == P2P_F32) {
-            float *v = (float *)own + start;
-            for (uint64_t i = 0; i < len; i++) v[i] = (float)(o[i] + acc[i] / cnt[i]);
+            write_f32((float *)own + start, o, acc, whole, cnt, len);
         } else {
-            for (uint64_t i = 0; i < len; i++) store(own, own_dtype, start + i, o[i] + acc[i] / cnt[i]);
+            for (uint64_t i = 0; i < len; i++) store(own, own_dtype, start + i, o[i] + acc[i] / (whole + cnt[i]));
         }
     }
     free(scratch);
