@@ -1,10 +1,11 @@
 /* Robust merging: one tensor merged in place so that no one sender can drag it far (see compute.h).
  *
  * The tensor is walked in tiles of P2P_ROBUST_TILE elements, which stay in cache. Clipping reads each
- * contribution's tile once (read as merge.c reads, contribution.h), adding its difference from the
- * receiver's own values to the tile's sum unclipped while measuring its norm; once every sender's
- * norm is known, the rare row that must be clipped is read again and what its scale cuts is taken
- * back. So an honest round costs one read of the contributions, as the plain merge. The trimmed
+ * contribution's tile once, adding its difference from the receiver's own values to the tile's sum
+ * unclipped while measuring its norm (float32 and int8 runs in one vectorised pass straight into the
+ * sum; the other formats into a row first, through merge.c's readers, contribution.h); once every
+ * sender's norm is known, the rare row that must be clipped is read again and what its scale cuts is
+ * taken back. So an honest round costs one read of the contributions, as the plain merge. The trimmed
  * mean keeps every sender's row of the tile (2 x 8 KiB a sender) and sorts each element's values.
  *
  * Clipping per tile rather than over the whole tensor keeps that one read (a whole-tensor radius
@@ -31,6 +32,8 @@ static uint64_t chunk_end(const p2p_contribution *c, uint64_t e) {
  * Vectors move through memcpy and pointers only (one passed by value would change the ABI). */
 typedef double v4d __attribute__((vector_size(32)));
 typedef float v4f __attribute__((vector_size(16)));
+typedef uint32_t v4u32 __attribute__((vector_size(16)));
+typedef int32_t v4i32 __attribute__((vector_size(16)));
 
 /* A row's squared norm from its eight partial sums (lo: elements 0-3 of each group of eight, hi:
  * 4-7) and its tail's: partial sums, so that the adds do not wait on each other (one running sum in
@@ -39,30 +42,75 @@ static inline double total(const v4d *lo, const v4d *hi, double rest) {
     return (((*lo)[0] + (*lo)[1]) + ((*lo)[2] + (*lo)[3])) + (((*hi)[0] + (*hi)[1]) + ((*hi)[2] + (*hi)[3])) + rest;
 }
 
-/* d[i] = v[i] - o[i] over len float32 values; returns d's squared norm. It is finite exactly when
- * every d[i] is (a difference of two floats squares far below DBL_MAX): the check that refuses a NaN
- * or inf costs no pass of its own. */
-VECTOR_CLONES static double difference_f32(const float *restrict v, const double *restrict o, uint64_t len,
-                                           double *restrict d) {
-    v4d lo = {0}, hi = {0}, x, y;
+/* acc[i] += v[i] - o[i] over len float32 values; returns the differences' squared norm. It is finite
+ * exactly when every difference is (a difference of two floats squares far below DBL_MAX). */
+VECTOR_CLONES static double accumulate_f32(const float *restrict v, const double *restrict o, uint64_t len,
+                                           double *restrict acc) {
+    v4d lo = {0}, hi = {0}, x, y, p, q;
     v4f a, b;
     double rest = 0.0;
     uint64_t i = 0;
     for (; i + 8 <= len; i += 8) {
         memcpy(&a, v + i, sizeof a);
         memcpy(&b, v + i + 4, sizeof b);
-        memcpy(&x, o + i, sizeof x);
-        memcpy(&y, o + i + 4, sizeof y);
-        x = __builtin_convertvector(a, v4d) - x;
-        y = __builtin_convertvector(b, v4d) - y;
-        memcpy(d + i, &x, sizeof x);
-        memcpy(d + i + 4, &y, sizeof y);
+        memcpy(&p, o + i, sizeof p);
+        memcpy(&q, o + i + 4, sizeof q);
+        x = __builtin_convertvector(a, v4d) - p;
+        y = __builtin_convertvector(b, v4d) - q;
         lo += x * x;
         hi += y * y;
+        memcpy(&p, acc + i, sizeof p);
+        memcpy(&q, acc + i + 4, sizeof q);
+        p += x;
+        q += y;
+        memcpy(acc + i, &p, sizeof p);
+        memcpy(acc + i + 4, &q, sizeof q);
     }
     for (; i < len; i++) {
-        d[i] = (double)v[i] - o[i];
-        rest += d[i] * d[i];
+        double d = (double)v[i] - o[i];
+        acc[i] += d;
+        rest += d * d;
+    }
+    return total(&lo, &hi, rest);
+}
+
+/* Four int8 codes as doubles, sign-extended from one 32-bit word by shifts: the compiler converts
+ * four bytes one at a time, and these shifts are one instruction each. */
+static inline void i8x4(const int8_t *p, v4d *out) {
+    uint32_t word = (uint32_t)(uint8_t)p[0] | (uint32_t)(uint8_t)p[1] << 8 | (uint32_t)(uint8_t)p[2] << 16 |
+                    (uint32_t)(uint8_t)p[3] << 24;
+    v4u32 w = {word, word, word, word};
+    w <<= (v4u32){24, 16, 8, 0};
+    *out = __builtin_convertvector((v4i32)w >> 24, v4d);
+}
+
+/* acc[i] += v[i] x scale - o[i] over len int8 codes of one scale block, whose values are finite (its
+ * scale checked); returns the differences' squared norm. A clipped row's one pass (no row kept). */
+VECTOR_CLONES static double accumulate_i8(const int8_t *restrict v, double scale, const double *restrict o,
+                                          uint64_t len, double *restrict acc) {
+    v4d lo = {0}, hi = {0}, x, y, p, q;
+    double rest = 0.0;
+    uint64_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        i8x4(v + i, &x);
+        i8x4(v + i + 4, &y);
+        memcpy(&p, o + i, sizeof p);
+        memcpy(&q, o + i + 4, sizeof q);
+        x = x * scale - p;
+        y = y * scale - q;
+        lo += x * x;
+        hi += y * y;
+        memcpy(&p, acc + i, sizeof p);
+        memcpy(&q, acc + i + 4, sizeof q);
+        p += x;
+        q += y;
+        memcpy(acc + i, &p, sizeof p);
+        memcpy(acc + i + 4, &q, sizeof q);
+    }
+    for (; i < len; i++) {
+        double d = (double)v[i] * scale - o[i];
+        acc[i] += d;
+        rest += d * d;
     }
     return total(&lo, &hi, rest);
 }
@@ -110,18 +158,19 @@ VECTOR_CLONES static void write_f32(float *restrict v, const double *restrict o,
 static double read_run(const p2p_contribution *c, const double *o, uint64_t start, uint64_t from, uint64_t to,
                        double *d) {
     uint64_t i = from - start, len = to - from;
-    if (c->dtype == P2P_F32) return difference_f32((const float *)c->values + from, o + i, len, d + i);
     memset(d + i, 0, (size_t)len * sizeof *d);
+    if (c->dtype == P2P_F32) return accumulate_f32((const float *)c->values + from, o + i, len, d + i);
     add_values(d + i, c, from, len);
     return subtract_row(d + i, o + i, len);
 }
 
 /* Row of c's tile [start, end): d[i] = value - o[i] where element start + i arrived and is not
- * refused, 0 elsewhere, and ok[i] = 1 there, 0 elsewhere (ok: or NULL). Returns how many arrived
- * and counted, adds the refused, and sets *d2 to d's squared norm. When not all counted, cnt[i] += 1
+ * refused, 0 elsewhere, and ok[i] = 1 there, 0 elsewhere (ok: or NULL); with acc (clipping), acc += d
+ * instead, and d is left undefined where a run went straight into acc. Returns how many arrived and
+ * counted, adds the refused, and sets *d2 to d's squared norm. When not all counted, cnt[i] += 1
  * where one did (a row that counts whole is counted once for the tile, by the caller). */
 static uint64_t read_tile(const p2p_contribution *c, const double *o, uint64_t start, uint64_t end, double *d,
-                          double *ok, double *cnt, uint64_t *refused, double *d2) {
+                          double *ok, double *acc, double *cnt, uint64_t *refused, double *d2) {
     uint64_t got = 0;
     double norm2 = 0.0;
     int partial = 0;  /* whether cnt has this row's counts: from its first element that does not count */
@@ -141,8 +190,16 @@ static uint64_t read_tile(const p2p_contribution *c, const double *o, uint64_t s
         }
         len = run_end - e;
         if (usable && fits && !c->element_arrived) {  /* the common case: the run whole, unless a value is not finite */
-            double n2 = read_run(c, o, start, e, run_end, d);
-            if (isfinite(n2) || !c->finite_only) {
+            double n2;
+            int into_acc = 1;  /* whether the run goes straight into acc: clipping, values known finite */
+            if (acc && c->dtype == P2P_I8 && c->finite_only)  /* one scale block, its scale checked */
+                n2 = accumulate_i8((const int8_t *)c->values + e, c->scales[e / c->block], o + i, len, acc + i);
+            else if (acc && c->dtype == P2P_F32 && (!c->finite_only || all_finite(c, e, run_end)))
+                n2 = accumulate_f32((const float *)c->values + e, o + i, len, acc + i);
+            else
+                into_acc = 0, n2 = read_run(c, o, start, e, run_end, d);
+            if (into_acc || isfinite(n2) || !c->finite_only) {
+                if (acc && !into_acc) add_row(acc + i, d + i, len);
                 if (partial) add_ones(cnt + i, len);
                 for (uint64_t x = i; ok && x < i + len; x++) ok[x] = 1.0;
                 norm2 += n2;
@@ -166,6 +223,7 @@ static uint64_t read_tile(const p2p_contribution *c, const double *o, uint64_t s
             }
             d[i] = value - o[i];
             if (ok) ok[i] = 1.0;
+            if (acc) acc[i] += d[i];
             if (partial) cnt[i] += 1.0;
             norm2 += d[i] * d[i];
             got++;
@@ -223,7 +281,7 @@ static double clip_tile(const p2p_robust *how, uint64_t tiles, uint64_t t, uint6
         if (scale < 1.0) {  /* rare for an honest sender: read its row again rather than keep every row */
             uint64_t refused = 0;
             double norm2;
-            read_tile(&contribs[j], o, start, end, row, NULL, junk, &refused, &norm2);
+            read_tile(&contribs[j], o, start, end, row, NULL, NULL, junk, &refused, &norm2);
             for (uint64_t i = 0; i < end - start; i++) acc[i] -= (1.0 - scale) * row[i];
         }
         if (out) {
@@ -307,9 +365,9 @@ int p2p_robust_merge(void *own, int own_dtype, uint64_t n, const p2p_contributio
         for (uint32_t j = 0; j < k; j++) {
             uint64_t refused = 0;
             double *row = trimmed ? d + (uint64_t)j * TILE : d, *row_ok = trimmed ? ok + (uint64_t)j * TILE : NULL;
-            m[j] = read_tile(&contribs[j], o, start, end, row, row_ok, cnt, &refused, &d2[j]);
+            /* clipping adds each row unclipped: clip_tile takes back what it cuts */
+            m[j] = read_tile(&contribs[j], o, start, end, row, row_ok, trimmed ? NULL : acc, cnt, &refused, &d2[j]);
             if (m[j] == len) whole += 1.0;
-            if (!trimmed) add_row(acc, row, len);  /* unclipped: clip_tile takes back what it cuts */
             if (out) {
                 out[j].arrived += m[j];
                 out[j].refused += refused;
