@@ -131,6 +131,9 @@ RESULTS: dict[str, Entry] = {
     "bench_average": _entry("sudo python -m p2plearn.bench average --rounds 8", BENCH),
     "bench_average_gpt2": _entry("sudo python -m p2plearn.bench average --model gpt2-small "
                                  "--topologies loopback,homogeneous-4 --rounds 5", BENCH),
+    "bench_merge": _entry("python -m p2plearn.bench merge --repeats 31", ROBUST,
+                          ["native/merge.c", "native/contribution.c", "native/contribution.h", "native/compute.h",
+                           "p2plearn/sync/merge.py", "p2plearn/bench/merge.py", "setup.py"]),
     "bench_rounds_transport": _entry("sudo python experiments/bench_rounds_transport.py", BENCH),
     "bench_transport": _entry("sudo python -m p2plearn.bench transport --reps 3", ENGINE, ["p2plearn/transport",
                                                                                         "p2plearn/bench"]),
