@@ -6,7 +6,9 @@
  * sum; the other formats into a row first, through merge.c's readers, contribution.h); once every
  * sender's norm is known, the rare row that must be clipped is read again and what its scale cuts is
  * taken back. So an honest round costs one read of the contributions, as the plain merge. The trimmed
- * mean keeps every sender's row of the tile (2 x 8 KiB a sender) and sorts each element's values.
+ * mean keeps every sender's row of the tile (3 x 8 KiB a sender) and sorts each element's values:
+ * all of a tile's elements at once, row by row, where every sender brought the whole tile, and one
+ * element at a time where some did not.
  *
  * Clipping per tile rather than over the whole tensor keeps that one read (a whole-tensor radius
  * would need every distance before the first element is combined), and bounds a sender in every
@@ -34,6 +36,7 @@ typedef double v4d __attribute__((vector_size(32)));
 typedef float v4f __attribute__((vector_size(16)));
 typedef uint32_t v4u32 __attribute__((vector_size(16)));
 typedef int32_t v4i32 __attribute__((vector_size(16)));
+typedef int64_t v4i64 __attribute__((vector_size(32)));  /* a comparison of two v4d: -1 where true */
 
 /* A row's squared norm from its eight partial sums (lo: elements 0-3 of each group of eight, hi:
  * 4-7) and its tail's: partial sums, so that the adds do not wait on each other (one running sum in
@@ -292,9 +295,10 @@ static double clip_tile(const p2p_robust *how, uint64_t tiles, uint64_t t, uint6
     return now;
 }
 
-/* The trimmed mean of each element of the tile: acc the sum of the values kept (as differences from own), cnt how many. */
+/* The trimmed mean of each element of the tile, each sorted on its own: acc the sum of the values
+ * kept (as differences from own), cnt how many, lo and hi the smallest and largest kept. */
 static void trim_tile(uint32_t trim, uint64_t len, uint32_t k, const double *d, const double *ok, double *acc,
-                      double *cnt, p2p_robust_sender *out, double *work) {
+                      double *cnt, double *lo, double *hi, double *work) {
     for (uint64_t i = 0; i < len; i++) {
         uint32_t count = 1;
         work[0] = 0.0;  /* own, as a difference from itself */
@@ -302,20 +306,86 @@ static void trim_tile(uint32_t trim, uint64_t len, uint32_t k, const double *d, 
             if (ok[(uint64_t)j * TILE + i] != 0.0) work[count++] = d[(uint64_t)j * TILE + i];
         sort_doubles(work, count);
         uint32_t cut = trim < (count - 1) / 2 ? trim : (count - 1) / 2;
-        double lo = work[cut], hi = work[count - 1 - cut], sum = 0.0;
+        double sum = 0.0;
         for (uint32_t x = cut; x < count - cut; x++) sum += work[x];
         acc[i] = sum;
         cnt[i] = (double)(count - 2 * cut);
-        if (!out) continue;
-        /* per sender: its value trimmed when outside [lo, hi] (ties at an end: kept, a bound no wider) */
-        for (uint32_t j = 0; j < k; j++) {
-            if (ok[(uint64_t)j * TILE + i] == 0.0) continue;
-            double x = d[(uint64_t)j * TILE + i];
-            out[j].distance2 += x * x;
-            if (x < lo || x > hi) out[j].clipped++;
-            else out[j].kept2 += x * x;
-        }
+        lo[i] = work[cut];
+        hi[i] = work[count - 1 - cut];
     }
+}
+
+/* a[i], b[i] = the smaller and the larger of the two: one compare-exchange of two rows, written
+ * with masks (the compiler makes the plain loop a masked store). */
+VECTOR_CLONES static void order_rows(double *restrict a, double *restrict b, uint64_t len) {
+    uint64_t i = 0;
+    for (; i + 4 <= len; i += 4) {
+        v4d x, y;
+        memcpy(&x, a + i, sizeof x);
+        memcpy(&y, b + i, sizeof y);
+        v4i64 less = x < y, lo = ((v4i64)x & less) | ((v4i64)y & ~less), hi = ((v4i64)y & less) | ((v4i64)x & ~less);
+        memcpy(a + i, &lo, sizeof lo);
+        memcpy(b + i, &hi, sizeof hi);
+    }
+    for (; i < len; i++) {
+        double x = a[i], y = b[i];
+        a[i] = x < y ? x : y;
+        b[i] = x < y ? y : x;
+    }
+}
+
+/* The trimmed mean of a tile that every sender brought whole, into acc as trim_tile sums it: the
+ * k + 1 rows (the receiver's own, 0, and the senders') sorted element-wise by odd-even
+ * transposition, each compare-exchange one vectorised pass over two rows, then the rows between
+ * the cuts added. Returns how many values each element keeps; *lo and *hi: the rows at the cuts. */
+static uint32_t trim_whole_tile(uint32_t trim, uint64_t len, uint32_t k, const double *d, double *sorted,
+                                double *acc, const double **lo, const double **hi) {
+    uint32_t n = k + 1, cut = trim < (n - 1) / 2 ? trim : (n - 1) / 2;
+    memset(sorted, 0, (size_t)len * sizeof *sorted);
+    for (uint32_t j = 0; j < k; j++)
+        memcpy(sorted + (uint64_t)(j + 1) * TILE, d + (uint64_t)j * TILE, (size_t)len * sizeof *d);
+    for (uint32_t pass = 0; pass < n; pass++)
+        for (uint32_t r = pass & 1; r + 1 < n; r += 2)
+            order_rows(sorted + (uint64_t)r * TILE, sorted + (uint64_t)(r + 1) * TILE, len);
+    memset(acc, 0, (size_t)len * sizeof *acc);
+    for (uint32_t r = cut; r < n - cut; r++) add_row(acc, sorted + (uint64_t)r * TILE, len);
+    *lo = sorted + (uint64_t)cut * TILE;
+    *hi = sorted + (uint64_t)(n - 1 - cut) * TILE;
+    return n - 2 * cut;
+}
+
+/* One sender's values in a trimmed tile (ok: 1 where each arrived, its value 0 elsewhere) trimmed,
+ * outside [lo, hi], or kept (ties at an end: kept, a bound no wider), with their squared sizes:
+ * four lanes of sums, vectorised. */
+VECTOR_CLONES static void count_trimmed(const double *restrict x, const double *restrict ok,
+                                        const double *restrict lo, const double *restrict hi, uint64_t len,
+                                        p2p_robust_sender *out) {
+    v4d distance2 = {0}, kept2 = {0};
+    v4i64 trimmed = {0};
+    uint64_t i = 0;
+    for (; i + 4 <= len; i += 4) {
+        v4d v, a, l, h;
+        memcpy(&v, x + i, sizeof v);
+        memcpy(&a, ok + i, sizeof a);
+        memcpy(&l, lo + i, sizeof l);
+        memcpy(&h, hi + i, sizeof h);
+        v4i64 cut = ((v < l) | (v > h)) & (a != (v4d){0});
+        distance2 += v * v;  /* 0 where nothing arrived */
+        kept2 += (v4d)((v4i64)(v * v) & ~cut);
+        trimmed -= cut;
+    }
+    double d2 = (distance2[0] + distance2[1]) + (distance2[2] + distance2[3]);
+    double k2 = (kept2[0] + kept2[1]) + (kept2[2] + kept2[3]);
+    uint64_t n = (uint64_t)(trimmed[0] + trimmed[1] + trimmed[2] + trimmed[3]);
+    for (; i < len; i++) {
+        if (ok[i] == 0.0) continue;
+        d2 += x[i] * x[i];
+        if (x[i] < lo[i] || x[i] > hi[i]) n++;
+        else k2 += x[i] * x[i];
+    }
+    out->distance2 += d2;
+    out->kept2 += k2;
+    out->clipped += n;
 }
 
 int p2p_robust_merge(void *own, int own_dtype, uint64_t n, const p2p_contribution *contribs, uint32_t k,
@@ -338,10 +408,11 @@ int p2p_robust_merge(void *own, int own_dtype, uint64_t n, const p2p_contributio
         for (uint64_t t = 0; how->tile_median_out && t < tiles; t++) how->tile_median_out[t] = -1.0;
         return 0;
     }
-    /* trimmed: per sender a row of differences and one of arrivals; clip: one row of differences
-     * and one of junk counts (clip_tile); then a sorting row, and per sender its count and norm */
+    /* trimmed: per sender a row of differences and one of arrivals, and k + 1 rows to sort; clip: one
+     * row of differences and one of junk counts (clip_tile); then a sorting row, and per sender its
+     * count and norm */
     int trimmed = how->mode == P2P_ROBUST_TRIMMED;
-    size_t rows = (trimmed ? (size_t)2 * k : 2) * TILE, work = (size_t)2 * k + how->nhistory + 2;
+    size_t rows = (trimmed ? (size_t)3 * k + 1 : 2) * TILE, work = (size_t)2 * k + how->nhistory + 2;
     double *scratch = malloc((rows + work + 2 * TILE) * sizeof(double));
     uint64_t *m = malloc((size_t)k * sizeof *m);
     double *d2 = malloc((size_t)k * sizeof *d2);
@@ -352,6 +423,7 @@ int p2p_robust_merge(void *own, int own_dtype, uint64_t n, const p2p_contributio
         return set_error(ENOMEM, "robust merge: no memory for %u senders' tiles", k);
     }
     double *d = scratch, *ok = trimmed ? scratch + (size_t)k * TILE : NULL, *spare = scratch + rows;
+    double *sorted = trimmed ? scratch + (size_t)2 * k * TILE : NULL;
     double *acc = spare + work, *cnt = acc + TILE, o[TILE];
     for (uint64_t t = 0; t < tiles; t++) {
         uint64_t start = t * TILE, end = n - start < TILE ? n : start + TILE, len = end - start;
@@ -377,9 +449,16 @@ int p2p_robust_merge(void *own, int own_dtype, uint64_t n, const p2p_contributio
         if (!trimmed) {
             double median = clip_tile(how, tiles, t, start, end, contribs, k, o, m, d2, acc, d, d + TILE, out, spare);
             if (how->tile_median_out) how->tile_median_out[t] = median;
+        } else if (whole == k + 1) {  /* every sender brought the whole tile: sorted row by row */
+            const double *lo, *hi;
+            whole = trim_whole_tile(how->trim, len, k, d, sorted, acc, &lo, &hi);
+            for (uint32_t j = 0; out && j < k; j++)
+                count_trimmed(d + (uint64_t)j * TILE, ok + (uint64_t)j * TILE, lo, hi, len, &out[j]);
         } else {
-            trim_tile(how->trim, len, k, d, ok, acc, cnt, out, spare);
+            trim_tile(how->trim, len, k, d, ok, acc, cnt, sorted, sorted + TILE, spare);
             whole = 0.0;  /* cnt: each element's count */
+            for (uint32_t j = 0; out && j < k; j++)
+                count_trimmed(d + (uint64_t)j * TILE, ok + (uint64_t)j * TILE, sorted, sorted + TILE, len, &out[j]);
         }
         if (own_dtype == P2P_F32) {
             write_f32((float *)own + start, o, acc, whole, cnt, len);
