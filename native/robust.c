@@ -88,7 +88,7 @@ static inline void i8x4(const int8_t *p, v4d *out) {
 }
 
 /* acc[i] += v[i] x scale - o[i] over len int8 codes of one scale block, whose values are finite (its
- * scale checked); returns the differences' squared norm. A clipped row's one pass (no row kept). */
+ * scale checked); returns the differences' squared norm: clipping's one pass, no row kept. */
 VECTOR_CLONES static double accumulate_i8(const int8_t *restrict v, double scale, const double *restrict o,
                                           uint64_t len, double *restrict acc) {
     v4d lo = {0}, hi = {0}, x, y, p, q;

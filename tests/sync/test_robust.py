@@ -194,6 +194,36 @@ def test_trimmed_mean_matches_the_reference_and_trims_the_outlier():
     assert robust.stats()["senders"][5]["clipped"] == 1
 
 
+def test_trimmed_mean_of_whole_tiles_matches_the_reference():
+    """Tiles every sender brought whole (sorted row by row) beside one a sender brought in part (sorted
+    per element), and a last tile of 203 elements: the values and each sender's share cut."""
+    rng = np.random.default_rng(8)
+    n = 2 * TILE + 203
+    own = rng.standard_normal(n).astype(np.float32)
+    values = _senders(rng, own, 6)
+    values[5] = (own + 1000.0).astype(np.float32)
+    lost = np.ones(n, bool)
+    lost[TILE + 10:TILE + 20] = False  # the second tile only
+    contributions = [Contribution(v) for v in values]
+    contributions[2] = Contribution(values[2], mask=lost)
+    vals, usable = _readings(contributions, n)
+    merged = own.copy()
+    robust = RobustMerge("trimmed")
+    robust.merge_parameter(0, merged, contributions, [1, 2, 3, 4, 5, 6])
+    np.testing.assert_allclose(merged, reference_trimmed(own, vals, usable), rtol=1e-5, atol=1e-6)
+    # each sender's share cut: 1 - sqrt(kept / arrived) of its squared differences, kept within the cuts
+    diffs = [np.where(u, v.astype(np.float64) - own, 0.0) for v, u in zip(vals, usable)]
+    lo, hi = np.empty(n), np.empty(n)
+    for e in range(n):
+        xs = np.sort([0.0] + [d[e] for d, u in zip(diffs, usable) if u[e]])
+        lo[e], hi[e] = xs[1], xs[-2]
+    senders = robust.stats()["senders"]
+    for s, (d, u) in enumerate(zip(diffs, usable), start=1):
+        kept = u & (d >= lo) & (d <= hi)
+        assert senders[s]["cut"] == pytest.approx(1 - np.sqrt((d[kept] ** 2).sum() / (d[u] ** 2).sum()), rel=1e-9)
+    assert senders[6]["clipped"] == 1 and all(senders[s]["clipped"] == 0 for s in range(1, 6))
+
+
 def test_trimmed_with_few_senders_clips():
     """Below 2 x TRIM + 2 senders a trimmed mean cannot outvote one: the merge clips."""
     rng = np.random.default_rng(5)
