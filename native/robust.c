@@ -45,6 +45,19 @@ static inline double total(const v4d *lo, const v4d *hi, double rest) {
     return (((*lo)[0] + (*lo)[1]) + ((*lo)[2] + (*lo)[3])) + (((*hi)[0] + (*hi)[1]) + ((*hi)[2] + (*hi)[3])) + rest;
 }
 
+/* acc[0 .. 8) += x, y (eight differences), and their squares to the norm's partial sums lo, hi. */
+static inline void add_eight(double *acc, const v4d *x, const v4d *y, v4d *lo, v4d *hi) {
+    v4d p, q;
+    *lo += *x * *x;
+    *hi += *y * *y;
+    memcpy(&p, acc, sizeof p);
+    memcpy(&q, acc + 4, sizeof q);
+    p += *x;
+    q += *y;
+    memcpy(acc, &p, sizeof p);
+    memcpy(acc + 4, &q, sizeof q);
+}
+
 /* acc[i] += v[i] - o[i] over len float32 values; returns the differences' squared norm. It is finite
  * exactly when every difference is (a difference of two floats squares far below DBL_MAX). */
 VECTOR_CLONES static double accumulate_f32(const float *restrict v, const double *restrict o, uint64_t len,
@@ -60,14 +73,7 @@ VECTOR_CLONES static double accumulate_f32(const float *restrict v, const double
         memcpy(&q, o + i + 4, sizeof q);
         x = __builtin_convertvector(a, v4d) - p;
         y = __builtin_convertvector(b, v4d) - q;
-        lo += x * x;
-        hi += y * y;
-        memcpy(&p, acc + i, sizeof p);
-        memcpy(&q, acc + i + 4, sizeof q);
-        p += x;
-        q += y;
-        memcpy(acc + i, &p, sizeof p);
-        memcpy(acc + i + 4, &q, sizeof q);
+        add_eight(acc + i, &x, &y, &lo, &hi);
     }
     for (; i < len; i++) {
         double d = (double)v[i] - o[i];
@@ -101,14 +107,7 @@ VECTOR_CLONES static double accumulate_i8(const int8_t *restrict v, double scale
         memcpy(&q, o + i + 4, sizeof q);
         x = x * scale - p;
         y = y * scale - q;
-        lo += x * x;
-        hi += y * y;
-        memcpy(&p, acc + i, sizeof p);
-        memcpy(&q, acc + i + 4, sizeof q);
-        p += x;
-        q += y;
-        memcpy(acc + i, &p, sizeof p);
-        memcpy(acc + i + 4, &q, sizeof q);
+        add_eight(acc + i, &x, &y, &lo, &hi);
     }
     for (; i < len; i++) {
         double d = (double)v[i] * scale - o[i];
