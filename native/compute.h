@@ -179,7 +179,7 @@ int p2p_change_sumsq(const void *now, const void *before, int dtype, uint64_t n,
  * from own; kept2, what of it the merge used (clip: s_j^2 |d_j|^2; trimmed: of the values kept);
  * arrived, its elements that counted; clipped, its elements in tiles where s_j < 1 (trimmed: its
  * values trimmed); refused, as p2p_merge's refused_out. Contributions are checked as p2p_merge checks
- * them (EINVAL before anything changes); ENOMEM when the tile scratch (trimmed: 16 KiB a sender) cannot be
+ * them (EINVAL before anything changes); ENOMEM when the tile scratch (trimmed: 24 KiB a sender) cannot be
  * had. Clipping costs about what the plain merge does per byte (python -m p2plearn.bench merge). */
 #define P2P_ROBUST_CLIP 1
 #define P2P_ROBUST_TRIMMED 2

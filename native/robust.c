@@ -6,9 +6,9 @@
  * sum; the other formats into a row first, through merge.c's readers, contribution.h); once every
  * sender's norm is known, the rare row that must be clipped is read again and what its scale cuts is
  * taken back. So an honest round costs one read of the contributions, as the plain merge. The trimmed
- * mean keeps every sender's row of the tile (3 x 8 KiB a sender) and sorts each element's values:
- * all of a tile's elements at once, row by row, where every sender brought the whole tile, and one
- * element at a time where some did not.
+ * mean keeps every sender's row of the tile (3 x 8 KiB a sender) and sorts each element's values,
+ * all of a tile's elements at once, row by row; where some sender missed elements, each element
+ * then cuts by its own count, with masks.
  *
  * Clipping per tile rather than over the whole tensor keeps that one read (a whole-tensor radius
  * would need every distance before the first element is combined), and bounds a sender in every
@@ -294,26 +294,6 @@ static double clip_tile(const p2p_robust *how, uint64_t tiles, uint64_t t, uint6
     return now;
 }
 
-/* The trimmed mean of each element of the tile, each sorted on its own: acc the sum of the values
- * kept (as differences from own), cnt how many, lo and hi the smallest and largest kept. */
-static void trim_tile(uint32_t trim, uint64_t len, uint32_t k, const double *d, const double *ok, double *acc,
-                      double *cnt, double *lo, double *hi, double *work) {
-    for (uint64_t i = 0; i < len; i++) {
-        uint32_t count = 1;
-        work[0] = 0.0;  /* own, as a difference from itself */
-        for (uint32_t j = 0; j < k; j++)
-            if (ok[(uint64_t)j * TILE + i] != 0.0) work[count++] = d[(uint64_t)j * TILE + i];
-        sort_doubles(work, count);
-        uint32_t cut = trim < (count - 1) / 2 ? trim : (count - 1) / 2;
-        double sum = 0.0;
-        for (uint32_t x = cut; x < count - cut; x++) sum += work[x];
-        acc[i] = sum;
-        cnt[i] = (double)(count - 2 * cut);
-        lo[i] = work[cut];
-        hi[i] = work[count - 1 - cut];
-    }
-}
-
 /* a[i], b[i] = the smaller and the larger of the two: one compare-exchange of two rows, written
  * with masks (the compiler makes the plain loop a masked store). */
 VECTOR_CLONES static void order_rows(double *restrict a, double *restrict b, uint64_t len) {
@@ -333,24 +313,92 @@ VECTOR_CLONES static void order_rows(double *restrict a, double *restrict b, uin
     }
 }
 
-/* The trimmed mean of a tile that every sender brought whole, into acc as trim_tile sums it: the
- * k + 1 rows (the receiver's own, 0, and the senders') sorted element-wise by odd-even
- * transposition, each compare-exchange one vectorised pass over two rows, then the rows between
- * the cuts added. Returns how many values each element keeps; *lo and *hi: the rows at the cuts. */
-static uint32_t trim_whole_tile(uint32_t trim, uint64_t len, uint32_t k, const double *d, double *sorted,
-                                double *acc, const double **lo, const double **hi) {
-    uint32_t n = k + 1, cut = trim < (n - 1) / 2 ? trim : (n - 1) / 2;
+/* The tile's k + 1 rows into sorted (the receiver's own, 0, and the senders'), sorted element-wise
+ * by odd-even transposition, each compare-exchange one vectorised pass over two rows. With ok, a
+ * value that did not arrive is +inf: it sorts after every value that did. */
+static void sort_rows(uint64_t len, uint32_t k, const double *d, const double *ok, double *sorted) {
+    uint32_t n = k + 1;
     memset(sorted, 0, (size_t)len * sizeof *sorted);
-    for (uint32_t j = 0; j < k; j++)
-        memcpy(sorted + (uint64_t)(j + 1) * TILE, d + (uint64_t)j * TILE, (size_t)len * sizeof *d);
+    for (uint32_t j = 0; j < k; j++) {
+        double *row = sorted + (uint64_t)(j + 1) * TILE;
+        const double *dj = d + (uint64_t)j * TILE;
+        if (!ok) {
+            memcpy(row, dj, (size_t)len * sizeof *d);
+            continue;
+        }
+        const double *okj = ok + (uint64_t)j * TILE;
+        for (uint64_t i = 0; i < len; i++) row[i] = okj[i] != 0.0 ? dj[i] : INFINITY;
+    }
     for (uint32_t pass = 0; pass < n; pass++)
         for (uint32_t r = pass & 1; r + 1 < n; r += 2)
             order_rows(sorted + (uint64_t)r * TILE, sorted + (uint64_t)(r + 1) * TILE, len);
+}
+
+/* The trimmed mean of a tile that every sender brought whole, into acc (the sum of the values kept,
+ * as differences from own): the sorted rows between the cuts added. Returns how many values each
+ * element keeps; *lo and *hi: the rows at the cuts, the smallest and largest kept. */
+static uint32_t trim_whole_tile(uint32_t trim, uint64_t len, uint32_t k, const double *d, double *sorted,
+                                double *acc, const double **lo, const double **hi) {
+    uint32_t n = k + 1, cut = trim < (n - 1) / 2 ? trim : (n - 1) / 2;
+    sort_rows(len, k, d, NULL, sorted);
     memset(acc, 0, (size_t)len * sizeof *acc);
     for (uint32_t r = cut; r < n - cut; r++) add_row(acc, sorted + (uint64_t)r * TILE, len);
     *lo = sorted + (uint64_t)cut * TILE;
     *hi = sorted + (uint64_t)(n - 1 - cut) * TILE;
     return n - 2 * cut;
+}
+
+/* Row r of a sorted tile into the sums of the elements whose kept rows, [first, last], hold it, and
+ * into lo or hi where it is the first or the last kept: selects by masks, never adding the +inf of a
+ * value that did not arrive. */
+VECTOR_CLONES static void keep_row(const double *restrict row, double r, const double *restrict first,
+                                   const double *restrict last, double *restrict acc, double *restrict lo,
+                                   double *restrict hi, uint64_t len) {
+    v4d rr = {r, r, r, r};
+    uint64_t i = 0;
+    for (; i + 4 <= len; i += 4) {
+        v4d v, f, l, a, x, y;
+        memcpy(&v, row + i, sizeof v);
+        memcpy(&f, first + i, sizeof f);
+        memcpy(&l, last + i, sizeof l);
+        memcpy(&a, acc + i, sizeof a);
+        memcpy(&x, lo + i, sizeof x);
+        memcpy(&y, hi + i, sizeof y);
+        v4i64 kept = (rr >= f) & (rr <= l), at_first = rr == f, at_last = rr == l;
+        a += (v4d)((v4i64)v & kept);
+        x = (v4d)(((v4i64)v & at_first) | ((v4i64)x & ~at_first));
+        y = (v4d)(((v4i64)v & at_last) | ((v4i64)y & ~at_last));
+        memcpy(acc + i, &a, sizeof a);
+        memcpy(lo + i, &x, sizeof x);
+        memcpy(hi + i, &y, sizeof y);
+    }
+    for (; i < len; i++) {
+        if (r >= first[i] && r <= last[i]) acc[i] += row[i];
+        if (r == first[i]) lo[i] = row[i];
+        if (r == last[i]) hi[i] = row[i];
+    }
+}
+
+/* The trimmed mean of a tile where some sender missed elements: its rows sorted together as for a
+ * whole tile, the missing values last, then each element cut by its own count m (its own value and
+ * those that arrived): rows [c, m - 1 - c] kept, c = min(trim, (m - 1) / 2). Into acc (as
+ * trim_whole_tile), cnt (each element's count kept), lo and hi (the smallest and largest kept);
+ * sorted: k + 3 rows of room (the sort, then each element's first and last kept row). */
+static void trim_partial_tile(uint32_t trim, uint64_t len, uint32_t k, const double *d, const double *ok,
+                              double *sorted, double *acc, double *cnt, double *lo, double *hi) {
+    uint32_t n = k + 1;
+    double *first = sorted + (uint64_t)n * TILE, *last = first + TILE;
+    sort_rows(len, k, d, ok, sorted);
+    for (uint64_t i = 0; i < len; i++) cnt[i] = 1.0;
+    for (uint32_t j = 0; j < k; j++) add_row(cnt, ok + (uint64_t)j * TILE, len);
+    for (uint64_t i = 0; i < len; i++) {
+        double cut = fmin((double)trim, floor((cnt[i] - 1.0) * 0.5));
+        first[i] = cut;
+        last[i] = cnt[i] - 1.0 - cut;
+        cnt[i] -= 2.0 * cut;
+    }
+    memset(acc, 0, (size_t)len * sizeof *acc);
+    for (uint32_t r = 0; r < n; r++) keep_row(sorted + (uint64_t)r * TILE, (double)r, first, last, acc, lo, hi, len);
 }
 
 /* One sender's values in a trimmed tile (ok: 1 where each arrived, its value 0 elsewhere) trimmed,
@@ -407,11 +455,11 @@ int p2p_robust_merge(void *own, int own_dtype, uint64_t n, const p2p_contributio
         for (uint64_t t = 0; how->tile_median_out && t < tiles; t++) how->tile_median_out[t] = -1.0;
         return 0;
     }
-    /* trimmed: per sender a row of differences and one of arrivals, and k + 1 rows to sort; clip: one
-     * row of differences and one of junk counts (clip_tile); then a sorting row, and per sender its
-     * count and norm */
+    /* trimmed: per sender a row of differences and one of arrivals, k + 1 rows to sort, two of kept
+     * rows (trim_partial_tile) and the kept values' ends; clip: one row of differences and one of junk
+     * counts (clip_tile); then a sorting row, and per sender its count and norm */
     int trimmed = how->mode == P2P_ROBUST_TRIMMED;
-    size_t rows = (trimmed ? (size_t)3 * k + 1 : 2) * TILE, work = (size_t)2 * k + how->nhistory + 2;
+    size_t rows = (trimmed ? (size_t)3 * k + 5 : 2) * TILE, work = (size_t)2 * k + how->nhistory + 2;
     double *scratch = malloc((rows + work + 2 * TILE) * sizeof(double));
     uint64_t *m = malloc((size_t)k * sizeof *m);
     double *d2 = malloc((size_t)k * sizeof *d2);
@@ -454,10 +502,11 @@ int p2p_robust_merge(void *own, int own_dtype, uint64_t n, const p2p_contributio
             for (uint32_t j = 0; out && j < k; j++)
                 count_trimmed(d + (uint64_t)j * TILE, ok + (uint64_t)j * TILE, lo, hi, len, &out[j]);
         } else {
-            trim_tile(how->trim, len, k, d, ok, acc, cnt, sorted, sorted + TILE, spare);
+            double *lo = sorted + (uint64_t)(k + 3) * TILE, *hi = lo + TILE;
+            trim_partial_tile(how->trim, len, k, d, ok, sorted, acc, cnt, lo, hi);
             whole = 0.0;  /* cnt: each element's count */
             for (uint32_t j = 0; out && j < k; j++)
-                count_trimmed(d + (uint64_t)j * TILE, ok + (uint64_t)j * TILE, sorted, sorted + TILE, len, &out[j]);
+                count_trimmed(d + (uint64_t)j * TILE, ok + (uint64_t)j * TILE, lo, hi, len, &out[j]);
         }
         if (own_dtype == P2P_F32) {
             write_f32((float *)own + start, o, acc, whole, cnt, len);

@@ -195,8 +195,8 @@ def test_trimmed_mean_matches_the_reference_and_trims_the_outlier():
 
 
 def test_trimmed_mean_of_whole_tiles_matches_the_reference():
-    """Tiles every sender brought whole (sorted row by row) beside one a sender brought in part (sorted
-    per element), and a last tile of 203 elements: the values and each sender's share cut."""
+    """Tiles every sender brought whole beside one a sender brought in part (each element cut by its
+    own count), and a last tile of 203 elements: the values and each sender's share cut."""
     rng = np.random.default_rng(8)
     n = 2 * TILE + 203
     own = rng.standard_normal(n).astype(np.float32)
@@ -222,6 +222,43 @@ def test_trimmed_mean_of_whole_tiles_matches_the_reference():
         kept = u & (d >= lo) & (d <= hi)
         assert senders[s]["cut"] == pytest.approx(1 - np.sqrt((d[kept] ** 2).sum() / (d[u] ** 2).sum()), rel=1e-9)
     assert senders[6]["clipped"] == 1 and all(senders[s]["clipped"] == 0 for s in range(1, 6))
+
+
+@pytest.mark.parametrize("trim", [1, 2])
+def test_trimmed_mean_with_lost_values_cuts_each_element_by_its_own_count(trim, monkeypatch):
+    """Chunks and elements lost at random, so that elements keep 2 to 8 values (own included) and
+    cut min(trim, (m - 1) / 2) at each end: the values, and each sender's share cut and values trimmed."""
+    monkeypatch.setattr("p2plearn.sync.robust.TRIM", trim)
+    rng = np.random.default_rng(11 + trim)
+    n = 3 * TILE + 77
+    own = rng.standard_normal(n).astype(np.float32)
+    values = _senders(rng, own, 7, spread=1.0)
+    chunks = [rng.random(4 * n // 256 + 2) > 0.5 for _ in range(4)]
+    masks = [rng.random(n) > 0.6 for _ in range(2)]
+    for arrived in chunks:
+        arrived[20] = False  # elements 1280-1343: only the whole sender's value beside own's
+    for mask in masks:
+        mask[1280:1344] = False
+    contributions = [Contribution(v, chunks=ChunkMask(a, 0, 256)) for v, a in zip(values, chunks)]
+    contributions += [Contribution(v, mask=m) for v, m in zip(values[4:6], masks)] + [Contribution(values[6])]
+    vals, usable = _readings(contributions, n)
+    merged = own.copy()
+    robust = RobustMerge("trimmed")
+    robust.merge_parameter(0, merged, contributions, list(range(1, 8)))
+    np.testing.assert_allclose(merged, reference_trimmed(own, vals, usable, trim), rtol=1e-5, atol=1e-6)
+    counts = 1 + np.sum(usable, axis=0)
+    assert counts.min() == 2 and counts.max() == 8  # elements where nothing can be cut, and full ones
+    assert {m: (counts == m).sum() > 0 for m in range(2, 9)} == {m: True for m in range(2, 9)}
+    diffs = [np.where(u, v.astype(np.float64) - own, 0.0) for v, u in zip(vals, usable)]
+    lo, hi = np.empty(n), np.empty(n)
+    for e in range(n):
+        xs = np.sort([0.0] + [d[e] for d, u in zip(diffs, usable) if u[e]])
+        cut = min(trim, (len(xs) - 1) // 2)
+        lo[e], hi[e] = xs[cut], xs[len(xs) - 1 - cut]
+    senders = robust.stats()["senders"]
+    for s, (d, u) in enumerate(zip(diffs, usable), start=1):
+        kept = u & (d >= lo) & (d <= hi)
+        assert senders[s]["cut"] == pytest.approx(1 - np.sqrt((d[kept] ** 2).sum() / (d[u] ** 2).sum()), rel=1e-9)
 
 
 def test_trimmed_with_few_senders_clips():
