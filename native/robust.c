@@ -380,22 +380,21 @@ VECTOR_CLONES static void keep_row(const double *restrict row, double r, const d
 }
 
 /* The trimmed mean of a tile where some sender missed elements: its rows sorted together as for a
- * whole tile, the missing values last, then each element cut by its own count m (its own value and
- * those that arrived): rows [c, m - 1 - c] kept, c = min(trim, (m - 1) / 2). Into acc (as
- * trim_whole_tile), cnt (each element's count kept), lo and hi (the smallest and largest kept);
- * sorted: k + 3 rows of room (the sort, then each element's first and last kept row). */
+ * whole tile, the missing values last, then each element cut by its own count m = whole + cnt[i]
+ * (its own value and those that arrived, as read_tile counted them): rows [c, m - 1 - c] kept,
+ * c = min(trim, (m - 1) / 2). Into acc (as trim_whole_tile), cnt (each element's count kept), lo and
+ * hi (the smallest and largest kept); sorted: k + 3 rows of room (the sort, then each element's first
+ * and last kept row). */
 static void trim_partial_tile(uint32_t trim, uint64_t len, uint32_t k, const double *d, const double *ok,
-                              double *sorted, double *acc, double *cnt, double *lo, double *hi) {
+                              double whole, double *sorted, double *acc, double *cnt, double *lo, double *hi) {
     uint32_t n = k + 1;
     double *first = sorted + (uint64_t)n * TILE, *last = first + TILE;
     sort_rows(len, k, d, ok, sorted);
-    for (uint64_t i = 0; i < len; i++) cnt[i] = 1.0;
-    for (uint32_t j = 0; j < k; j++) add_row(cnt, ok + (uint64_t)j * TILE, len);
     for (uint64_t i = 0; i < len; i++) {
-        double cut = fmin((double)trim, floor((cnt[i] - 1.0) * 0.5));
+        double m = whole + cnt[i], cut = fmin((double)trim, floor((m - 1.0) * 0.5));
         first[i] = cut;
-        last[i] = cnt[i] - 1.0 - cut;
-        cnt[i] -= 2.0 * cut;
+        last[i] = m - 1.0 - cut;
+        cnt[i] = m - 2.0 * cut;
     }
     memset(acc, 0, (size_t)len * sizeof *acc);
     for (uint32_t r = 0; r < n; r++) keep_row(sorted + (uint64_t)r * TILE, (double)r, first, last, acc, lo, hi, len);
@@ -503,7 +502,7 @@ int p2p_robust_merge(void *own, int own_dtype, uint64_t n, const p2p_contributio
                 count_trimmed(d + (uint64_t)j * TILE, ok + (uint64_t)j * TILE, lo, hi, len, &out[j]);
         } else {
             double *lo = sorted + (uint64_t)(k + 3) * TILE, *hi = lo + TILE;
-            trim_partial_tile(how->trim, len, k, d, ok, sorted, acc, cnt, lo, hi);
+            trim_partial_tile(how->trim, len, k, d, ok, whole, sorted, acc, cnt, lo, hi);
             whole = 0.0;  /* cnt: each element's count */
             for (uint32_t j = 0; out && j < k; j++)
                 count_trimmed(d + (uint64_t)j * TILE, ok + (uint64_t)j * TILE, lo, hi, len, &out[j]);
