@@ -319,7 +319,7 @@ class Collectives:
         layout = self._layouts[sizes]
         slices = layout.slices
         exchange = PartExchange(layers)
-        # floats under SUM or AVG: the mask-aware mean (SUM: times n after); anything else exact
+        # floats under SUM or AVG: the mask-aware mean (SUM: times n); anything else exact
         reduction = "mean" if layers[0].dtype.kind == "f" and op in ("sum", "avg") else op
 
         def piece_bounds(r: int) -> list[float]:
@@ -357,17 +357,25 @@ class Collectives:
             part_reduce.finish()
         elif mine and self.others:
             exchange.reduce(mine, collect(scatter_id, set(self.others), t0), op=reduction, rank=self.rank)
+        # SUM of floats: every element holds a mean and the sum over all ranks is n times it; each
+        # aggregator scales its own part before the gather (not every rank the whole buffer after)
+        times = self.world_size if reduction == "mean" and op == "sum" else 1
+        if times != 1:
+            for piece in exchange.pieces(mine):
+                piece *= times
         # 2. gather: this rank's reduced part to every other rank; theirs into place where it arrived
         gather = self._send(gather_id, exchange.pieces(mine), self.others, what, piece_bounds(self.rank), deadline,
                             layout.gather_rate[self.rank]) if mine and self.others else None
         stats = self._wait_sends(scatter, deadline, what)  # they read the parts about to be overwritten
-        for s, arrived in collect(gather_id, set(aggregators), time.monotonic()).items():
-            exchange.place(slices[s], arrived, None)
+        gathered = collect(gather_id, set(aggregators), time.monotonic())
+        for s in aggregators:  # a lost part keeps this rank's own value: under SUM, n times it
+            if s in gathered:
+                exchange.place(slices[s], gathered[s], None, lost_times=times)
+            elif times != 1:
+                for piece in exchange.pieces(slices[s]):
+                    piece *= times
         if gather is not None:
             stats += self._wait_sends([gather], deadline, what)
-        if reduction == "mean" and op == "sum":  # every element holds a mean: the sum over all ranks is n times it
-            for a in layers:
-                a *= self.world_size
         return RoundRecord.of_sends(seq, time.monotonic() - t0, stats,
                                     sum(a.nbytes for a in layers) // max(self.world_size, 1))
 

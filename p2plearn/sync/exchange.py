@@ -144,16 +144,21 @@ class PartExchange:
         return reduction.finish()
 
     def place(self, slices: Slices, arrived: list[Contribution], fmt: Compressor | None,
-              resync: bool = False) -> None:
+              resync: bool = False, lost_times: float = 1.0) -> None:
         """Another aggregator's result for the pieces ``slices`` (its `contributions`, in ``fmt``)
-        put in place where it arrived (and, compressed, was not refused as not finite)."""
+        put in place where it arrived (and, compressed, was not refused as not finite).
+        ``lost_times`` (plain values only): what the elements that did not arrive are multiplied by
+        (the DDP backend's SUM: a rank's own value then stands for the mean, the sum is n times it)."""
         for (t, a, b), c in zip(slices, arrived):
             own = self.flat[t][a:b]
             if fmt is None:
                 if c.chunks is None or c.chunks.whole(own.size, c.values.itemsize):
                     np.copyto(own, c.values)  # (no mask the size of the part where nothing was lost)
                 else:
-                    np.copyto(own, c.values, where=c.chunks.elements(own.size, c.values.itemsize))
+                    got = c.chunks.elements(own.size, c.values.itemsize)
+                    np.copyto(own, c.values, where=got)
+                    if lost_times != 1.0:
+                        np.multiply(own, lost_times, out=own, where=~got)
             elif _plain_float32(own) and (resync or _plain_float32(self.anchor[t])):
                 place(c, own, None if resync else self.anchor[t][a:b])  # decoded (+ anchor) in one pass
             else:  # a resync round's values, or the change since the anchor
