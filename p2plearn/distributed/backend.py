@@ -45,6 +45,8 @@ from p2plearn.tolerance import RoundRecord
 from p2plearn.transport import CHUNK_CLAIM, Channel
 
 STOP_S = 2.0  # at exit: how long the group's thread may take to see its collective fail, and leaving the job
+SHUTDOWN_LINGER_S = 5.0  # at the end: how long the engine answers while others are in the job (> its 3 s silence limit)
+IDLE_S = 0.2  # at exit: how long the group's thread may take to end when no collective is in flight
 DEFAULT_RATE = 1.25e8  # bytes/s of a link the view has no figure for (the bandwidth estimator's default)
 _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.PRODUCT: "product",
         dist.ReduceOp.MIN: "min", dist.ReduceOp.MAX: "max"}
@@ -140,33 +142,44 @@ class ProcessGroupP2P(dist.ProcessGroup):
 
     def _leave(self) -> None:
         try:
-            self.runtime.client.leave()
+            self.runtime.client.leave(timeout=STOP_S)  # (a coordinator that is gone would hold it for 5 s)
         except ControlError:
             pass  # no coordinator answered: the others learn it from this rank's exit
 
     def shutdown(self) -> None:
-        """Finish the queued collectives, stop the engine, leave the job (``destroy_process_group``)."""
+        """Finish the queued collectives and leave the job (``destroy_process_group``; see `_close`)."""
         atexit.unregister(self._stop_at_exit)
         self._queue.put(None)
         self._worker.join()
-        self.channel.close()
-        self.runtime.close()
+        self._close(SHUTDOWN_LINGER_S)
 
     def _stop_at_exit(self) -> None:
-        """The interpreter exits with the group alive (Ctrl-C, SIGTERM's exception, an error, or no
-        ``destroy_process_group``): stop the engine, which fails the collective the group's thread
-        waits in, and leave the job at once, so that no thread of the group holds the exit up and
-        the other ranks' collectives fail now rather than once the membership declares this rank
-        dead. Queued collectives are not run (gloo's are not either)."""
+        """The interpreter exits with the group alive (the script's end without
+        ``destroy_process_group``, Ctrl-C, SIGTERM's exception, an error). Queued collectives are not
+        run (gloo's are not either). A collective in flight is failed by stopping the engine at once,
+        so that no thread of the group holds the exit up and the other ranks' collectives fail now
+        rather than once the membership declares this rank dead; with none in flight this rank
+        leaves as ``shutdown`` does."""
         self._failure = self._failure or CollectiveError("p2plearn: the process is exiting")
         self._queue.put(None)
+        self._worker.join(IDLE_S)  # an idle group's thread ends at once
+        in_flight = self._worker.is_alive()
+        if in_flight:
+            self.channel.close()
+            self._worker.join(STOP_S)
+        self._close(0.0 if in_flight else SHUTDOWN_LINGER_S)
+
+    def _close(self, linger: float) -> None:
+        """Leave the job, and stop the engine once the other ranks left too (``linger`` s at most).
+        Until then the engine goes on answering: a rank still in the last collective, whose
+        acknowledgements from this one were lost, retransmits and hears back, as a closed TCP
+        socket's data is still acknowledged by its kernel; an engine stopped at once would leave that
+        send unanswered and fail the other rank's collective. Rank 0 then stops the coordinator."""
+        self._leave()
+        if linger > 0:
+            self.runtime.client.wait_alone(linger)
         self.channel.close()
-        self._worker.join(STOP_S)
-        try:
-            self.runtime.client.leave(timeout=STOP_S)  # (a coordinator that is gone would hold it for 5 s)
-        except ControlError:
-            pass  # none answered: the others learn it from this rank's exit
-        self.runtime.close(leave=False, linger=0.0)  # rank 0 stops the coordinator now: the others are told the job ended
+        self.runtime.close(leave=False, linger=0.0)
 
     def getBackendName(self) -> str:
         return BACKEND

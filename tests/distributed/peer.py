@@ -262,6 +262,29 @@ def forged(rank: int, n: int, gloo: dist.ProcessGroup) -> dict:
     return out
 
 
+def linger(rank: int) -> dict:
+    """Rank 1 destroys its group right after an all-reduce; rank 0 waits 1.5 s, then sends rank 1's
+    engine a message (as a retransmission of a lost acknowledgement would reach it) and destroys its
+    own: how that send ended and how long each rank's destroy_process_group took."""
+    from p2plearn.keys import data_key
+    from p2plearn.transport import Channel
+
+    group = dist.distributed_c10d._get_default_group()
+    dist.all_reduce(torch.ones(1000))
+    out = {}
+    if rank == 0:
+        time.sleep(1.5)
+        runtime = group.runtime
+        with Channel(sender_id=0, job_id=runtime.job_id, key=data_key(runtime.secret.value, runtime.job_id)) as ch:
+            sent = ch.send(1 << 30, [np.ones(1000, np.float32)], [(*group.collectives._engines[1], 0.0)])
+            stats = sent.wait(10.0)[0]
+        out["probe"] = {"result": stats.result, "delivered": stats.delivered}
+    t0 = time.monotonic()
+    dist.destroy_process_group()
+    out["destroy_s"] = time.monotonic() - t0
+    return out
+
+
 def _rss_mb() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
@@ -289,6 +312,10 @@ def main() -> None:
         out.update(forged(rank, n, gloo))
     elif scenario == "checkpoint":
         out.update(checkpoint(rank, str(Path(result).parent / "checkpoint")))
+    elif scenario == "linger":
+        out.update(linger(rank))  # (it destroys the group itself)
+        _write(result, out)
+        return
     dist.destroy_process_group()
     _write(result, out)
 

@@ -80,6 +80,17 @@ def test_a_dead_rank_fails_the_survivors_collectives_as_over_gloo(tmp_path):
     assert survivor["p2plearn"]["seconds"] < 30, survivor  # the membership's verdict, not the 30-minute timeout
 
 
+def test_destroy_process_group_keeps_the_engine_answering_until_the_others_left(tmp_path):
+    """A rank that finished its collectives and destroyed its group still acknowledges what the
+    others send it (a retransmission after lost acknowledgements, on a lossy link: closed at once,
+    its silence failed their last collective), and returns once they left, not after a timeout."""
+    from p2plearn.distributed.backend import SHUTDOWN_LINGER_S
+
+    first, second = run_job(tmp_path, "linger", world_size=2, timeout=120)
+    assert first["probe"] == {"result": "exact", "delivered": 1.0}, first
+    assert 0.5 <= second["destroy_s"] < SHUTDOWN_LINGER_S, second  # until rank 0 left, 1.5 s after it
+
+
 def test_a_member_forging_another_ranks_messages_neither_stops_nor_bloats_a_peer(tmp_path):
     # the job's largest message sized to the job (P2PLEARN_MAX_MESSAGE_MB): what the engine may hold
     # for the victim is then a few MB, as is what its group keeps of collectives ahead
