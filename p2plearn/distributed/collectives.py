@@ -53,6 +53,8 @@ POLL_S = 0.2                 # longest recv wait, so a stalled collective notice
 GRACE_S = 0.5                # a lossy phase waits this much past its deadline for the sender's close
 AHEAD = 16                   # collectives of a faster rank whose messages are kept until this rank runs them
 CANDIDATES = 4               # messages kept per (message id, sender) until their collective checks their shapes
+LAYOUT_LOST = "ended before its layout arrived"  # at its sender's deadline or silence, its first datagrams
+                                                 # lost: nothing usable, and no sign of another collective
 MISMATCH_S = 10.0            # how long a collective still waits for a rank's fitting message after refusing
                              # one of other shapes in its name (a forgery, unless the rank's own tensors differ)
 
@@ -182,6 +184,8 @@ class Collectives:
         return None
 
     def _warn(self, reason: str, sender: int) -> None:
+        if reason == LAYOUT_LOST:  # the link's loss, not a member's forgery or bug: counted only
+            return
         log.warning("p2plearn: rank %d refused a message in the name of rank %d: %s (counted in the group's stats())",
                     self.rank, sender, reason)
 
@@ -205,6 +209,8 @@ class Collectives:
                 self.mailbox.drop("a sender this collective does not wait for", d.sender)
             elif d.sender in got:
                 self.mailbox.drop("a second message for one collective", d.sender)
+            elif d.arrays is None:  # (the link's loss: not judged as a message of other shapes)
+                self.mailbox.drop(LAYOUT_LOST, d.sender)
             elif fits(d.sender, d):
                 got[d.sender] = d
                 if took is not None:

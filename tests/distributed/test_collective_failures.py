@@ -2,6 +2,7 @@
 engines, in threads, and a third engine that sends in rank 1's name (a key holder's forgery)."""
 from __future__ import annotations
 
+import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -12,6 +13,7 @@ import torch.distributed as dist
 from p2plearn.distributed import collectives
 from p2plearn.distributed.collectives import AHEAD, CANDIDATES, PHASES, CollectiveError, Collectives, Links
 from p2plearn.transport import Channel
+from p2plearn.transport.delivery import Delivery, Reason
 
 
 @pytest.fixture
@@ -142,6 +144,31 @@ def test_a_send_that_is_never_acknowledged_raises_naming_the_rank(group):
     ranks[1].channel.close()  # its process is gone; the membership has not said so (yet)
     with pytest.raises(CollectiveError, match=r"rank 1 stopped acknowledging"):
         ranks[0].broadcast(0, np.ones(1000, np.float32), root=0)
+
+
+def test_a_message_that_ended_before_its_layout_arrived_is_loss_not_a_message_of_other_shapes(group, monkeypatch,
+                                                                                             caplog):
+    """On a lossy link a sender's message can end at its deadline before its first datagrams (its
+    layout) arrive: the engine hands it over without arrays. A lossy all-reduce counts it as lost,
+    warns of no refusal, and goes on with what it has."""
+    ranks, _, _ = group
+    rank0, seq = ranks[0], 3
+    pump = rank0.mailbox.pump
+    layoutless = [Delivery(sender=1, msg_id=seq * PHASES, arrays=None, mask=np.zeros(1, bool), reason=Reason.CLOSED,
+                           source=rank0.channel.address, fractions=[])]
+
+    def pump_after_the_layoutless(timeout, claim=None):
+        if layoutless and claim is not None:
+            return claim(layoutless.pop())
+        return pump(timeout, claim)
+
+    monkeypatch.setattr(rank0.mailbox, "pump", pump_after_the_layoutless)
+    values = np.full(1000, 3.0, np.float32)
+    with caplog.at_level(logging.WARNING, logger="p2plearn.distributed"):
+        rank0.allreduce(seq, [values], "avg", bounds=[0.5], deadline=0.3)  # rank 1 never calls it
+    assert not layoutless and rank0.mailbox.refused == {collectives.LAYOUT_LOST: 1}
+    assert not [r for r in caplog.records if "refused" in r.getMessage()], caplog.text
+    assert np.all(values == 3.0)  # nothing of rank 1's arrived: this rank's own values stand
 
 
 def test_a_message_over_the_limit_raises_on_every_rank_before_anything_is_sent(group):
