@@ -88,7 +88,8 @@ def test_destroy_process_group_keeps_the_engine_answering_until_the_others_left(
 
     first, second = run_job(tmp_path, "linger", world_size=2, timeout=120)
     assert first["probe"] == {"result": "exact", "delivered": 1.0}, first
-    assert 0.5 <= second["destroy_s"] < SHUTDOWN_LINGER_S, second  # until rank 0 left, 1.5 s after it
+    assert second["destroy_ended"] > first["destroy_began"], (first, second)  # it waited for rank 0's leave
+    assert second["destroy_ended"] - second["destroy_began"] < SHUTDOWN_LINGER_S, second  # not the linger's bound
 
 
 def test_a_member_forging_another_ranks_messages_neither_stops_nor_bloats_a_peer(tmp_path):
