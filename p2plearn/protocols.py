@@ -188,6 +188,10 @@ class ControlClient(Protocol):
         """Wait until no other peer is a member, or the job ended; True if so."""
         ...
 
+    def wait_left(self, ranks: Iterable[int], timeout: float) -> bool:
+        """Wait until none of `ranks` is a member, or the job ended; True if so."""
+        ...
+
     def close(self) -> None:
         """Stop heartbeats and release the sockets (does not deregister)."""
         ...

@@ -304,6 +304,11 @@ class Client:
         it), and before ``close()``: a closed client's membership is no longer kept up to date."""
         return self._replica.wait_alone(self.rank, timeout)
 
+    def wait_left(self, ranks: Iterable[int], timeout: float) -> bool:
+        """Wait up to ``timeout`` s until none of ``ranks`` is a member (each left or was declared
+        dead), or the job ended; True if so."""
+        return self._replica.wait_left(ranks, timeout)
+
     def on_event(self, callback: Callable[[Event], None]) -> None:
         """Call ``callback(event)`` on the client's thread for each event; keep it short (hand
         long work, like sending state to a joiner, to another thread or poll ``events``)."""

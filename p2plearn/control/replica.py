@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from . import protocol as p
 from .progress import Progress
@@ -180,9 +180,15 @@ class MembershipReplica:
             return dict(self._members)
 
     def wait_alone(self, rank: int | None, timeout: float) -> bool:
+        return self._wait_for(lambda: all(r == rank for r in self._members), timeout)
+
+    def wait_left(self, ranks: Iterable[int], timeout: float) -> bool:
+        ranks = set(ranks)
+        return self._wait_for(lambda: ranks.isdisjoint(self._members), timeout)
+
+    def _wait_for(self, members_done: Callable[[], bool], timeout: float) -> bool:
         with self._cond:
-            return self._cond.wait_for(
-                lambda: self._life.phase.over or all(r == rank for r in self._members), timeout)
+            return self._cond.wait_for(lambda: self._life.phase.over or members_done(), timeout)
 
 
 def snapshot(body: dict) -> tuple[dict[int, Member], int, int, int, int]:

@@ -42,10 +42,9 @@ from p2plearn.keys import data_key
 from p2plearn.control import ControlError
 from p2plearn.runtime import Runtime, detect_rank, init
 from p2plearn.tolerance import RoundRecord
-from p2plearn.transport import CHUNK_CLAIM, Channel
+from p2plearn.transport import ANSWER_LINGER_S, CHUNK_CLAIM, Channel
 
 STOP_S = 2.0  # at exit: how long the group's thread may take to see its collective fail, and leaving the job
-SHUTDOWN_LINGER_S = 5.0  # at the end: how long the engine answers while others are in the job (> its 3 s silence limit)
 IDLE_S = 0.2  # at exit: how long the group's thread may take to end when no collective is in flight
 DEFAULT_RATE = 1.25e8  # bytes/s of a link the view has no figure for (the bandwidth estimator's default)
 _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.PRODUCT: "product",
@@ -151,7 +150,7 @@ class ProcessGroupP2P(dist.ProcessGroup):
         atexit.unregister(self._stop_at_exit)
         self._queue.put(None)
         self._worker.join()
-        self._close(SHUTDOWN_LINGER_S)
+        self._close(ANSWER_LINGER_S)
 
     def _stop_at_exit(self) -> None:
         """The interpreter exits with the group alive (the script's end without
@@ -167,7 +166,7 @@ class ProcessGroupP2P(dist.ProcessGroup):
         if in_flight:
             self.channel.close()
             self._worker.join(STOP_S)
-        self._close(0.0 if in_flight else SHUTDOWN_LINGER_S)
+        self._close(0.0 if in_flight else ANSWER_LINGER_S)
 
     def _close(self, linger: float) -> None:
         """Leave the job, and stop the engine once the other ranks left too (``linger`` s at most).

@@ -2,11 +2,12 @@
 (`DecentralizedOptimizer.average_model`).
 
 Each peer sends its whole model (message id ``FINAL_ID``) to the first live rank from the root on
-and leaves the job; the first peer that reaches itself in that order is the root: it leaves too,
-and takes the models until no member is left that could still send one. Leaving matters: peers
-still training (a late one: paused and readmitted, its clock ahead of the others') neither wait
-for a finished peer's rounds nor are held back by its clock, so the root never waits on a peer
-waiting for it.
+and leaves the job once the root's engine acknowledged it whole; the first peer that reaches itself
+in that order is the root: it leaves too, takes the models until no member is left that could still
+send one, and returns once the senders whose models it took have left (ANSWER_LINGER_S at most),
+its engine answering them until then. Leaving matters: peers still training (a late one: paused and
+readmitted, its clock ahead of the others') neither wait for a finished peer's rounds nor are held
+back by its clock, so the root never waits on a peer waiting for it.
 
 Tuning: ``timeout`` (of `average`) bounds both a send to a root and the root's wait; a root that
 runs out names the ranks missing and averages what came.
@@ -28,6 +29,7 @@ from p2plearn.sync.inbox import MAX_STATES
 from p2plearn.train.layout import ModelLayout
 from p2plearn.train.staging import HostStaging
 from p2plearn.train.state_transfer import FINAL_ID, fits, paced
+from p2plearn.transport import ANSWER_LINGER_S
 
 log = logging.getLogger("p2plearn.train")
 
@@ -123,6 +125,10 @@ class FinalAverage:
                 d = self.sync.take_state(None, min(until, time.monotonic() + 0.1))
             if d is not None and d.msg_id == FINAL_ID and d.complete and fits(d.arrays, self.staging.bucket_arrays):
                 models[d.sender] = d.arrays
+        # A sender leaves once its engine heard that this one took its model; until then this engine
+        # answers. Stopped at once (the optimizer's close), a sender whose acknowledgements were lost
+        # would hear silence, give this root up and send its model to the next candidate, or to itself.
+        self.client.wait_left(models, ANSWER_LINGER_S)
         self.averaged_from = sorted({*models, self.rank})
         total = [torch.from_numpy(values(a)).double() for a in self.staging.model_copy()]
         for rank in sorted(models):

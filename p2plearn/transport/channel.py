@@ -28,11 +28,15 @@ from p2plearn.transport.delivery import Delivery, Reason
 from p2plearn.transport.send import ReceiverStats, SendHandle, _receiver_tuple
 
 # What other modules import from here (ReceiverStats and SendHandle are send.py's).
-__all__ = ["Channel", "ReceiverStats", "SendHandle", "CHUNK_CLAIM", "TRANSPORT_MODES", "PROBE_MSG_IDS"]
+__all__ = ["Channel", "ReceiverStats", "SendHandle", "CHUNK_CLAIM", "ANSWER_LINGER_S", "TRANSPORT_MODES", "PROBE_MSG_IDS"]
 
 KEY_BYTES = 32  # the data key: AES-256 (native/auth.h)
 # An incoming message claims whole chunks: memory for up to this many bytes more than it holds.
 CHUNK_CLAIM = lib.P2P_MAX_CHUNK
+# At the end of a job: how long an engine goes on answering peers still sending to it, longer than
+# the 3 s of silence after which a sender gives its receiver up (native/txr.c, UNREACHABLE_NS). A
+# receiver whose acknowledgements were lost is asked again; stopped at once, it would fail that send.
+ANSWER_LINGER_S = 5.0
 TRANSPORT_MODES = ("unicast", "multicast", "auto")
 # probe_multicast's messages carry this in place of an array descriptor (recv never returns them),
 # under ids of their own, two fresh ones per probe (a receiver refuses an id it delivered from this

@@ -84,12 +84,12 @@ def test_destroy_process_group_keeps_the_engine_answering_until_the_others_left(
     """A rank that finished its collectives and destroyed its group still acknowledges what the
     others send it (a retransmission after lost acknowledgements, on a lossy link: closed at once,
     its silence failed their last collective), and returns once they left, not after a timeout."""
-    from p2plearn.distributed.backend import SHUTDOWN_LINGER_S
+    from p2plearn.transport import ANSWER_LINGER_S
 
     first, second = run_job(tmp_path, "linger", world_size=2, timeout=120)
     assert first["probe"] == {"result": "exact", "delivered": 1.0}, first
     assert second["destroy_ended"] > first["destroy_began"], (first, second)  # it waited for rank 0's leave
-    assert second["destroy_ended"] - second["destroy_began"] < SHUTDOWN_LINGER_S, second  # not the linger's bound
+    assert second["destroy_ended"] - second["destroy_began"] < ANSWER_LINGER_S, second  # not the linger's bound
 
 
 def test_a_member_forging_another_ranks_messages_neither_stops_nor_bloats_a_peer(tmp_path):

@@ -50,8 +50,9 @@ class Job(PeerLines):
 
     def __init__(self, n: int, out: str, *, seconds: float | None = None, steps: int | None = None,
                  average: bool = False, launcher: str = "torchrun", step_time: float = 0.05, env: dict | None = None,
-                 netns: str | None = None):
-        """Train for ``seconds``, or ``steps`` steps; ``average``: end with ``average_model()``.
+                 netns: str | None = None, flags: tuple[str, ...] = ()):
+        """Train for ``seconds``, or ``steps`` steps; ``average``: end with ``average_model()``;
+        ``flags``: more of trainer.py's.
         ``launcher``: the variables the peers get: "torchrun" (RANK, WORLD_SIZE, MASTER_ADDR) or
         "mpirun" (Open MPI's OMPI_COMM_WORLD_*, the coordinator's host found by the runtime)."""
         self.n, self.out = n, out
@@ -68,7 +69,7 @@ class Job(PeerLines):
                 **(env or {})}
         self.env, self.step_time = base, step_time
         self.budget = ["--seconds", str(seconds)] if steps is None else ["--steps", str(steps)]
-        self.budget += ["--average"] if average else []
+        self.budget += (["--average"] if average else []) + list(flags)
         self.lines: dict[int, list[str]] = {r: [] for r in range(n)}
         self.ready: dict[int, tuple[int, int]] = {}  # rank -> (pid, coordinator pid)
         self.procs: list[subprocess.Popen] = []  # one per rank, then the restarted ones

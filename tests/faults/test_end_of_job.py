@@ -57,3 +57,18 @@ def test_rank0_killed_under_mpirun_the_others_train_to_the_end_and_average_witho
     assert all(r["averaged_from"] is None for r in results[1:]), j.output()
     print(f"{sync}: the final average took {results[0]['average_s']:.2f} s at rank 1 (the root), "
           f"{max(r['average_s'] for r in results[1:]):.2f} s at most at the others")
+
+
+@pytest.mark.timeout(300)
+def test_the_final_averages_root_answers_a_sender_until_it_left(job):
+    """Rank 1 sends its final model again 1.5 s after the root acknowledged it, as a sender whose
+    acknowledgements were lost on a lossy link does: the root's engine still answers (closed once
+    the models were in, its silence made rank 1 give the root up and average alone, a second root),
+    and the root returns once rank 1 left."""
+    j = job(2, steps=20, average=True, flags=("--ask-root-again", "1.5"))
+    assert j.wait(timeout=120) == [0, 0], j.output()
+    root, sender = j.result(0), j.result(1)
+    assert sender["asked_again"] == [True], j.output()
+    assert root["averaged_from"] == [0, 1], j.output()
+    assert sender["averaged_from"] is None, j.output()
+    assert root["average_s"] >= 1.5, root["average_s"]  # it waited for rank 1 to leave

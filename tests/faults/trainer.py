@@ -1,12 +1,14 @@
 """A small training peer for the fault tests: started like torchrun starts peers (RANK, WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT), so that rank 0 starts the coordinator's process.
 
-    python trainer.py (--seconds T | --steps N) [--step-time S] [--average] --out DIR
+    python trainer.py (--seconds T | --steps N) [--step-time S] [--average [--ask-root-again S]] --out DIR
 
 Prints ``ready <rank> <pid> <coordinator pid or 0>`` once training starts and writes DIR/rank-R.json
 at the end (with ``--average``, after ``average_model``: ``averaged_from``, the ranks whose models
 the average holds where this peer made it, else None, and ``average_s``, the seconds the call
-took): its engine's address, steps taken, rounds, merges, rejoins, coordinator changes, peers mixed with, and the
+took; with ``--ask-root-again S``, ``asked_again``: the result of a sender's second send of its
+final model, S s after the first was acknowledged, as a sender whose acknowledgements were lost
+asks again): its engine's address, steps taken, rounds, merges, rejoins, coordinator changes, peers mixed with, and the
 wall time (time.time()) and clock of every step, the control-plane events it saw, the multicast
 domains of its views as they changed, and every round's receivers, senders, merged senders, comm
 seconds and the order of the view that planned it (``rounds_log``: what a failed test is read from).
@@ -31,6 +33,8 @@ def main() -> int:
     budget.add_argument("--steps", type=int, help="train this many steps (as an epoch loop does)")
     parser.add_argument("--step-time", type=float, default=0.05, help="seconds of 'compute' per step")
     parser.add_argument("--average", action="store_true", help="end with average_model(), as the examples do")
+    parser.add_argument("--ask-root-again", type=float, metavar="S",
+                        help="a sender sends its final model again S s after the root acknowledged it")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -65,7 +69,9 @@ def main() -> int:
                            list(view.order) if view is not None else None])
         if _domains(rt.client.view) != (domains_seen or [None])[-1]:
             domains_seen.append(_domains(rt.client.view))
-    averaged_from, average_s = None, 0.0
+    averaged_from, average_s, asked_again = None, 0.0, []
+    if args.ask_root_again is not None:
+        _ask_root_again(opt, args.ask_root_again, asked_again)
     if args.average:
         t0 = time.monotonic()
         averaged = opt.average_model()
@@ -77,7 +83,7 @@ def main() -> int:
               "mixed_with": sorted(st.mixed_with), "times": times, "clocks": clocks, "events": events,
               "finite": all(bool(torch.isfinite(p).all()) for p in model.parameters()),
               "domains_seen": domains_seen, "rounds_log": rounds, "averaged_from": averaged_from,
-              "average_s": average_s}
+              "average_s": average_s, "asked_again": asked_again}
     with open(os.path.join(args.out, f"rank-{rt.rank}.json"), "w") as f:
         json.dump(result, f)
     opt.close()
@@ -92,6 +98,23 @@ def _step(opt: DecentralizedOptimizer, model: torch.nn.Module, x: torch.Tensor, 
     time.sleep(step_time)
     opt.step(loss=loss)
     opt.zero_grad()
+
+
+def _ask_root_again(opt: DecentralizedOptimizer, after_s: float, results: list[bool]) -> None:
+    """Make this peer's final-average send to another rank ask again `after_s` s after it was
+    acknowledged (each second send's outcome in `results`): what a sender whose acknowledgements
+    were lost on the way back does, retransmitting until the root's engine answers."""
+    final = opt.final_average
+    send = final._send_final
+
+    def send_twice(receiver, engine, until):
+        if not send(receiver, engine, until):
+            return False
+        time.sleep(after_s)
+        results.append(send(receiver, engine, until))
+        return results[-1]
+
+    final._send_final = send_twice
 
 
 def _domains(view) -> list[int] | None:
