@@ -14,7 +14,12 @@ unpaced, ENGINE_ROUNDS messages of ENGINE_BYTES, the process CPU time over the b
 charges it for peers that share a host's cores (`sim.hosts`), with `round_cost()`: a round's CPU work
 per peer beyond its bytes (planning, encoding, the engine's handshakes, the report to the coordinator
 and the coordinator's share, the merge of a tiny model), measured with two BSP peers as threads of
-this process on loopback, every one sending to the other, ROUND_ROUNDS rounds after a warm-up.
+this process on loopback, every one sending to the other, ROUND_ROUNDS rounds after a warm-up; and
+`pacing_cost()`: the CPU that a paced send costs the sender's engine per second it lasts, and one
+receiver's engine per second of its flow, beyond their per-byte work (the pacer's and the receiver's
+wake-ups, whatever the bytes): two engines with the testbed's PACED_DATAGRAM-byte datagrams, each
+engine thread's own CPU clock over PACED_ROUNDS sends paced at PACED_RATE, less the same bytes' CPU
+unpaced.
 
 Each is the median of several timed blocks after a warm-up, so that one preempted block on a busy
 machine does not set it; a load that shares the core for the whole calibration does (on a 2-core VM
@@ -50,6 +55,10 @@ WARMUP = 5   # untimed steps first (allocator, caches)
 ENGINE_BYTES = 4_000_000  # a message of the engine's calibration: large, so a round's fixed cost is small
 ENGINE_ROUNDS = 5
 ROUND_ROUNDS = 40
+PACED_DATAGRAM = 1472    # the pacing's calibration: the testbed's datagrams (a 1500-byte MTU) ...
+PACED_RATE = 3e6         # ... at a rate of its shaped links' flows (bytes/s) ...
+PACED_BYTES = 1_500_000  # ... for half a second a send
+PACED_ROUNDS = 5
 
 
 def cache_path() -> str:
@@ -104,6 +113,55 @@ def _measure_engine() -> float:
     finally:
         sender.close()
         receiver.close()
+
+
+def pacing_cost(*, recalibrate: bool = False) -> tuple[float, float]:
+    """CPU seconds per second of a paced send that its sender's engine and one receiver's engine
+    spend beyond their per-byte work (cached per host, as `engine_cost`)."""
+    return tuple(_cached(f"pacing per second host {platform.node()}", _measure_pacing, recalibrate))
+
+
+def _measure_pacing() -> list[float]:
+    from p2plearn.transport import Channel  # the compiled engine: only when a co-located run asks for it
+
+    key = os.urandom(32)
+    tasks = _threads()
+    sender = Channel(sender_id=0, key=key, max_datagram=PACED_DATAGRAM)
+    sender_thread = _threads() - tasks
+    receiver = Channel(sender_id=1, key=key, max_datagram=PACED_DATAGRAM)
+    receiver_thread = _threads() - tasks - sender_thread
+    try:
+        clocks = [_cpu_clock(*sender_thread), _cpu_clock(*receiver_thread)]
+        message = [np.ones(PACED_BYTES // 4, np.float32)]
+        msg_id = iter(range(1 << 20))
+
+        def cpu(rate: float) -> tuple[float, list[float]]:
+            """(seconds, [sender's, receiver's engine CPU seconds]) of one send of the message at `rate`."""
+            before, t0 = [time.clock_gettime(c) for c in clocks], time.perf_counter()
+            handle = sender.send(next(msg_id), message, [(*receiver.address, rate)])
+            got = receiver.recv(timeout=30.0)
+            handle.wait()
+            if got is None or not got.complete:
+                raise RuntimeError("the engine's calibration message did not arrive whole within 30 s")
+            return time.perf_counter() - t0, [time.clock_gettime(c) - b for c, b in zip(clocks, before)]
+
+        cpu(0.0)  # warm-up
+        per_byte = np.median([cpu(0.0)[1] for _ in range(ENGINE_ROUNDS)], axis=0) / PACED_BYTES
+        paced = [cpu(PACED_RATE) for _ in range(PACED_ROUNDS)]
+        return [float(x) for x in np.median([(np.array(used) - per_byte * PACED_BYTES) / seconds
+                                              for seconds, used in paced], axis=0)]
+    finally:
+        sender.close()
+        receiver.close()
+
+
+def _threads() -> set[int]:
+    return {int(t) for t in os.listdir("/proc/self/task")}
+
+
+def _cpu_clock(tid: int) -> int:
+    """The CPU-time clock of this process's thread `tid` (Linux: what pthread_getcpuclockid gives)."""
+    return ((~tid) << 3) | 6  # CPUCLOCK_SCHED of one thread
 
 
 def round_cost(*, recalibrate: bool = False) -> float:

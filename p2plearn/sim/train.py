@@ -65,7 +65,7 @@ from p2plearn.options import Options
 from p2plearn.selection import NetworkView
 from p2plearn.sim.arrivals import Arrivals
 from p2plearn.sim.batches import peer_steps
-from p2plearn.sim.calibrate import costs, engine_cost, round_cost
+from p2plearn.sim.calibrate import costs, engine_cost, pacing_cost, round_cost
 from p2plearn.sim.control import VirtualControl, round_load
 from p2plearn.sim.hosts import Hosts
 from p2plearn.sim.links import LinkSchedule
@@ -156,13 +156,15 @@ class VirtualTraining:
         rng = np.random.default_rng(settings.seed)
         self.speed = np.exp(rng.normal(0.0, settings.compute_spread, self.n)) if settings.compute_spread \
             else np.ones(self.n)
-        self.hosts = Hosts(settings.colocate, settings.hosts, *((engine_cost(), round_cost()) if settings.colocate else ()))
+        self.hosts = Hosts(settings.colocate, settings.hosts,
+                           *((engine_cost(), round_cost(), pacing_cost()) if settings.colocate else ()))
         # co-located peers share their host's cores; a given step or evaluation time is one measured
         # where the peers ran (a real run's), taken as it is
         stretch = self.hosts.stretch(self.n)
         self.step_s = self.costs["step_s"] * self.speed * (stretch if settings.step_s is None else 1.0)
         self.eval_s = self.costs["eval_s"] * (stretch if settings.eval_s is None else 1.0)
         self.receive_s = stretch * self.hosts.receive_s(self.costs["merge_s"], self.message_bytes, self.replica_bytes)
+        self.stretch = stretch
         self.round_s = self.hosts.round_s(self.n)
         # which chunks of a flow's message arrive: drawn, or (a test's `arrivals.deliver`) what real engines delivered
         self.arrivals = Arrivals(settings.seed + 1, self.message_bytes, self.replica_bytes, self.replicas.sizes)
@@ -281,7 +283,9 @@ class VirtualTraining:
         self._merge(rnd, pending, taken, messages, anchors)
         counts = np.bincount(pending["dst"][taken].astype(int), minlength=self.n)
         pending = {k: v[~gone] for k, v in pending.items()}
-        clock = merge_at + self.receive_s * counts
+        received_s = np.bincount(flows["dst"].astype(int), weights=flows["flow_s"], minlength=self.n)
+        pacing_s = self.stretch * self.hosts.pacing_s(sends_done - clock, received_s)
+        clock = merge_at + self.receive_s * counts + pacing_s
         if anchors is not None:
             anchors[...] = self.replicas.numpy()
         if self.messages is not None:
@@ -349,8 +353,8 @@ class VirtualTraining:
     def _transfer(self, rnd: int, send_at: np.ndarray,
                   sizes: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray, float, float | np.ndarray | None]:
         """Round `rnd`'s flows, each peer sending its message of sizes[i] bytes from send_at[i]: per
-        flow (round, src, dst, arrival time, delivered fraction, slow-closed or not), when each peer's
-        sends were done, the plan's T and the deadlines."""
+        flow (round, src, dst, arrival time, delivered fraction, slow-closed or not, seconds it lasted),
+        when each peer's sends were done, the plan's T and the deadlines."""
         # The whole plan every peer cuts its own part from (RoundPlanner.plan), each sender paced for
         # its own message as there; taken whole here, once, rather than n times.
         planned, _, planned_s, _ = self.planner.whole_plan(self.control.view_for(rnd), rnd, self.message_bytes, sizes)
@@ -382,7 +386,7 @@ class VirtualTraining:
                                    done - send_at, sizes)
         return {"round": np.full(len(fsrc), float(rnd)), "src": fsrc.astype(float), "dst": fdst.astype(float),
                 "arrival": t0 + f["end_s"], "delivered": f["delivered"], "layer_delivered": layer_delivered,
-                "slow": f["slow"]}, done, planned_s, deadline
+                "slow": f["slow"], "flow_s": f["end_s"] - f["start_s"]}, done, planned_s, deadline
 
     def _merge(self, current: int, pending: dict[str, np.ndarray], taken: np.ndarray, messages: dict[int, np.ndarray],
                anchors: np.ndarray | None) -> None:

@@ -51,3 +51,11 @@ def test_peers_sharing_a_hosts_cores_take_longer_and_pay_the_engine_to_receive()
     assert shared.receive_s(0.01, 4e6, 1e6) == pytest.approx(0.04 + 4e-3)
     with pytest.raises(ValueError, match="at least one host"):
         Hosts(cores=2, hosts=0)
+
+
+def test_a_paced_round_costs_a_colocated_peer_its_engines_cpu_for_as_long_as_its_flows_last():
+    send_s, received_s = np.array([0.5, 0.0, 0.2]), np.array([1.0, 2.0, 0.0])  # peer 1 sent nothing
+    assert Hosts(pacing_s_per_s=(0.04, 0.03)).pacing_s(send_s, received_s).tolist() == [0.0] * 3  # cores of its own
+    shared = Hosts(cores=2, pacing_s_per_s=(0.04, 0.03))
+    assert shared.pacing_s(send_s, received_s) == pytest.approx([0.02 + 0.03, 0.06, 0.008])
+    assert "pacing (0.040 s/s sending, 0.030 s/s per flow received)" in shared.describe(3)
