@@ -285,6 +285,10 @@ class _Work(dist.Work):
     def __init__(self, future: torch.futures.Future) -> None:
         super().__init__()
         self._future = future
+        # What C++ callers (DDP's reducer) get: set_exception stores the error as the future's value,
+        # which only Python unwraps; read as a result, it crashed the reducer. A callback that raises
+        # completes this one with the error itself.
+        self._chained = future.then(lambda done: done.value())
         self._done = threading.Event()
         future.add_done_callback(lambda _: self._done.set())
 
@@ -297,7 +301,9 @@ class _Work(dist.Work):
         return True
 
     def get_future(self) -> torch.futures.Future:
-        return self._future
+        """The outputs; a failed collective's future completes with its error (a RuntimeError that
+        carries the collective's message), as gloo's."""
+        return self._chained
 
     def result(self) -> Any:
         """The collective's outputs, once done (its error raised)."""

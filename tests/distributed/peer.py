@@ -221,6 +221,21 @@ def dead_rank(rank: int, gloo: dist.ProcessGroup) -> dict:
             "p2plearn": failure(lambda: dist.all_reduce(torch.ones(1000)))}
 
 
+def dead_rank_ddp(rank: int, gloo: dist.ProcessGroup) -> dict:
+    """DDP over gloo, over p2plearn, and over p2plearn with the loss-tolerant hook; rank 1 is killed
+    after 3 steps of each; rank 0's next backward in each (gloo's raises a RuntimeError)."""
+    models = {"gloo": DDP(model(0), process_group=gloo), "p2plearn": DDP(model(0))}
+    models["p2plearn_hook"] = DDP(model(0))
+    state = p2plearn.ddp.LossTolerantState("fixed", model=models["p2plearn_hook"].module)
+    models["p2plearn_hook"].register_comm_hook(state, p2plearn.ddp.loss_tolerant_hook)
+    for ddp_model in models.values():
+        train(ddp_model, rank, steps=3)
+    dist.barrier(group=gloo)  # both ranks through their steps: the next one is the first to fail
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {name: failure(lambda m=ddp_model: train(m, rank, steps=1)) for name, ddp_model in models.items()}
+
+
 def forged(rank: int, n: int, gloo: dist.ProcessGroup) -> dict:
     """DDP over p2plearn and over gloo while a member (a thread of rank 1's process, holding the
     job's key) sends rank 0 messages in rank 1's name: of other shapes for the collectives about
@@ -308,6 +323,8 @@ def main() -> None:
         out["gloo"] = mismatch(rank, gloo)
     elif scenario == "dead_rank":
         out.update(dead_rank(rank, gloo))
+    elif scenario == "dead_rank_ddp":
+        out.update(dead_rank_ddp(rank, gloo))
     elif scenario == "forged":
         out.update(forged(rank, n, gloo))
     elif scenario == "checkpoint":

@@ -80,6 +80,21 @@ def test_a_dead_rank_fails_the_survivors_collectives_as_over_gloo(tmp_path):
     assert survivor["p2plearn"]["seconds"] < 30, survivor  # the membership's verdict, not the 30-minute timeout
 
 
+def test_ddp_backward_raises_when_a_rank_died_as_over_gloo(tmp_path):
+    """DDP's reducer reads a collective's future from C++: a failed all-reduce must complete it
+    with an error there (a torch future's set_exception only stores the error as its value: read
+    as the outputs, the reducer crashed the survivor with a segmentation fault)."""
+    results, codes, logs = run_ranks(tmp_path, "dead_rank_ddp", world_size=2, timeout=180)
+    assert codes[1] == -signal.SIGKILL and codes[0] == 0, logs
+    survivor = results[0]
+    assert "RuntimeError" in survivor["gloo"]["raised"], survivor
+    assert "RuntimeError" in survivor["p2plearn"]["raised"], survivor
+    assert "rank 1" in survivor["p2plearn"]["message"], survivor
+    assert survivor["p2plearn"]["seconds"] < 30, survivor
+    assert "RuntimeError" in survivor["p2plearn_hook"]["raised"], survivor  # the group failed before it
+    assert "failed before" in survivor["p2plearn_hook"]["message"], survivor
+
+
 def test_destroy_process_group_keeps_the_engine_answering_until_the_others_left(tmp_path):
     """A rank that finished its collectives and destroyed its group still acknowledges what the
     others send it (a retransmission after lost acknowledgements, on a lossy link: closed at once,
