@@ -398,8 +398,11 @@ def create(options: Any, backend_options: Any) -> ProcessGroupP2P:
                           key=data_key(secret.value, job) if secret else None, max_message_bytes=largest,
                           max_partial_bytes=arriving, max_queued_bytes=arriving)
         runtime.register(channel.address)
-        engines = _engines(options.store, runtime.rank, size, channel.address)
-        return ProcessGroupP2P(runtime, channel, engines, _links(options.store, runtime, size), timeout,
+        # torchrun's restarts (--max-restarts) hand every attempt the same store, the last attempt's
+        # keys still in it: each attempt's own, or a rank would send to a dead rank's engine
+        store = dist.PrefixStore(f"p2plearn/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/", options.store)
+        engines = _engines(store, runtime.rank, size, channel.address)
+        return ProcessGroupP2P(runtime, channel, engines, _links(store, runtime, size), timeout,
                                max_message_bytes=largest, kept_bytes=2 * largest)
     except BaseException:
         runtime.close(leave=False)
@@ -408,10 +411,10 @@ def create(options: Any, backend_options: Any) -> ProcessGroupP2P:
 
 def _engines(store: Any, rank: int, size: int, address: tuple[str, int]) -> dict[int, tuple[str, int]]:
     """Every rank's engine address, through torch's store (each get waits until that rank set it)."""
-    store.set(f"p2plearn/engine/{rank}", f"{address[0]}:{address[1]}")
+    store.set(f"engine/{rank}", f"{address[0]}:{address[1]}")
     engines = {}
     for r in range(size):
-        host, port = store.get(f"p2plearn/engine/{r}").decode().rsplit(":", 1)
+        host, port = store.get(f"engine/{r}").decode().rsplit(":", 1)
         engines[r] = (host, int(port))
     return engines
 
@@ -426,6 +429,6 @@ def _links(store: Any, runtime: Runtime, size: int) -> Links:
         if view is not None and view.size == size:
             links = np.where(np.stack([view.uplink, view.downlink]) > 0, np.stack([view.uplink, view.downlink]),
                              DEFAULT_RATE)
-        store.set("p2plearn/links", json.dumps(links.tolist()))
-    uplink, downlink = json.loads(store.get("p2plearn/links"))
+        store.set("links", json.dumps(links.tolist()))
+    uplink, downlink = json.loads(store.get("links"))
     return Links(uplink, downlink)

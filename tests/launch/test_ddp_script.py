@@ -2,6 +2,8 @@
 ``env://`` rendezvous reads (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK)."""
 
 import os
+import signal
+import subprocess
 import sys
 
 import pytest
@@ -56,3 +58,46 @@ def test_a_ddp_script_runs_under_p2plearn_run(launch, tmp_path):
     assert proc.returncode == 0, proc.stdout_text + proc.stderr_text
     for rank in (0, 1):
         assert f"rank {rank} of 2 local {rank} sum 1.0 grad equal True" in proc.stdout_text, proc.stdout_text
+
+
+RESTARTED = """
+import os
+import torch
+import torch.distributed as dist
+
+import p2plearn  # noqa: F401
+
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+dist.init_process_group("p2plearn")
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+for step in range(4):
+    if attempt == 0 and dist.get_rank() == 1 and step == 2:
+        raise SystemExit("rank 1 fails in the first attempt")
+    model(torch.ones(3, 4)).sum().backward()
+print(f"rank {dist.get_rank()} attempt {attempt} done", flush=True)  # one write: the ranks share the pipe
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_torchrun_restarts_a_ddp_job_whose_rank_failed(tmp_path):
+    """torchrun --max-restarts 1: the second attempt's ranks find each other's new engines. torchrun
+    hands it the same store, which still holds the first attempt's addresses: a rank that read them
+    sent into the void ("unreachable"). (gloo, whose rendezvous reads that store too, fails this
+    restart with torch 2.13: its connect to the first attempt's ports is refused.)"""
+    script = tmp_path / "restarted.py"
+    script.write_text(RESTARTED)
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "1",
+                             "--monitor-interval", "0.5", str(script)], cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, out[-4000:]
+    for rank in (0, 1):
+        assert f"rank {rank} attempt 1 done" in out, out[-4000:]
