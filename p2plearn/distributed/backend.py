@@ -189,7 +189,7 @@ class ProcessGroupP2P(dist.ProcessGroup):
         tensor = _one(tensors, "allreduce")
         staging = self._staging(tensor)
         host = staging.update(tensor)
-        return self._submit(lambda seq: _in_place(host, lambda a: self.collectives.allreduce(seq, [a], op)), tensors,
+        return self._submit(lambda seq: _reduced(host, lambda a: self.collectives.allreduce(seq, [a], op)), tensors,
                             staging)
 
     def allreduce_tolerant(self, tensor: torch.Tensor, layers: Sequence[int], bounds: Sequence[float],
@@ -201,9 +201,10 @@ class ProcessGroupP2P(dist.ProcessGroup):
         host = staging.update(tensor)
 
         def run(seq: int) -> RoundRecord:
-            flat = _array(host)
-            views = np.split(flat, np.cumsum(layers)[:-1]) if len(layers) > 1 else [flat]
-            return self.collectives.allreduce(seq, views, "avg", bounds, deadline)
+            def reduce(flat: np.ndarray) -> RoundRecord:
+                views = np.split(flat, np.cumsum(layers)[:-1]) if len(layers) > 1 else [flat]
+                return self.collectives.allreduce(seq, views, "avg", bounds, deadline)
+            return _reduced(host, reduce)
 
         return self._submit(run, None, staging).get_future()
 
@@ -260,15 +261,15 @@ class ProcessGroupP2P(dist.ProcessGroup):
         op = _op(opts.reduceOp, "reduce_scatter")
         staging = self._staging(tensor, *inputs)
         target, sources = staging.write(tensor), [staging.read(i) for i in inputs]
-        return self._submit(lambda seq: _in_place(target, lambda a: self.collectives.reduce_scatter(
-            seq, [_array(i.contiguous()) for i in sources], a, op)), outputs, staging)
+        return self._submit(lambda seq: _reduced(target, lambda a: self.collectives.reduce_scatter(
+            seq, [_reducible(i) for i in sources], a, op)), outputs, staging)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> dist.Work:
         op = _op(opts.reduceOp, "reduce_scatter_tensor")
         staging = self._staging(output, input)
         target, source = staging.write(output), staging.read(input)
-        return self._submit(lambda seq: _in_place(target, lambda a: self.collectives.reduce_scatter(
-            seq, list(_array(source.contiguous()).reshape(self.size(), -1)), a.reshape(-1), op)), output, staging)
+        return self._submit(lambda seq: _reduced(target, lambda a: self.collectives.reduce_scatter(
+            seq, list(_reducible(source).reshape(self.size(), -1)), a.reshape(-1), op)), output, staging)
 
     def barrier(self, opts: Any = None) -> dist.Work:
         return self._submit(lambda seq: self.collectives.barrier(seq), [], self._staging())
@@ -357,6 +358,23 @@ def _array(tensor: torch.Tensor) -> np.ndarray:
     if tensor.dtype == torch.bfloat16:
         return tensor.detach().view(torch.int16).numpy().reshape(-1)  # bits: moved and compared, not reduced
     return tensor.detach().numpy().reshape(-1)
+
+
+def _reducible(tensor: torch.Tensor) -> np.ndarray:
+    """A host tensor's elements as a flat array a reduction can add: bfloat16 widened to float32
+    (numpy has no bfloat16; its bits added as integers are not the sums)."""
+    return _array(tensor.float() if tensor.dtype == torch.bfloat16 else tensor.contiguous())
+
+
+def _reduced(tensor: torch.Tensor, run: Callable[[np.ndarray], Any]) -> Any:
+    """``run`` reducing into the tensor's elements, as `_in_place`; a bfloat16 tensor is reduced
+    in float32 and rounded back to the nearest bfloat16 (as torch rounds) once, at the end."""
+    if tensor.dtype != torch.bfloat16:
+        return _in_place(tensor, run)
+    wide = tensor.detach().float()
+    out = run(_array(wide))
+    tensor.detach().copy_(wide)
+    return out
 
 
 def _in_place(tensor: torch.Tensor, run: Callable[[np.ndarray], Any]) -> Any:

@@ -38,6 +38,11 @@ def equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return torch.equal(a.cpu(), b.cpu())
 
 
+def close_bf16(ours: torch.Tensor, ref: torch.Tensor) -> bool:
+    """bfloat16 results within one rounding (8 bits of mantissa) of float32 reference values."""
+    return torch.allclose(ours.cpu().float(), ref.float(), rtol=2 ** -8, atol=1e-6)
+
+
 def collectives(rank: int, n: int, gloo: dist.ProcessGroup) -> dict:
     out = {}
     g = torch.Generator().manual_seed(rank)
@@ -53,6 +58,19 @@ def collectives(rank: int, n: int, gloo: dist.ProcessGroup) -> dict:
             dist.all_reduce(ref, op=op, group=gloo)
         dist.all_reduce(ours, op=op)
         out[f"allreduce_{name}"] = same(ours, ref)
+    for name, op in (("sum", dist.ReduceOp.SUM), ("avg", dist.ReduceOp.AVG), ("max", dist.ReduceOp.MAX)):
+        x = (torch.randn(3000, generator=g) * 3).bfloat16()
+        wide = x.float()  # the reference: the values reduced in float32 (gloo's own adds round in bfloat16)
+        dist.all_reduce(wide, op=dist.ReduceOp.SUM if op == dist.ReduceOp.AVG else op, group=gloo)
+        ours = on(x)
+        dist.all_reduce(ours, op=op)
+        ref = wide / n if op == dist.ReduceOp.AVG else wide
+        out[f"allreduce_bf16_{name}"] = ours.dtype == torch.bfloat16 and close_bf16(ours, ref)
+    x = (torch.randn(4 * n, generator=g) * 3).bfloat16()
+    wide, ours = torch.zeros(4), on(torch.zeros(4, dtype=torch.bfloat16))
+    dist.reduce_scatter_tensor(wide, x.float(), group=gloo)
+    dist.reduce_scatter_tensor(ours, on(x))
+    out["reduce_scatter_tensor_bf16"] = close_bf16(ours, wide)
     ints = torch.arange(10, dtype=torch.int64) * (rank + 1)
     ref, ours = ints.clone(), on(ints)
     dist.all_reduce(ref, group=gloo)
