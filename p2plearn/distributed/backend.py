@@ -48,7 +48,9 @@ STOP_S = 2.0  # at exit: how long the group's thread may take to see its collect
 IDLE_S = 0.2  # at exit: how long the group's thread may take to end when no collective is in flight
 DEFAULT_RATE = 1.25e8  # bytes/s of a link the view has no figure for (the bandwidth estimator's default)
 _OPS = {dist.ReduceOp.SUM: "sum", dist.ReduceOp.AVG: "avg", dist.ReduceOp.PRODUCT: "product",
-        dist.ReduceOp.MIN: "min", dist.ReduceOp.MAX: "max"}
+        dist.ReduceOp.MIN: "min", dist.ReduceOp.MAX: "max", dist.ReduceOp.BAND: "band", dist.ReduceOp.BOR: "bor",
+        dist.ReduceOp.BXOR: "bxor"}
+BITWISE = ("band", "bor", "bxor")
 
 
 class ProcessGroupP2P(dist.ProcessGroup):
@@ -185,8 +187,8 @@ class ProcessGroupP2P(dist.ProcessGroup):
 
     # -- collectives ---------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "allreduce")
         tensor = _one(tensors, "allreduce")
+        op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "allreduce", tensor)
         staging = self._staging(tensor)
         host = staging.update(tensor)
         return self._submit(lambda seq: _reduced(host, lambda a: self.collectives.allreduce(seq, [a], op)), tensors,
@@ -258,14 +260,14 @@ class ProcessGroupP2P(dist.ProcessGroup):
     def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any
                        ) -> dist.Work:
         tensor, inputs = _one(outputs, "reduce_scatter"), _one(input_lists, "reduce_scatter")
-        op = _op(opts.reduceOp, "reduce_scatter")
+        op = _op(opts.reduceOp, "reduce_scatter", tensor)
         staging = self._staging(tensor, *inputs)
         target, sources = staging.write(tensor), [staging.read(i) for i in inputs]
         return self._submit(lambda seq: _reduced(target, lambda a: self.collectives.reduce_scatter(
             seq, [_reducible(i) for i in sources], a, op)), outputs, staging)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> dist.Work:
-        op = _op(opts.reduceOp, "reduce_scatter_tensor")
+        op = _op(opts.reduceOp, "reduce_scatter_tensor", output)
         staging = self._staging(output, input)
         target, source = staging.write(output), staging.read(input)
         return self._submit(lambda seq: _reduced(target, lambda a: self.collectives.reduce_scatter(
@@ -340,9 +342,12 @@ for _name in ("reduce", "alltoall", "alltoall_base", "all_to_all_single", "send"
     setattr(ProcessGroupP2P, _name, _unsupported(_name))
 
 
-def _op(op: Any, name: str) -> str:
+def _op(op: Any, name: str, tensor: torch.Tensor) -> str:
+    """The collectives' name of ``op`` for ``tensor``; raised at the call, as gloo raises, before anything is sent."""
     for known, label in _OPS.items():
         if op == known:
+            if label in BITWISE and (tensor.is_floating_point() or tensor.is_complex()):
+                raise RuntimeError(f"Cannot use {op} with non-integral dtype")
             return label
     raise NotImplementedError(f"the p2plearn backend's {name} does not implement reduce op {op}")
 

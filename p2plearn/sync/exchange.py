@@ -38,7 +38,8 @@ from p2plearn.sync.reused import ReusedArrays
 from p2plearn.transport.delivery import Delivery
 
 # exact reductions (the DDP backend's ops other than a mean of floats), in rank order
-REDUCE = {"sum": np.add, "avg": np.add, "product": np.multiply, "min": np.minimum, "max": np.maximum}
+REDUCE = {"sum": np.add, "avg": np.add, "product": np.multiply, "min": np.minimum, "max": np.maximum,
+          "band": np.bitwise_and, "bor": np.bitwise_or, "bxor": np.bitwise_xor}  # bitwise: integers and bools
 
 
 class PartExchange:

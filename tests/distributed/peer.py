@@ -76,6 +76,17 @@ def collectives(rank: int, n: int, gloo: dist.ProcessGroup) -> dict:
     dist.all_reduce(ref, group=gloo)
     dist.all_reduce(ours)
     out["allreduce_int"] = equal(ours, ref)
+    for name, op in (("band", dist.ReduceOp.BAND), ("bor", dist.ReduceOp.BOR), ("bxor", dist.ReduceOp.BXOR)):
+        bits = torch.randint(0, 256, (64,), generator=g, dtype=torch.int32)
+        ref, ours = bits.clone(), on(bits)
+        dist.all_reduce(ref, op=op, group=gloo)
+        dist.all_reduce(ours, op=op)
+        out[f"allreduce_{name}"] = equal(ours, ref)
+    try:  # as gloo: raised at the call, and the group goes on
+        dist.all_reduce(on(torch.ones(4)), op=dist.ReduceOp.BAND)
+        out["bitwise_float_refused"] = False
+    except RuntimeError as exc:
+        out["bitwise_float_refused"] = "non-integral" in str(exc)
     strided = torch.randn(40, 30, generator=g)
     ref, ours = strided.t().clone(), on(strided).t()  # not contiguous
     dist.all_reduce(ref, group=gloo)
