@@ -20,9 +20,9 @@ the sender's engine every few datagrams, and the receiver's engine wakes for eac
 its send's duration and its incoming flows' (`pacing_s`), stretched alike, after the merge.
 Each round also costs a co-located peer its fixed CPU work (`round_cpu_s`: planning, encoding, the
 engine's handshakes, its report and the coordinator's share; `sim.calibrate.round_cost`), stretched
-alike, before its send. On hosts of their own a peer's receive work is the merge's only and its round's
-fixed work and pacing are free (both run beside compute on cores of its own), as the simulator has always charged
-them. Partitioned rounds (`sim.partitioned`) get the compute stretch only.
+alike, before its send. On hosts of their own a peer's receive work is the merge's only, and its
+round's fixed work and its engines' pacing are free (they run beside compute on cores of its own).
+Partitioned rounds (`sim.partitioned`) get the compute stretch only.
 
 Not modelled: the order in which a host's peers get their cores (processor sharing, all at once), the
 kernel's work on the shaped links (`sim.validate` measures that one as a host rate), memory bandwidth.
