@@ -53,10 +53,16 @@ def run_peers_under_mpirun(tmp_path, job_id: str) -> tuple[int, str]:
     argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "4",
             "-x", "PYTHONPATH", "-x", "MASTER_ADDR", "-x", "MASTER_PORT", "-x", "P2PLEARN_JOB_KEY",
             "-x", "P2PLEARN_JOB_ID", sys.executable, PEER, "--rounds", "2", "--out", str(tmp_path)]
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    return run_job_command(argv, env, timeout=60)
+
+
+def run_job_command(argv: list[str], env: dict, timeout: float, cwd=ROOT) -> tuple[int, str]:
+    """A launcher's command: its exit code and output (stdout and stderr together); its process
+    group is killed if it outlives ``timeout`` s."""
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
-        out, _ = proc.communicate(timeout=60)
+        out, _ = proc.communicate(timeout=timeout)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

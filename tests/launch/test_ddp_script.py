@@ -2,12 +2,11 @@
 ``env://`` rendezvous reads (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK)."""
 
 import os
-import signal
-import subprocess
 import sys
 
 import pytest
 
+from launch_helpers import run_job_command
 from p2plearn.launch.env import peer_env, torch_store
 from p2plearn.launch.hosts import Host, place
 from p2plearn.options import Options
@@ -89,15 +88,9 @@ def test_torchrun_restarts_a_ddp_job_whose_rank_failed(tmp_path):
     script = tmp_path / "restarted.py"
     script.write_text(RESTARTED)
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
-    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "1",
-                             "--monitor-interval", "0.5", str(script)], cwd=tmp_path, env={**env, "OMP_NUM_THREADS": "1"},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=240)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, out[-4000:]
+    returncode, out = run_job_command([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                                       "--max-restarts", "1", "--monitor-interval", "0.5", str(script)],
+                                      {**env, "OMP_NUM_THREADS": "1"}, timeout=240, cwd=tmp_path)
+    assert returncode == 0, out[-4000:]
     for rank in (0, 1):
         assert f"rank {rank} attempt 1 done" in out, out[-4000:]
