@@ -23,6 +23,8 @@ a pinned host copy, as gloo's does (`CollectiveStaging`).
 from __future__ import annotations
 
 import atexit
+import ctypes
+import functools
 import json
 import os
 import queue
@@ -359,16 +361,28 @@ def _one(items: list, name: str) -> Any:
 
 
 def _array(tensor: torch.Tensor) -> np.ndarray:
-    """A numpy view of a contiguous host tensor (flat): a staged collective's tensors are all on the host."""
-    if tensor.dtype == torch.bfloat16:
-        return tensor.detach().view(torch.int16).numpy().reshape(-1)  # bits: moved and compared, not reduced
-    return tensor.detach().numpy().reshape(-1)
+    """A numpy view of a contiguous host tensor (flat): a staged collective's tensors are all on the
+    host. Made from the tensor's address, not ``Tensor.numpy()``, which marks the storage
+    non-resizable for good (FSDP frees a gathered parameter by resizing its storage to 0)."""
+    if not tensor.is_contiguous():
+        raise ValueError("p2plearn: a collective's tensors must be contiguous, as gloo's")
+    dtype = np.dtype(np.int16) if tensor.dtype == torch.bfloat16 else _numpy_dtype(tensor.dtype)  # bf16: bits
+    if tensor.numel() == 0:
+        return np.empty(0, dtype)
+    memory = (ctypes.c_char * (tensor.numel() * tensor.element_size())).from_address(tensor.data_ptr())
+    memory.tensor = tensor  # the view keeps the tensor alive, as .numpy()'s does
+    return np.frombuffer(memory, dtype)
+
+
+@functools.cache
+def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
+    return torch.empty(0, dtype=dtype).numpy().dtype
 
 
 def _reducible(tensor: torch.Tensor) -> np.ndarray:
     """A host tensor's elements as a flat array a reduction can add: bfloat16 widened to float32
     (numpy has no bfloat16; its bits added as integers are not the sums)."""
-    return _array(tensor.float() if tensor.dtype == torch.bfloat16 else tensor.contiguous())
+    return _array((tensor.float() if tensor.dtype == torch.bfloat16 else tensor).contiguous())
 
 
 def _reduced(tensor: torch.Tensor, run: Callable[[np.ndarray], Any]) -> Any:
@@ -376,7 +390,7 @@ def _reduced(tensor: torch.Tensor, run: Callable[[np.ndarray], Any]) -> Any:
     in float32 and rounded back to the nearest bfloat16 (as torch rounds) once, at the end."""
     if tensor.dtype != torch.bfloat16:
         return _in_place(tensor, run)
-    wide = tensor.detach().float()
+    wide = tensor.detach().float().contiguous()
     out = run(_array(wide))
     tensor.detach().copy_(wide)
     return out

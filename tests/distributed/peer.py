@@ -180,6 +180,20 @@ def ddp(rank: int, n: int, gloo: dist.ProcessGroup, hook: bool, hadamard: bool =
     return out
 
 
+def fsdp(rank: int, gloo: dist.ProcessGroup) -> dict:
+    """FSDP over p2plearn and over gloo (CPU), from the same start: the same full parameters after
+    training. FSDP frees a gathered parameter by resizing its storage to 0 after each use."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    full = []
+    for group in (None, gloo):
+        sharded = FSDP(model(seed=0), process_group=group, device_id=torch.device("cpu"))
+        train(sharded, rank, steps=4, optimizer=torch.optim.SGD(sharded.parameters(), lr=0.05))
+        with FSDP.summon_full_params(sharded):
+            full.append([p.detach().clone() for p in sharded.parameters()])
+    return {"trained_equal": all(same(a, b) for a, b in zip(*full))}
+
+
 def post_local_sgd(rank: int, n: int, gloo: dist.ProcessGroup) -> dict:
     """PostLocalSGDOptimizer (a PeriodicModelAverager every 2 steps after 2 warm-up steps), local
     models without DDP, over p2plearn and over gloo: the same parameters."""
@@ -344,6 +358,8 @@ def main() -> None:
         out.update(collectives(rank, n, gloo))
     elif scenario in ("ddp", "ddp_hook", "ddp_hadamard"):
         out.update(ddp(rank, n, gloo, hook=scenario != "ddp", hadamard=scenario == "ddp_hadamard"))
+    elif scenario == "fsdp":
+        out.update(fsdp(rank, gloo))
     elif scenario == "post_local_sgd":
         out.update(post_local_sgd(rank, n, gloo))
     elif scenario == "mismatch":

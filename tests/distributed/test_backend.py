@@ -40,6 +40,13 @@ def test_ddp_trains_as_over_gloo(tmp_path, scenario, env):
             assert result["buckets"] > 1 and result["delivered"] == 1.0, result
 
 
+def test_fsdp_trains_as_over_gloo(tmp_path):
+    """The collectives' numpy views must leave a tensor's storage resizable (Tensor.numpy() does not:
+    FSDP's first backward failed, "Trying to resize storage that is not resizable")."""
+    for rank, result in enumerate(run_job(tmp_path, "fsdp", world_size=2)):
+        assert result["trained_equal"], (rank, result)
+
+
 def test_post_local_sgd_matches_gloo(tmp_path):
     for rank, result in enumerate(run_job(tmp_path, "post_local_sgd", world_size=2)):
         assert result["equal_to_gloo"], (rank, result)
