@@ -23,10 +23,12 @@ NORM_TYPES = (torch.nn.modules.batchnorm._NormBase, torch.nn.LayerNorm, torch.nn
 
 
 def exchanged_tensors(model: torch.nn.Module, buffers: bool = True) -> dict[str, torch.Tensor]:
-    """What peers average, by state-dict name: every parameter, then (``buffers``) every floating
-    buffer, such as BatchNorm's running mean and variance. Integer buffers (BatchNorm's
-    ``num_batches_tracked``) stay local: each counts this peer's own batches."""
-    tensors = dict(model.named_parameters())
+    """What peers average, by state-dict name: every trainable parameter, then (``buffers``) every
+    floating buffer, such as BatchNorm's running mean and variance. Integer buffers (BatchNorm's
+    ``num_batches_tracked``) stay local: each counts this peer's own batches. A frozen parameter
+    (``requires_grad`` False) changes on no peer and is not exchanged, as DDP leaves it out of its
+    buckets: compressed rounds would blur it a little each round, with nothing to pull it back."""
+    tensors = {name: p for name, p in model.named_parameters() if p.requires_grad}
     if buffers:
         tensors.update((name, b) for name, b in model.named_buffers() if b.is_floating_point())
     return tensors

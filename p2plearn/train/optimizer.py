@@ -102,7 +102,8 @@ class DecentralizedOptimizer(Optimizer):
         optimizer: any torch optimizer over `model`'s parameters (tensors on any device, of any
             float dtype: float32, float16, bfloat16, float64; they travel in their own dtype and
             are merged in float64).
-        model: the model whose parameters (and floating buffers) are exchanged.
+        model: the model whose trainable parameters (and floating buffers) are exchanged; a
+            parameter frozen now (``requires_grad`` False) is not, and may not be unfrozen later.
         runtime: from `p2plearn.init()`; made here when not given.
         engine: a channel to use instead of creating one (a `Channel`, or the TCP baseline's
             `TcpChannel`); the caller closes it.
@@ -129,6 +130,7 @@ class DecentralizedOptimizer(Optimizer):
         self.runtime = runtime or init()
         self.options = self.runtime.options.replace(**overrides) if overrides else self.runtime.options
         self.layout = ModelLayout(model, buffers, max(1, int(self.options.bucket_mb * 2**20)), self.options.fragments)
+        self._frozen = [p for p in model.parameters() if not p.requires_grad]  # not exchanged (`exchanged_tensors`)
         self.buckets, self.tensors, self.params = self.layout.buckets, self.layout.tensors, self.layout.params
         # Overlapped rounds work on a copy of the model, so local steps go on meanwhile.
         self.staging = HostStaging(self.buckets, self.options.staging, separate=self.options.overlap,
@@ -193,6 +195,10 @@ class DecentralizedOptimizer(Optimizer):
             raise RuntimeError(f"rank {self.runtime.rank} was declared dead by the job and could not register "
                                f"again (its rank was taken, or no coordinator answered): stopping rather than "
                                f"training alone")
+        if any(p.requires_grad for p in self._frozen):
+            raise RuntimeError("a parameter that was frozen (requires_grad False) when this optimizer was made is "
+                               "trainable now: the peers do not exchange it; make the optimizer again after "
+                               "unfreezing (a checkpoint's state loads into the new one)")
         if self.state_transfer.needs_state:
             self._finish_round(apply=False)  # its merge is of a model about to be replaced
             self._rejoin()

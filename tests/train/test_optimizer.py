@@ -174,3 +174,31 @@ def test_a_final_model_that_does_not_fit_is_left_out_of_the_average(job):
     (averaged, averaged_from), _ = on_peers(job, [model(0), model(0)], body)
     assert averaged_from == [0]
     assert all(torch.equal(averaged[name], p) for name, p in model(0).state_dict().items())
+
+
+def test_frozen_parameters_are_not_exchanged_and_unfreezing_one_later_is_refused(job):
+    """A frozen layer (a pretrained backbone, say) is left out of the rounds, as DDP leaves it out of
+    its buckets: exchanged, int4 rounds blurred it a little each round with nothing to pull it back
+    (up to 0.035 in 3 rounds). Unfrozen later it would not be exchanged either: the step refuses."""
+    from tests.train.conftest import on_peers
+
+    models = [model(0) for _ in range(2)]
+    for m in models:
+        m[0].requires_grad_(False)
+    frozen = [m[0].weight.detach().clone() for m in models]
+
+    def body(rank, opt):
+        m, g = models[rank], torch.Generator().manual_seed(rank)
+        for _ in range(6):
+            m(torch.randn(8, 20, generator=g)).pow(2).mean().backward()
+            opt.step()
+            opt.zero_grad()
+        kept, trained = torch.equal(m[0].weight, frozen[rank]), not torch.equal(m[2].weight, model(0)[2].weight)
+        m[0].requires_grad_(True)
+        with pytest.raises(RuntimeError, match="frozen .* when this optimizer was made is trainable now"):
+            opt.step()
+        return kept, trained, opt.stats().rounds
+
+    results = on_peers(job, models, body, compress="int4",
+                       make_inner=lambda m: torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.1))
+    assert results == [(True, True, 6)] * 2, results
