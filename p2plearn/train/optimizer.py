@@ -198,7 +198,7 @@ class DecentralizedOptimizer(Optimizer):
         if any(p.requires_grad for p in self._frozen):
             raise RuntimeError("a parameter that was frozen (requires_grad False) when this optimizer was made is "
                                "trainable now: the peers do not exchange it; make the optimizer again after "
-                               "unfreezing (a checkpoint's state loads into the new one)")
+                               "unfreezing")
         if self.state_transfer.needs_state:
             self._finish_round(apply=False)  # its merge is of a model about to be replaced
             self._rejoin()
