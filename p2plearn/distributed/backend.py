@@ -14,9 +14,10 @@ completes when it is done, so DDP's bucket all-reduces overlap its backward pass
 Every collective is lossless. Loss bounds apply only where `allreduce_tolerant` is called: the
 DDP comm hook (`p2plearn.ddp.loss_tolerant_hook`) does so for gradient buckets.
 
-Supported: allreduce (SUM, AVG, PRODUCT, MIN, MAX), broadcast, allgather (and into one tensor),
-gather, scatter, reduce_scatter (and from one tensor), barrier; the object collectives and
-torch.distributed.checkpoint are built on these. Only the default (world) group; other ops raise
+Supported: allreduce and reduce (SUM, AVG, PRODUCT, MIN, MAX; BAND, BOR, BXOR on integers),
+broadcast, allgather (and into one tensor), gather, scatter, reduce_scatter (and from one tensor),
+alltoall (and of one tensor), barrier; the object collectives and torch.distributed.checkpoint are
+built on these. Only the default (world) group; other ops raise
 NotImplementedError naming the op. Tensors may live on any device: a CUDA tensor's collective runs on
 a pinned host copy, as gloo's does (`CollectiveStaging`).
 """
@@ -212,6 +213,20 @@ class ProcessGroupP2P(dist.ProcessGroup):
 
         return self._submit(run, None, staging).get_future()
 
+    def reduce(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
+        """All-reduce's two phases, the reduced parts gathered to the root alone; the other ranks'
+        tensors are left as they were (gloo's are scratch)."""
+        tensor, root = _one(tensors, "reduce"), opts.rootRank
+        op = _op(opts.reduceOp, "reduce", tensor)
+        staging, is_root = self._staging(tensor), self.rank() == root
+        host = staging.update(tensor) if is_root else staging.read(tensor)
+
+        def run(seq: int) -> None:
+            reduced = host if is_root else host.clone()  # (cloned once the staged copy is in)
+            _reduced(reduced, lambda a: self.collectives.allreduce(seq, [a], op, root=root))
+
+        return self._submit(run, tensors, staging)
+
     def broadcast(self, tensors: list[torch.Tensor], opts: Any) -> dist.Work:
         tensor, root = _one(tensors, "broadcast"), opts.rootRank
         staging = self._staging(tensor)
@@ -275,11 +290,39 @@ class ProcessGroupP2P(dist.ProcessGroup):
         return self._submit(lambda seq: _reduced(target, lambda a: self.collectives.reduce_scatter(
             seq, list(_reducible(source).reshape(self.size(), -1)), a.reshape(-1), op)), output, staging)
 
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        staging = self._staging(*outputs, *inputs)
+        targets, sources = [staging.write(o) for o in outputs], [staging.read(i) for i in inputs]
+
+        def run(seq: int) -> None:
+            flat = [o.detach().contiguous() for o in targets]
+            self.collectives.all_to_all(seq, [_array(i.contiguous()) for i in sources], [_array(o) for o in flat])
+            _copy_back(targets, flat)
+
+        return self._submit(run, outputs, staging)
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                      input_split_sizes: list[int], opts: Any = None) -> dist.Work:
+        """``all_to_all_single``: the tensors cut along their first dimension, in equal pieces
+        unless split sizes are given."""
+        sends, receives = (_split_sizes(t, sizes, self.size()) for t, sizes in ((input, input_split_sizes),
+                                                                                  (output, output_split_sizes)))
+        staging = self._staging(output, input)
+        target, source = staging.write(output), staging.read(input)
+
+        def run(seq: int) -> None:
+            flat = target.detach().contiguous()
+            self.collectives.all_to_all(seq, _pieces(source.contiguous(), sends), _pieces(flat, receives))
+            _copy_back([target], [flat])
+
+        return self._submit(run, output, staging)
+
     def barrier(self, opts: Any = None) -> dist.Work:
         return self._submit(lambda seq: self.collectives.barrier(seq), [], self._staging())
 
     _allgather_base = all_gather_single  # the names older callers use
     _reduce_scatter_base = reduce_scatter_single
+    all_to_all_single = alltoall_base  # (torch calls the group's CPU all-to-all by this name)
 
 
 class _Work(dist.Work):
@@ -338,7 +381,7 @@ def _unsupported(name: str) -> Callable[..., dist.Work]:
 
 
 # what this group does not implement says so by name, instead of c10d's generic error
-for _name in ("reduce", "alltoall", "alltoall_base", "all_to_all_single", "send", "recv", "recv_anysource",
+for _name in ("send", "recv", "recv_anysource",
               "allreduce_coalesced", "allgather_coalesced", "all_gather_single_coalesced",
               "allgather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced", "reduce_scatter_single_coalesced"):
     setattr(ProcessGroupP2P, _name, _unsupported(_name))
@@ -403,6 +446,26 @@ def _in_place(tensor: torch.Tensor, run: Callable[[np.ndarray], Any]) -> Any:
     if flat.data_ptr() != tensor.data_ptr():
         tensor.detach().copy_(flat)
     return out
+
+
+def _split_sizes(tensor: torch.Tensor, split_sizes: list[int], size: int) -> list[int]:
+    """The elements of each of ``size`` pieces of ``tensor`` cut along its first dimension (equal
+    pieces when ``split_sizes`` is empty), as all_to_all_single cuts it; raised at the call."""
+    rows = tensor.shape[0] if tensor.dim() else 1
+    if not split_sizes:
+        if rows % size:
+            raise ValueError(f"p2plearn: all_to_all_single: {rows} rows do not split equally among {size} ranks")
+        split_sizes = [rows // size] * size
+    if len(split_sizes) != size or sum(split_sizes) != rows or min(split_sizes) < 0:
+        raise ValueError(f"p2plearn: all_to_all_single: split sizes {list(split_sizes)} do not cut {rows} rows "
+                         f"among {size} ranks")
+    per_row = tensor.numel() // max(rows, 1)
+    return [n * per_row for n in split_sizes]
+
+
+def _pieces(tensor: torch.Tensor, sizes: list[int]) -> list[np.ndarray]:
+    """A contiguous host tensor's elements cut into pieces of ``sizes`` elements (views)."""
+    return np.split(_array(tensor), np.cumsum(sizes)[:-1])
 
 
 def _copy_back(outputs: list[torch.Tensor], flat: list[torch.Tensor]) -> None:

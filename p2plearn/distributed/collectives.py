@@ -293,28 +293,46 @@ class Collectives:
             return
         np.copyto(output, self._receive(msg, {root}, what, lambda _: [output])[root][0])
 
-    def reduce_scatter(self, seq: int, inputs: list[np.ndarray], output: np.ndarray, op: str) -> None:
-        msg, what = seq * PHASES, f"reduce_scatter #{seq}"
+    def _exchange(self, msg: int, inputs: list[np.ndarray], expected: list[np.ndarray], what: str,
+                  took: Took) -> None:
+        """Send ``inputs[r]`` to each other rank r and hand each rank s's message, shaped like
+        ``expected[s]``, to ``took`` as it arrives."""
         handles = [self._send(msg, [inputs[r]], [r], what) for r in self.others]
-        got = self._receive(msg, set(self.others), what, lambda _: [output])
-        values = [inputs[self.rank] if r == self.rank else got[r][0] for r in range(self.world_size)]
-        reduce_exact(output, values, op)
+        self._receive(msg, set(self.others), what, lambda s: [expected[s]], took)
         self._wait_sends(handles, None, what)
+
+    def all_to_all(self, seq: int, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
+        """``outputs[s]`` = rank s's ``inputs[self.rank]`` (each pair of ranks agrees on that
+        piece's shape; a zero-size piece is sent as such)."""
+        np.copyto(outputs[self.rank], inputs[self.rank])
+        self._exchange(seq * PHASES, inputs, outputs, f"all_to_all #{seq}",
+                       lambda s, d: np.copyto(outputs[s], d.arrays[0]))
+
+    def reduce_scatter(self, seq: int, inputs: list[np.ndarray], output: np.ndarray, op: str) -> None:
+        values = [inputs[self.rank]] * self.world_size  # every rank's piece for this one
+
+        def took(s: int, d: Delivery) -> None:
+            values[s] = d.arrays[0]
+
+        self._exchange(seq * PHASES, inputs, [output] * self.world_size, f"reduce_scatter #{seq}", took)
+        reduce_exact(output, values, op)
 
     def barrier(self, seq: int) -> None:
         token = np.zeros(1, dtype=np.uint8)
         self.allgather(seq, token, [np.zeros(1, dtype=np.uint8) for _ in range(self.world_size)])
 
     def allreduce(self, seq: int, layers: list[np.ndarray], op: str, bounds: Sequence[float] | None = None,
-                  deadline: float | None = None) -> RoundRecord:
+                  deadline: float | None = None, root: int | None = None) -> RoundRecord:
         """Reduce ``layers`` (1-d views, in order, of one buffer) across the ranks, in place.
 
         Floats under SUM or AVG go through reduce-scatter + all-gather; ``bounds`` (per layer)
         and ``deadline`` (s, per phase) make it lossy (see the module's docstring). Other ops
-        and dtypes are exact, through the same two phases. Returns what the round measured.
+        and dtypes are exact, through the same two phases. With ``root`` (a reduce) the reduced
+        parts are gathered to that rank alone: the others' layers end holding their own part
+        reduced. Returns what the round measured.
         """
         t0 = time.monotonic()
-        what = f"all_reduce #{seq}"
+        what = f"all_reduce #{seq}" if root is None else f"reduce #{seq} to rank {root}"
         lossy = bounds is not None and (deadline is not None or any(b > 0 for b in bounds))
         if lossy and not (layers[0].dtype.kind == "f" and op in ("sum", "avg")):
             raise ValueError("p2plearn: loss bounds apply to SUM/AVG all-reduces of floats only")
@@ -369,10 +387,13 @@ class Collectives:
         if times != 1:
             for piece in exchange.pieces(mine):
                 piece *= times
-        # 2. gather: this rank's reduced part to every other rank; theirs into place where it arrived
-        gather = self._send(gather_id, exchange.pieces(mine), self.others, what, piece_bounds(self.rank), deadline,
-                            layout.gather_rate[self.rank]) if mine and self.others else None
+        # 2. gather: this rank's reduced part to every other rank (or the root); theirs into place where it arrived
+        receivers = self.others if root is None else [r for r in [root] if r != self.rank]
+        gather = self._send(gather_id, exchange.pieces(mine), receivers, what, piece_bounds(self.rank), deadline,
+                            layout.gather_rate[self.rank]) if mine and receivers else None
         stats = self._wait_sends(scatter, deadline, what)  # they read the parts about to be overwritten
+        if root is not None and root != self.rank:
+            aggregators = []  # this rank gathers nothing
         gathered = collect(gather_id, set(aggregators), time.monotonic())
         for s in aggregators:  # a lost part keeps this rank's own value: under SUM, n times it
             if s in gathered:

@@ -115,6 +115,40 @@ def collectives(rank: int, n: int, gloo: dist.ProcessGroup) -> dict:
     dist.reduce_scatter_tensor(got, on(torch.cat(inputs)))
     dist.reduce_scatter_tensor(ref, torch.cat(inputs), group=gloo)
     out["reduce_scatter_tensor"] = same(got, ref)
+    for name, op, x in (("sum", dist.ReduceOp.SUM, torch.randn(3000, generator=g)),
+                        ("max", dist.ReduceOp.MAX, torch.randn(3000, generator=g)),
+                        ("int", dist.ReduceOp.SUM, torch.arange(10) * (rank + 1))):
+        ref, ours = x.clone(), on(x)
+        dist.all_reduce(ref, op=op, group=gloo)  # the root's reference (gloo's other ranks keep scratch)
+        dist.reduce(ours, dst=1, op=op)
+        out[f"reduce_{name}"] = same(ours, ref) if rank == 1 else equal(ours, x)  # the others' left as they were
+    x = (torch.randn(300, generator=g) * 3).bfloat16()
+    wide, ours = x.float(), on(x)
+    dist.all_reduce(wide, group=gloo)
+    dist.reduce(ours, dst=0)
+    out["reduce_bf16"] = close_bf16(ours, wide) if rank == 0 else equal(ours, x)
+    rows = torch.randn(2 * n, 3, generator=g)
+    got, ref = on(torch.zeros(2 * n, 3)), torch.zeros(2 * n, 3)
+    dist.all_to_all_single(got, on(rows))
+    dist.all_to_all_single(ref, rows, group=gloo)
+    out["all_to_all_single"] = equal(got, ref)
+    sends = [(rank + r) % 3 for r in range(n)]  # rows for rank r, zero for some pairs
+    receives = [(s + rank) % 3 for s in range(n)]
+    rows = torch.randn(sum(sends), 2, generator=g)
+    got, ref = on(torch.zeros(sum(receives), 2)), torch.zeros(sum(receives), 2)
+    dist.all_to_all_single(got, on(rows), receives, sends)
+    dist.all_to_all_single(ref, rows, receives, sends, group=gloo)
+    out["all_to_all_single_uneven"] = equal(got, ref)
+    pieces = [torch.randn(2, generator=g) for _ in range(n)]  # (gloo's must be of one size)
+    got, ref = [on(torch.zeros(2)) for _ in range(n)], [torch.zeros(2) for _ in range(n)]
+    dist.all_to_all(got, [on(p) for p in pieces])
+    dist.all_to_all(ref, pieces, group=gloo)
+    out["all_to_all"] = all(equal(a, b) for a, b in zip(got, ref))
+    try:  # as gloo: raised at the call, and the group goes on
+        dist.all_to_all_single(on(torch.zeros(n)), on(torch.zeros(n)), [n + 1] + [0] * (n - 1), [1] * n)
+        out["bad_splits_refused"] = False
+    except (ValueError, RuntimeError) as exc:
+        out["bad_splits_refused"] = "split" in str(exc)
     gathered = [on(torch.zeros(5)) for _ in range(n)] if rank == 0 else None
     dist.gather(on(mine), gathered, dst=0)
     everyone = [torch.zeros(5) for _ in range(n)]
@@ -135,7 +169,7 @@ def collectives(rank: int, n: int, gloo: dist.ProcessGroup) -> dict:
     work.wait()
     out["async_future"] = equal(work.get_future().wait()[0], torch.full((8,), float(n)))
     try:
-        dist.all_to_all_single(torch.zeros(n), torch.zeros(n))
+        dist.send(on(torch.zeros(n)), dst=(rank + 1) % n)
         out["unsupported"] = "no error"
     except NotImplementedError as exc:
         out["unsupported"] = str(exc)
