@@ -17,9 +17,10 @@ DDP comm hook (`p2plearn.ddp.loss_tolerant_hook`) does so for gradient buckets.
 Supported: allreduce and reduce (SUM, AVG, PRODUCT, MIN, MAX; BAND, BOR, BXOR on integers),
 broadcast, allgather (and into one tensor), gather, scatter, reduce_scatter (and from one tensor),
 alltoall (and of one tensor), barrier; the object collectives and torch.distributed.checkpoint are
-built on these. Only the default (world) group; other ops raise
-NotImplementedError naming the op. Tensors may live on any device: a CUDA tensor's collective runs on
-a pinned host copy, as gloo's does (`CollectiveStaging`).
+built on these. Subgroups (``new_group``, ``new_subgroups``, a DeviceMesh's) each run over an
+engine of their own, in the world group's job. Other ops raise NotImplementedError naming the op.
+Tensors may live on any device: a CUDA tensor's collective runs on a pinned host copy, as gloo's
+does (`CollectiveStaging`).
 """
 from __future__ import annotations
 
@@ -57,44 +58,55 @@ BITWISE = ("band", "bor", "bxor")
 
 
 class ProcessGroupP2P(dist.ProcessGroup):
-    """The world's process group over one engine (see the module's docstring).
+    """A process group over one engine of its own (see the module's docstring): the world's, or a
+    subgroup's (``new_group``), which shares the world's membership and failure.
 
-    Built by ``init_process_group("p2plearn")``; use it through torch.distributed. Tuning: the
-    group's ``timeout`` (``init_process_group(timeout=...)``) is how long a lossless collective
-    waits for a rank before it fails, naming the rank.
+    Built by ``init_process_group("p2plearn")`` and ``new_group``; use it through
+    torch.distributed. Tuning: the group's ``timeout`` (``init_process_group(timeout=...)``,
+    ``new_group(timeout=...)``) is how long a lossless collective waits for a rank before it
+    fails, naming the rank.
     """
 
     def __init__(self, runtime: Runtime, channel: Channel, engines: dict[int, tuple[str, int]], links: Links,
-                 timeout: timedelta, max_message_bytes: int | None = None, kept_bytes: int = 1 << 30) -> None:
-        super().__init__(runtime.rank, runtime.world_size)
+                 timeout: timedelta, max_message_bytes: int | None = None, kept_bytes: int = 1 << 30,
+                 world: ProcessGroupP2P | None = None, ranks: Sequence[int] | None = None) -> None:
+        self.ranks = list(range(runtime.world_size) if ranks is None else ranks)  # group rank -> global rank
+        super().__init__(self.ranks.index(runtime.rank), len(self.ranks))
         self.runtime = runtime
-        self.channel = channel
-        self.departed: dict[int, str] = {}  # rank -> why it is no longer in the job (from the membership's events)
+        self.channel = channel  # owned: closed by the world group's close, after its linger
+        self.world = self if world is None else world  # holds the failure and the subgroups
+        self.subgroups: list[ProcessGroupP2P] = []  # (the world's) their channels close with its own
+        self.links = links
+        self._group_name = ""  # torch's name for it, set once made
+        self.departed: dict[int, str] = {}  # group rank -> why it is no longer in the job (the membership's events)
         runtime.client.on_event(self._on_event)
-        self.collectives = Collectives(channel, runtime.rank, runtime.world_size, engines, links,
-                                       timeout.total_seconds(), self.departed, max_message_bytes, kept_bytes)
+        self.collectives = Collectives(channel, self.rank(), self.size(), engines, links, timeout.total_seconds(),
+                                       self.departed, max_message_bytes, kept_bytes)
         self._seq = 0
-        self._failure: BaseException | None = None  # the first collective that failed: the group is unusable since
+        self._failure: BaseException | None = None  # (the world's) the first collective that failed in any group
         self._lock = threading.Lock()  # collectives come from the main thread and from autograd's
         self._stage_cpu = runtime.options.staging == "host"
         self._side: torch.cuda.Stream | None = None  # CUDA copies' stream, made at the first CUDA tensor
         self._queue: queue.Queue = queue.Queue()
         self._worker = threading.Thread(target=self._run, name="p2plearn-collectives", daemon=True)
         self._worker.start()
-        atexit.register(self._stop_at_exit)
+        if world is None:
+            atexit.register(self._stop_at_exit)
+        else:
+            world.subgroups.append(self)
 
     def _on_event(self, event: Any) -> None:
         """A rank that leaves or is declared dead fails the collectives waiting for it (and every
         later one: a DDP group has no rejoin), as a closed connection does gloo's."""
-        me = self.runtime.rank
-        if event.kind == "dead" and event.rank is not None:
-            self.departed.setdefault(event.rank, "was declared dead by the job (its process exited, or stopped "
-                                                 "answering the coordinator)")
-        elif event.kind == "leave" and event.rank is not None:
-            self.departed.setdefault(event.rank, "left the job (one of its collectives failed, or it destroyed its "
-                                                 "process group)")
+        if event.kind in ("dead", "leave") and event.rank in self.ranks:
+            why = ("was declared dead by the job (its process exited, or stopped answering the coordinator)"
+                   if event.kind == "dead" else
+                   "left the job (one of its collectives failed, or it destroyed its process group)")
+            if self.world is not self:
+                why = f"(global rank {event.rank}) {why}"
+            self.departed.setdefault(self.ranks.index(event.rank), why)
         elif event.kind in ("expelled", "readmitted"):
-            self.departed.setdefault(me, "(this rank) was declared dead by the job while it paused or stalled")
+            self.departed.setdefault(self.rank(), "(this rank) was declared dead by the job while it paused or stalled")
         elif event.kind in ("job_ended", "coordinator_dead"):
             why = "ended" if event.kind == "job_ended" else "lost its coordinator"
             for r in range(self.size()):
@@ -129,18 +141,19 @@ class ProcessGroupP2P(dist.ProcessGroup):
         while (item := self._queue.get()) is not None:
             seq, run, result, future, staging = item
             try:
-                if self._failure is not None:
-                    raise CollectiveError(f"p2plearn: collective #{seq} not run: the group failed before "
-                                          f"({self._failure}); destroy it and start again") from self._failure
+                if (failure := self.world._failure) is not None:
+                    raise CollectiveError(f"p2plearn: collective #{seq} not run: a collective of this rank failed "
+                                          f"before ({failure}); destroy the group and start again") from failure
                 staging.wait_inputs()
                 value = run(seq)
                 staging.write_back()
                 future.set_result(value if result is None else result)
             except BaseException as exc:  # the caller's wait() raises it
-                if self._failure is None:
-                    # The ranks may now disagree on what ran: no later collective runs, and leaving the
-                    # job fails the others' collectives naming this rank, as a closed connection does gloo's.
-                    self._failure = exc
+                if self.world._failure is None:
+                    # The ranks may now disagree on what ran: no later collective runs in any group of
+                    # this rank, and leaving the job fails the others' collectives naming this rank, as a
+                    # closed connection does gloo's.
+                    self.world._failure = exc
                     self._leave()
                 future.set_exception(exc)
 
@@ -150,43 +163,70 @@ class ProcessGroupP2P(dist.ProcessGroup):
         except ControlError:
             pass  # no coordinator answered: the others learn it from this rank's exit
 
+    def _groups(self) -> list[ProcessGroupP2P]:
+        """The world's subgroups, then the world (a subgroup: itself)."""
+        return [*self.subgroups, self] if self.world is self else [self]
+
     def shutdown(self) -> None:
-        """Finish the queued collectives and leave the job (``destroy_process_group``; see `_close`)."""
-        atexit.unregister(self._stop_at_exit)
-        self._queue.put(None)
-        self._worker.join()
-        self._close(ANSWER_LINGER_S)
+        """Finish the queued collectives; the world's then leaves the job (``destroy_process_group``;
+        see `_close`). A subgroup's engine goes on answering until the world's closes."""
+        for group in self._groups():
+            if group._worker.is_alive():
+                group._queue.put(None)
+                group._worker.join()
+        if self.world is self:
+            atexit.unregister(self._stop_at_exit)
+            self._close(ANSWER_LINGER_S)
 
     def _stop_at_exit(self) -> None:
-        """The interpreter exits with the group alive (the script's end without
+        """The interpreter exits with the world group alive (the script's end without
         ``destroy_process_group``, Ctrl-C, SIGTERM's exception, an error). Queued collectives are not
-        run (gloo's are not either). A collective in flight is failed by stopping the engine at once,
-        so that no thread of the group holds the exit up and the other ranks' collectives fail now
-        rather than once the membership declares this rank dead; with none in flight this rank
-        leaves as ``shutdown`` does."""
+        run (gloo's are not either). A collective in flight in any group is failed by stopping the
+        engines at once, so that no thread of a group holds the exit up and the other ranks'
+        collectives fail now rather than once the membership declares this rank dead; with none in
+        flight this rank leaves as ``shutdown`` does."""
         self._failure = self._failure or CollectiveError("p2plearn: the process is exiting")
-        self._queue.put(None)
-        self._worker.join(IDLE_S)  # an idle group's thread ends at once
-        in_flight = self._worker.is_alive()
+        groups = self._groups()
+        for group in groups:
+            group._queue.put(None)
+        for group in groups:
+            group._worker.join(IDLE_S)  # an idle group's thread ends at once
+        in_flight = any(group._worker.is_alive() for group in groups)
         if in_flight:
-            self.channel.close()
-            self._worker.join(STOP_S)
+            for group in groups:
+                group.channel.close()
+            for group in groups:
+                group._worker.join(STOP_S)
         self._close(0.0 if in_flight else ANSWER_LINGER_S)
 
     def _close(self, linger: float) -> None:
-        """Leave the job, and stop the engine once the other ranks left too (``linger`` s at most).
-        Until then the engine goes on answering: a rank still in the last collective, whose
-        acknowledgements from this one were lost, retransmits and hears back, as a closed TCP
-        socket's data is still acknowledged by its kernel; an engine stopped at once would leave that
-        send unanswered and fail the other rank's collective. Rank 0 then stops the coordinator."""
+        """(The world's) Leave the job, and stop the engines once the other ranks left too
+        (``linger`` s at most). Until then the engines go on answering: a rank still in the last
+        collective, whose acknowledgements from this one were lost, retransmits and hears back, as a
+        closed TCP socket's data is still acknowledged by its kernel; an engine stopped at once would
+        leave that send unanswered and fail the other rank's collective. Rank 0 then stops the
+        coordinator."""
+        global _world
         self._leave()
         if linger > 0:
             self.runtime.client.wait_alone(linger)
-        self.channel.close()
+        for group in self._groups():
+            group.channel.close()
         self.runtime.close(leave=False, linger=0.0)
+        if _world is self:
+            _world = None
 
     def getBackendName(self) -> str:
         return BACKEND
+
+    # c10d reads a group's name from its first backend, and this group registers none (it is its
+    # own backend): it keeps the name torch gives it (DeviceMesh looks its groups up by name)
+    def _set_group_name(self, name: str) -> None:
+        self._group_name = name
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
 
     # -- collectives ---------------------------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
@@ -474,39 +514,71 @@ def _copy_back(outputs: list[torch.Tensor], flat: list[torch.Tensor]) -> None:
             o.detach().copy_(f)
 
 
+_world: ProcessGroupP2P | None = None  # this process's world group over p2plearn, while it is open
+
+
 def create(options: Any, backend_options: Any) -> ProcessGroupP2P:
-    """``init_process_group("p2plearn")``'s creator (torch's extended API): joins the job through
-    ``p2plearn.init()``, opens this rank's engine and publishes its address."""
+    """``init_process_group("p2plearn")``'s and ``new_group``'s creator (torch's extended API): the
+    world's joins the job through ``p2plearn.init()``; each group opens this rank's engine of its
+    own and publishes its address in the group's store."""
+    global _world
     rank, size = options.group_rank, options.group_size
-    ranks = list(options.global_ranks_in_group or range(size))
-    if dist.is_initialized() or ranks != list(range(size)):
-        raise NotImplementedError("the p2plearn backend serves the default (world) group only, not new_group/"
-                                  "new_subgroups: give subgroups another backend (new_group(backend='gloo'))")
     timeout = options.timeout if options.timeout is not None else timedelta(minutes=30)
+    if dist.is_initialized():  # a subgroup (torch calls this on its members only)
+        if _world is None:
+            raise NotImplementedError("p2plearn: a p2plearn subgroup needs the default group to be p2plearn's "
+                                      "(init_process_group('p2plearn'))")
+        ranks = list(options.global_ranks_in_group)
+        largest = _largest_message(_world.runtime)
+        channel = _channel(_world.runtime, rank, size)
+        try:
+            engines = _engines(_store(options.store), rank, size, channel.address)
+            links = Links(_world.links.uplink[ranks], _world.links.downlink[ranks])
+            return ProcessGroupP2P(_world.runtime, channel, engines, links, timeout, largest, 2 * largest,
+                                   world=_world, ranks=ranks)
+        except BaseException:
+            channel.close()
+            raise
     env = dict(os.environ)
     if detect_rank(env)[:2] != (rank, size):  # given to init_process_group rather than by a launcher
         env.update(RANK=str(rank), WORLD_SIZE=str(size))
     runtime = init(environ=env, timeout=min(timeout.total_seconds(), 300.0))
     try:
-        secret, job = runtime.secret, runtime.job_id
-        # What a key holder can make this rank hold, sized by the job's largest message: what arrives
-        # at once (every other rank's message of a collective, and of the next one) and what is
-        # kept of a faster rank's collectives ahead (the collectives' inbox).
-        largest = int(runtime.options.max_message_mb * 2**20)
-        arriving = 2 * max(size - 1, 1) * (largest + CHUNK_CLAIM)
-        channel = Channel(host=runtime.engine_host(), sender_id=runtime.rank, job_id=job,
-                          key=data_key(secret.value, job) if secret else None, max_message_bytes=largest,
-                          max_partial_bytes=arriving, max_queued_bytes=arriving)
+        largest = _largest_message(runtime)
+        channel = _channel(runtime, runtime.rank, size)
         runtime.register(channel.address)
-        # torchrun's restarts (--max-restarts) hand every attempt the same store, the last attempt's
-        # keys still in it: each attempt's own, or a rank would send to a dead rank's engine
-        store = dist.PrefixStore(f"p2plearn/attempt_{env.get('TORCHELASTIC_RESTART_COUNT', '0')}/", options.store)
+        store = _store(options.store)
         engines = _engines(store, runtime.rank, size, channel.address)
-        return ProcessGroupP2P(runtime, channel, engines, _links(store, runtime, size), timeout,
-                               max_message_bytes=largest, kept_bytes=2 * largest)
+        _world = ProcessGroupP2P(runtime, channel, engines, _links(store, runtime, size), timeout, largest,
+                                 2 * largest)
+        return _world
     except BaseException:
         runtime.close(leave=False)
         raise
+
+
+def _largest_message(runtime: Runtime) -> int:
+    return int(runtime.options.max_message_mb * 2**20)
+
+
+def _channel(runtime: Runtime, rank: int, size: int) -> Channel:
+    """The engine of rank ``rank`` of a group of ``size``, keyed with the job's secret. What a key
+    holder can make this rank hold is sized by the job's largest message: what arrives at once
+    (every other rank's message of a collective, and of the next one) and what is kept of a faster
+    rank's collectives ahead (the collectives' inbox, 2 x the largest message per sender)."""
+    secret, job = runtime.secret, runtime.job_id
+    largest = _largest_message(runtime)
+    arriving = 2 * max(size - 1, 1) * (largest + CHUNK_CLAIM)
+    return Channel(host=runtime.engine_host(), sender_id=rank, job_id=job,
+                   key=data_key(secret.value, job) if secret else None, max_message_bytes=largest,
+                   max_partial_bytes=arriving, max_queued_bytes=arriving)
+
+
+def _store(store: Any) -> Any:
+    """The group's store under this attempt's prefix: torchrun's restarts (--max-restarts) hand
+    every attempt the same store, the last attempt's keys still in it; each attempt needs its own,
+    or a rank would send to a dead rank's engine."""
+    return dist.PrefixStore(f"p2plearn/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
 
 
 def _engines(store: Any, rank: int, size: int, address: tuple[str, int]) -> dict[int, tuple[str, int]]:

@@ -176,6 +176,70 @@ def collectives(rank: int, n: int, gloo: dist.ProcessGroup) -> dict:
     return out
 
 
+def subgroups(rank: int, n: int) -> dict:
+    """Subgroups over p2plearn against the same subgroups over gloo (4 ranks): pairs, an
+    overlapping triple, new_subgroups, DDP replicas in pairs, a 2-d DeviceMesh; a subgroup
+    destroyed while the world goes on."""
+    out = {}
+    g = torch.Generator().manual_seed(rank)
+    pairs = [(dist.new_group([0, 1]), dist.new_group([0, 1], backend="gloo")),
+             (dist.new_group([2, 3]), dist.new_group([2, 3], backend="gloo"))]
+    ours, theirs = pairs[rank // 2]
+    out["pair_group"] = dist.get_backend(ours) == "p2plearn" and ours.rank() == rank % 2 and ours.size() == 2
+    x = torch.randn(1000, generator=g)
+    mine, ref = on(x), x.clone()
+    dist.all_reduce(mine, group=ours)
+    dist.all_reduce(ref, group=theirs)
+    out["pair_all_reduce"] = same(mine, ref)
+    src = 2 * (rank // 2) + 1  # a global rank, as torch takes it
+    mine, ref = on(x), x.clone()
+    dist.broadcast(mine, src=src, group=ours)
+    dist.broadcast(ref, src=src, group=theirs)
+    out["pair_broadcast"] = equal(mine, ref)
+    triple = (dist.new_group([1, 2, 3]), dist.new_group([1, 2, 3], backend="gloo"))  # overlaps both pairs
+    if rank > 0:
+        got, ref = [on(torch.zeros(4)) for _ in range(3)], [torch.zeros(4) for _ in range(3)]
+        dist.all_gather(got, on(x[:4]), group=triple[0])
+        dist.all_gather(ref, x[:4], group=triple[1])
+        out["triple_all_gather"] = all(equal(a, b) for a, b in zip(got, ref))
+    world = x[:10].clone()
+    dist.all_reduce(world)  # the world's group, between the subgroups' collectives
+    ref = x[:10].clone()
+    dist.all_reduce(ref, group=dist.new_group(backend="gloo"))
+    out["world_between"] = same(world, ref)
+    current, _ = dist.new_subgroups(group_size=2)
+    current_gloo, _ = dist.new_subgroups(group_size=2, backend="gloo")
+    mine, ref = on(x), x.clone()
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX, group=current)
+    dist.all_reduce(ref, op=dist.ReduceOp.MAX, group=current_gloo)
+    out["new_subgroups"] = equal(mine, ref)
+    replica = DDP(model(seed=rank).to(DEVICE), process_group=ours)  # two replicas of two ranks each
+    reference = DDP(model(seed=rank), process_group=theirs)
+    train(replica, rank)
+    train(reference, rank)
+    out["pair_ddp"] = all(same(a, b) for a, b in zip(replica.parameters(), reference.parameters()))
+    other = DDP(model(seed=rank ^ 2), process_group=theirs)  # the other pair's replica differs from ours
+    train(other, rank ^ 2)
+    out["replicas_differ"] = not all(same(a, b) for a, b in zip(reference.parameters(), other.parameters()))
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    for d, dim in enumerate(("replicate", "shard")):
+        group = mesh.get_group(dim)
+        members = [ranks.tolist() for ranks in mesh.mesh.transpose(0, d).reshape(2, -1).t()]  # the dim's groups
+        references = [dist.new_group(m, backend="gloo") for m in members]  # every rank makes each, in order
+        mine_at = next(i for i, m in enumerate(members) if rank in m)
+        mine, ref = on(x[:8]), x[:8].clone()
+        dist.all_reduce(mine, group=group)
+        dist.all_reduce(ref, group=references[mine_at])
+        out[f"mesh_{dim}"] = (dist.get_backend(group) == "p2plearn" and same(mine, ref)
+                              and dist.get_process_group_ranks(group) == members[mine_at])
+    dist.destroy_process_group(ours)
+    after = on(torch.ones(3))
+    dist.all_reduce(after)
+    out["world_after_destroyed_subgroup"] = equal(after, torch.full((3,), float(n)))
+    return out
+
+
 def model(seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
@@ -298,6 +362,20 @@ def dead_rank(rank: int, gloo: dist.ProcessGroup) -> dict:
             "p2plearn": failure(lambda: dist.all_reduce(torch.ones(1000)))}
 
 
+def dead_rank_subgroup(rank: int) -> dict:
+    """As dead_rank, in a subgroup of the two ranks (an engine of its own) and one over gloo; then
+    rank 0's world group, which runs no collective after its subgroup's failed."""
+    ours, theirs = dist.new_group([0, 1]), dist.new_group([0, 1], backend="gloo")
+    for _ in range(3):
+        dist.all_reduce(torch.ones(1000), group=ours)
+        dist.all_reduce(torch.ones(1000), group=theirs)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {"gloo": failure(lambda: dist.all_reduce(torch.ones(1000), group=theirs)),
+            "p2plearn": failure(lambda: dist.all_reduce(torch.ones(1000), group=ours)),
+            "world_after": failure(lambda: dist.all_reduce(torch.ones(10)))}
+
+
 def dead_rank_ddp(rank: int, gloo: dist.ProcessGroup) -> dict:
     """DDP over gloo, over p2plearn, and over p2plearn with the loss-tolerant hook; rank 1 is killed
     after 3 steps of each; rank 0's next backward in each (gloo's raises a RuntimeError)."""
@@ -392,6 +470,8 @@ def main() -> None:
         out.update(collectives(rank, n, gloo))
     elif scenario in ("ddp", "ddp_hook", "ddp_hadamard"):
         out.update(ddp(rank, n, gloo, hook=scenario != "ddp", hadamard=scenario == "ddp_hadamard"))
+    elif scenario == "subgroups":
+        out.update(subgroups(rank, n))
     elif scenario == "fsdp":
         out.update(fsdp(rank, gloo))
     elif scenario == "post_local_sgd":
@@ -402,6 +482,8 @@ def main() -> None:
         out["gloo"] = mismatch(rank, gloo)
     elif scenario == "dead_rank":
         out.update(dead_rank(rank, gloo))
+    elif scenario == "dead_rank_subgroup":
+        out.update(dead_rank_subgroup(rank))
     elif scenario == "dead_rank_ddp":
         out.update(dead_rank_ddp(rank, gloo))
     elif scenario == "forged":

@@ -37,6 +37,13 @@ def test_ddp_trains_as_over_gloo(tmp_path, scenario, env):
             assert result["buckets"] > 1 and result["delivered"] == 1.0, result
 
 
+@pytest.mark.parametrize("env", DEVICES)
+def test_subgroups_compute_as_over_gloo(tmp_path, env):
+    for rank, result in enumerate(run_job(tmp_path, "subgroups", world_size=4, env=env)):
+        assert result.pop("backend") == "p2plearn"
+        assert all(result.values()) and len(result) == 10 + (rank > 0), (rank, result)
+
+
 def test_fsdp_trains_as_over_gloo(tmp_path):
     """The collectives' numpy views must leave a tensor's storage resizable (Tensor.numpy() does not:
     FSDP's first backward failed, "Trying to resize storage that is not resizable")."""
@@ -89,6 +96,11 @@ def survivor_of_a_killed_rank(tmp_path, scenario: str, raised: str) -> dict:
 
 def test_a_dead_rank_fails_the_survivors_collectives_as_over_gloo(tmp_path):
     survivor_of_a_killed_rank(tmp_path, "dead_rank", "DistBackendError")
+
+
+def test_a_dead_rank_fails_a_subgroups_collectives_as_over_gloo(tmp_path):
+    survivor = survivor_of_a_killed_rank(tmp_path, "dead_rank_subgroup", "DistBackendError")
+    assert "failed before" in survivor["world_after"]["message"], survivor  # the rank's world group too
 
 
 def test_ddp_backward_raises_when_a_rank_died_as_over_gloo(tmp_path):
