@@ -39,7 +39,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from p2plearn.distributed.collectives import SEQS, CollectiveError, Collectives, CollectiveTimeout, Links
+from p2plearn.distributed.collectives import SEQS, Collectives
+from p2plearn.distributed.sender import CollectiveError, CollectiveTimeout, Links
 from p2plearn.distributed.plugin import BACKEND
 from p2plearn.distributed.staging import CollectiveStaging
 from p2plearn.keys import data_key

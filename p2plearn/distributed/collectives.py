@@ -29,28 +29,25 @@ forged messages cannot make a collective take the wrong data or desynchronise th
 from __future__ import annotations
 
 import logging
-import socket
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
-import torch.distributed as dist
 
-from p2plearn.selection import PACING_HEADROOM
+from p2plearn.distributed.sender import (GRACE_S, POLL_S, CollectiveError, CollectiveTimeout, Links, Sender,
+                                         check_departed)
 from p2plearn.sync.exchange import PartExchange, PartReduce, reduce_exact
 from p2plearn.sync.inbox import Inbox
 from p2plearn.sync.kept import KeptMessages
 from p2plearn.sync.layout import PartLayout
 from p2plearn.sync.merge import Contribution
 from p2plearn.tolerance import RoundRecord
-from p2plearn.transport import Channel, Delivery, Reason, SendHandle, message_bytes
+from p2plearn.transport import Channel, Delivery, Reason
 from p2plearn.transport.channel import PROBE_MSG_IDS
 
 PHASES = 2                   # message ids per collective (all-reduce: scatter, gather)
 SEQS = PROBE_MSG_IDS[0] // PHASES  # collective numbers (mod SEQS: ids stay below the channel's probe ids)
 IDS = SEQS * PHASES          # message ids of collectives; they wrap around after IDS
-POLL_S = 0.2                 # longest recv wait, so a stalled collective notices its own timeout
-GRACE_S = 0.5                # a lossy phase waits this much past its deadline for the sender's close
 AHEAD = 16                   # collectives of a faster rank whose messages are kept until this rank runs them
 CANDIDATES = 4               # messages kept per (message id, sender) until their collective checks their shapes
 LAYOUT_LOST = "ended before its layout arrived"  # at its sender's deadline or silence, its first datagrams
@@ -61,14 +58,6 @@ MISMATCH_S = 10.0            # how long a collective still waits for a rank's fi
 log = logging.getLogger("p2plearn.distributed")
 
 
-class CollectiveError(dist.DistBackendError):
-    """A collective could not complete: the message names the op, the rank(s) and why."""
-
-
-class CollectiveTimeout(CollectiveError):
-    """A lossless collective missed a rank's message within the group's timeout."""
-
-
 Fits = Callable[[int, Delivery], bool]  # whether a delivery from a sender is what the collective expects
 Took = Callable[[int, Delivery], object]  # told of each delivery that fits, as it arrives
 
@@ -77,35 +66,13 @@ def _shapes(d: Delivery) -> str:
     return "none" if d.arrays is None else ", ".join(f"{a.dtype}{list(a.shape)}" for a in d.arrays)
 
 
-def _check_departed(what: str, ranks: Iterable[int], departed: Mapping[int, str]) -> None:
-    gone = sorted(r for r in ranks if r in departed)
-    if gone:
-        raise CollectiveError(f"p2plearn: {what}: " + "; ".join(f"rank {r} {departed[r]}" for r in gone))
-
-
-class Links:
-    """Each rank's uplink and downlink (bytes/s, > 0), as a view holds them (``alive``: all; no
-    noise: they are given, not measured)."""
-
-    def __init__(self, uplink: Sequence[float], downlink: Sequence[float]) -> None:
-        self.uplink = np.asarray(uplink, dtype=float)
-        self.downlink = np.asarray(downlink, dtype=float)
-        self.alive = np.ones(len(self.uplink), dtype=bool)
-        self.uplink_noise = self.downlink_noise = np.zeros(len(self.uplink))
-
-
 class Collectives:
     """The collectives of one group of ``world_size`` ranks over ``channel``.
 
-    ``engines``: rank -> (host, port) of its engine; ``links``: every rank's bandwidths, which size
-    the all-reduce parts and pace every flow (at PACING_HEADROOM of its share of the sender's uplink
-    and the receiver's downlink: the engine has no congestion control of its own, so an unpaced
-    burst overflows a shallow switch queue); ``timeout``: seconds a lossless collective waits for a
-    rank before it raises `CollectiveTimeout` naming it; ``departed``: rank -> why it is no longer
-    in the job (the group's membership fills it; this rank's own entry fails every collective);
-    ``max_message_bytes``: the largest message a collective may send (the engines' limit: a larger
-    one raises at once on every rank instead of being refused by the receiver's engine);
-    ``kept_bytes``: the bytes of messages kept ahead per sender (the inbox's quota).
+    ``engines``, ``links``, ``departed`` and ``max_message_bytes`` are the `Sender`'s (the links
+    also size the all-reduce parts); ``timeout``: seconds a lossless collective waits for a rank
+    before it raises `CollectiveTimeout` naming it; ``kept_bytes``: the bytes of messages kept
+    ahead per sender (the inbox's quota).
     """
 
     def __init__(self, channel: Channel, rank: int, world_size: int, engines: dict[int, tuple[str, int]],
@@ -114,68 +81,16 @@ class Collectives:
         self.channel = channel
         self.rank = rank
         self.world_size = world_size
-        self._engines = engines
-        self._ranks = {(socket.gethostbyname(host), port): r for r, (host, port) in engines.items()}  # a send's receivers
         self.links = links
         self.timeout = timeout
         self.departed: Mapping[int, str] = {} if departed is None else departed
-        self.max_message_bytes = max_message_bytes
+        self.sender = Sender(channel, rank, world_size, engines, links, timeout, self.departed, max_message_bytes)
         self._current = 0  # the message id being collected: the inbox's window starts there
         self.mailbox = Inbox(channel, lambda: (self._current, self._current + AHEAD * PHASES), ids=IDS, state_flag=0,
                              kept=KeptMessages(CANDIDATES, kept_bytes, replace=False), admit=self._admit,
                              beyond=f"more than {AHEAD} collectives ahead", warn=self._warn)
         self.others = [r for r in range(world_size) if r != rank]
         self._layouts: dict[tuple[int, ...], PartLayout] = {}  # by the layers' sizes: DDP's buckets repeat
-
-    # -- point to point ------------------------------------------------------------------------
-    def _check_size(self, arrays: list[np.ndarray], what: str) -> None:
-        """Raise before sending or waiting for a message over the group's limit (every rank of the
-        collective computes the same sizes, so all of them raise)."""
-        size = message_bytes(arrays)
-        if self.max_message_bytes is not None and size > self.max_message_bytes:
-            raise CollectiveError(f"p2plearn: {what}: a message of {size / 2**20:.1f} MiB is over the group's limit of "
-                                  f"{self.max_message_bytes / 2**20:.1f} MiB: raise P2PLEARN_MAX_MESSAGE_MB on every rank")
-
-    def _send(self, msg_id: int, arrays: list[np.ndarray], to: Sequence[int], what: str,
-              bounds: float | Sequence[float] = 0.0, deadline: float | None = None,
-              rates: dict[int, float] | None = None) -> SendHandle:
-        """Send to ranks ``to``, each paced at ``rates[r]``, by default at an equal share of this
-        uplink among them and of its downlink among the n - 1 ranks that may send to it at once."""
-        self._check_size(arrays, what)
-        _check_departed(what, to, self.departed)
-        if rates is None:
-            up, down = self.links.uplink[self.rank] / max(len(to), 1), self.links.downlink / max(self.world_size - 1, 1)
-            rates = {r: PACING_HEADROOM * min(up, down[r]) for r in to}
-        return self.channel.send(msg_id, arrays, [(*self._engines[r], rates[r]) for r in to], loss_bounds=bounds,
-                                 deadline=deadline)
-
-    def _wait_sends(self, handles: list[SendHandle], deadline: float | None, what: str) -> list:
-        """Every send's per-receiver stats, once done. Raises when a receiver departed, stopped
-        acknowledging before it had the whole message, or the sends outlast their limit."""
-        end = time.monotonic() + (self.timeout if deadline is None else deadline + GRACE_S + self.timeout)
-        stats = []
-        for h in handles:
-            receivers = [self._ranks[(host, port)] for host, port, _ in h.receivers]
-            # a receiver that departed is not judged here: it may have had the whole message (the end
-            # of a job); its engine's silence ends the send within 3 s, and the result says
-            while not h.done():
-                _check_departed(what, [self.rank], self.departed)
-                left = end - time.monotonic()
-                if left <= 0:
-                    raise CollectiveTimeout(f"p2plearn: {what}: a send to rank(s) {receivers} was not acknowledged in "
-                                            f"{self.timeout:.0f} s (a rank died or hangs)")
-                try:
-                    h.wait(min(left, POLL_S))
-                except TimeoutError:
-                    pass
-            for r, st in zip(receivers, h.wait()):
-                if st.result in ("unreachable", "cancelled") and st.delivered < 1.0:
-                    _check_departed(what, [r], self.departed)  # the likelier cause, named as such
-                    raise CollectiveError(f"p2plearn: {what}: rank {r} stopped acknowledging this rank's message "
-                                          f"({st.result}{': ' + st.error if st.error else ''}; "
-                                          f"{st.delivered:.0%} of it arrived)")
-                stats.append(st)
-        return stats
 
     def _admit(self, d: Delivery) -> str | None:
         """Why a delivery is no message of this group's collectives (None: it may be)."""
@@ -196,7 +111,7 @@ class Collectives:
         poll that brought nothing. Raises CollectiveError when one of them departed
         (``self.departed``) or, MISMATCH_S after refusing a message of other shapes in its name,
         sent none that fits."""
-        _check_departed(what, [self.rank], self.departed)
+        check_departed(what, [self.rank], self.departed)
         self._current = msg_id
         got: dict[int, Delivery] = {}
         mismatched: dict[int, tuple[float, Delivery]] = {}  # sender -> (when, its first refused message)
@@ -229,7 +144,7 @@ class Collectives:
                 # take what the engine already delivered before judging
                 while len(got) < len(senders) and self.mailbox.pump(0.0, offer):
                     pass
-                _check_departed(what, senders - set(got), self.departed)
+                check_departed(what, senders - set(got), self.departed)
             for s, (since, d) in mismatched.items():
                 if s not in got and now >= since + MISMATCH_S:
                     raise CollectiveError(f"p2plearn: {what}: rank {s}'s message has shapes {_shapes(d)} "
@@ -247,7 +162,7 @@ class Collectives:
         """Lossless: every sender's message, whole, with arrays shaped like ``shapes(sender)`` (each
         also handed to ``took`` as it arrives; ``idle`` as `_collect`'s)."""
         for s in senders:
-            self._check_size(shapes(s), what)
+            self.sender.check_size(shapes(s), what)
         got = self._collect(msg_id, senders, lambda s, d: d.reason == Reason.COMPLETE and _fits(d, shapes(s)),
                             time.monotonic() + self.timeout, what, took, idle)
         late = sorted(senders - set(got))
@@ -260,23 +175,23 @@ class Collectives:
         msg, what = seq * PHASES, f"broadcast #{seq} from rank {root}"
         if self.rank == root:
             if self.others:
-                self._wait_sends([self._send(msg, [array], self.others, what)], None, what)
+                self.sender.wait([self.sender.send(msg, [array], self.others, what)], None, what)
             return
         np.copyto(array, self._receive(msg, {root}, what, lambda _: [array])[root][0])
 
     def allgather(self, seq: int, array: np.ndarray, outputs: list[np.ndarray]) -> None:
         msg, what = seq * PHASES, f"all_gather #{seq}"
-        handle = self._send(msg, [array], self.others, what) if self.others else None
+        handle = self.sender.send(msg, [array], self.others, what) if self.others else None
         np.copyto(outputs[self.rank], array)
         for s, arrays in self._receive(msg, set(self.others), what, lambda s: [outputs[s]]).items():
             np.copyto(outputs[s], arrays[0])
         if handle is not None:
-            self._wait_sends([handle], None, what)
+            self.sender.wait([handle], None, what)
 
     def gather(self, seq: int, array: np.ndarray, outputs: list[np.ndarray] | None, root: int) -> None:
         msg, what = seq * PHASES, f"gather #{seq} to rank {root}"
         if self.rank != root:
-            self._wait_sends([self._send(msg, [array], [root], what)], None, what)
+            self.sender.wait([self.sender.send(msg, [array], [root], what)], None, what)
             return
         assert outputs is not None
         np.copyto(outputs[root], array)
@@ -287,9 +202,9 @@ class Collectives:
         msg, what = seq * PHASES, f"scatter #{seq} from rank {root}"
         if self.rank == root:
             assert inputs is not None
-            handles = [self._send(msg, [inputs[r]], [r], what) for r in self.others]
+            handles = [self.sender.send(msg, [inputs[r]], [r], what) for r in self.others]
             np.copyto(output, inputs[root])
-            self._wait_sends(handles, None, what)
+            self.sender.wait(handles, None, what)
             return
         np.copyto(output, self._receive(msg, {root}, what, lambda _: [output])[root][0])
 
@@ -297,9 +212,9 @@ class Collectives:
                   took: Took) -> None:
         """Send ``inputs[r]`` to each other rank r and hand each rank s's message, shaped like
         ``expected[s]``, to ``took`` as it arrives."""
-        handles = [self._send(msg, [inputs[r]], [r], what) for r in self.others]
+        handles = [self.sender.send(msg, [inputs[r]], [r], what) for r in self.others]
         self._receive(msg, set(self.others), what, lambda s: [expected[s]], took)
-        self._wait_sends(handles, None, what)
+        self.sender.wait(handles, None, what)
 
     def all_to_all(self, seq: int, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
         """``outputs[s]`` = rank s's ``inputs[self.rank]`` (each pair of ranks agrees on that
@@ -372,7 +287,7 @@ class Collectives:
         # 1. scatter: part k to rank k
         scatter_id, gather_id = seq * PHASES, seq * PHASES + 1
         aggregators = [r for r in self.others if slices[r]]
-        scatter = [self._send(scatter_id, exchange.scatter(slices[r]), [r], what, piece_bounds(r), deadline,
+        scatter = [self.sender.send(scatter_id, exchange.scatter(slices[r]), [r], what, piece_bounds(r), deadline,
                               layout.scatter_rate[self.rank]) for r in aggregators]
         mine = slices[self.rank]
         if mine and self.others and reduction == "mean":  # folded as the parts arrive, while the wait is idle
@@ -389,9 +304,9 @@ class Collectives:
                 piece *= times
         # 2. gather: this rank's reduced part to every other rank (or the root); theirs into place where it arrived
         receivers = self.others if root is None else [r for r in [root] if r != self.rank]
-        gather = self._send(gather_id, exchange.pieces(mine), receivers, what, piece_bounds(self.rank), deadline,
+        gather = self.sender.send(gather_id, exchange.pieces(mine), receivers, what, piece_bounds(self.rank), deadline,
                             layout.gather_rate[self.rank]) if mine and receivers else None
-        stats = self._wait_sends(scatter, deadline, what)  # they read the parts about to be overwritten
+        stats = self.sender.wait(scatter, deadline, what)  # they read the parts about to be overwritten
         if root is not None and root != self.rank:
             aggregators = []  # this rank gathers nothing
         gathered = collect(gather_id, set(aggregators), time.monotonic())
@@ -402,7 +317,7 @@ class Collectives:
                 for piece in exchange.pieces(slices[s]):
                     piece *= times
         if gather is not None:
-            stats += self._wait_sends([gather], deadline, what)
+            stats += self.sender.wait([gather], deadline, what)
         return RoundRecord.of_sends(seq, time.monotonic() - t0, stats,
                                     sum(a.nbytes for a in layers) // max(self.world_size, 1))
 

@@ -407,7 +407,7 @@ def forged(rank: int, n: int, gloo: dist.ProcessGroup) -> dict:
     def forge() -> None:
         runtime = group.runtime
         with Channel(sender_id=1, job_id=runtime.job_id, key=data_key(runtime.secret.value, runtime.job_id)) as ch:
-            victim = (*group.collectives._engines[0], 0.0)
+            victim = (*group.collectives.sender.engines[0], 0.0)
             junk, wide = [np.full(7, 1e30, np.float32)], [np.zeros(15000, np.float32)]
             while not stop.is_set():
                 seq = group._seq
@@ -446,7 +446,7 @@ def linger(rank: int) -> dict:
         time.sleep(1.5)
         runtime = group.runtime
         with Channel(sender_id=0, job_id=runtime.job_id, key=data_key(runtime.secret.value, runtime.job_id)) as ch:
-            sent = ch.send(1 << 30, [np.ones(1000, np.float32)], [(*group.collectives._engines[1], 0.0)])
+            sent = ch.send(1 << 30, [np.ones(1000, np.float32)], [(*group.collectives.sender.engines[1], 0.0)])
             stats = sent.wait(10.0)[0]
         out["probe"] = {"result": stats.result, "delivered": stats.delivered}
     out["destroy_began"] = time.monotonic()  # (CLOCK_MONOTONIC: one clock for both processes)
