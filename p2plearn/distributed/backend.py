@@ -17,8 +17,9 @@ DDP comm hook (`p2plearn.ddp.loss_tolerant_hook`) does so for gradient buckets.
 Supported: allreduce and reduce (SUM, AVG, PRODUCT, MIN, MAX; BAND, BOR, BXOR on integers),
 broadcast, allgather (and into one tensor), gather, scatter, reduce_scatter (and from one tensor),
 alltoall (and of one tensor), barrier; the object collectives and torch.distributed.checkpoint are
-built on these. Subgroups (``new_group``, ``new_subgroups``, a DeviceMesh's) each run over an
-engine of their own, in the world group's job. Other ops raise NotImplementedError naming the op.
+built on these. Point to point: send and recv from a given rank (`PointToPoint`, over a second
+engine of the group's). Subgroups (``new_group``, ``new_subgroups``, a DeviceMesh's) each run over
+engines of their own, in the world group's job. Other ops raise NotImplementedError naming the op.
 Tensors may live on any device: a CUDA tensor's collective runs on a pinned host copy, as gloo's
 does (`CollectiveStaging`).
 """
@@ -40,7 +41,8 @@ import torch
 import torch.distributed as dist
 
 from p2plearn.distributed.collectives import SEQS, Collectives
-from p2plearn.distributed.sender import CollectiveError, CollectiveTimeout, Links
+from p2plearn.distributed.pointtopoint import PointToPoint
+from p2plearn.distributed.sender import CollectiveError, CollectiveTimeout, Links, Sender
 from p2plearn.distributed.plugin import BACKEND
 from p2plearn.distributed.staging import CollectiveStaging
 from p2plearn.keys import data_key
@@ -68,13 +70,15 @@ class ProcessGroupP2P(dist.ProcessGroup):
     fails, naming the rank.
     """
 
-    def __init__(self, runtime: Runtime, channel: Channel, engines: dict[int, tuple[str, int]], links: Links,
-                 timeout: timedelta, max_message_bytes: int | None = None, kept_bytes: int = 1 << 30,
+    def __init__(self, runtime: Runtime, channel: Channel, engines: dict[int, tuple[str, int]],
+                 p2p_channel: Channel, p2p_engines: dict[int, tuple[str, int]], links: Links, timeout: timedelta,
+                 max_message_bytes: int | None = None, kept_bytes: int = 1 << 30,
                  world: ProcessGroupP2P | None = None, ranks: Sequence[int] | None = None) -> None:
         self.ranks = list(range(runtime.world_size) if ranks is None else ranks)  # group rank -> global rank
         super().__init__(self.ranks.index(runtime.rank), len(self.ranks))
         self.runtime = runtime
-        self.channel = channel  # owned: closed by the world group's close, after its linger
+        self.channel = channel  # collectives' engine, owned: closed by the world group's close, after its linger
+        self.p2p_channel = p2p_channel  # point-to-point operations' engine, owned as channel
         self.world = self if world is None else world  # holds the failure and the subgroups
         self.subgroups: list[ProcessGroupP2P] = []  # (the world's) their channels close with its own
         self.links = links
@@ -83,6 +87,9 @@ class ProcessGroupP2P(dist.ProcessGroup):
         runtime.client.on_event(self._on_event)
         self.collectives = Collectives(channel, self.rank(), self.size(), engines, links, timeout.total_seconds(),
                                        self.departed, max_message_bytes, kept_bytes)
+        self.point_to_point = PointToPoint(Sender(p2p_channel, self.rank(), self.size(), p2p_engines, links,
+                                                  timeout.total_seconds(), self.departed, max_message_bytes),
+                                           timeout.total_seconds())
         self._seq = 0
         self._failure: BaseException | None = None  # (the world's) the first collective that failed in any group
         self._lock = threading.Lock()  # collectives come from the main thread and from autograd's
@@ -118,7 +125,8 @@ class ProcessGroupP2P(dist.ProcessGroup):
         rank's bug: other shapes, outside the window of collectives ahead, over its quotas),
         messages of collectives already over, and the engine's counters."""
         return {"refused": dict(self.collectives.mailbox.refused), "late": self.collectives.mailbox.late,
-                "engine": self.channel.stats()}
+                "engine": self.channel.stats(),
+                "point_to_point": {"refused": dict(self.point_to_point.refused), "engine": self.p2p_channel.stats()}}
 
     # -- the queue -----------------------------------------------------------------------------
     def _staging(self, *tensors: torch.Tensor) -> CollectiveStaging:
@@ -142,21 +150,27 @@ class ProcessGroupP2P(dist.ProcessGroup):
         while (item := self._queue.get()) is not None:
             seq, run, result, future, staging = item
             try:
-                if (failure := self.world._failure) is not None:
-                    raise CollectiveError(f"p2plearn: collective #{seq} not run: a collective of this rank failed "
-                                          f"before ({failure}); destroy the group and start again") from failure
+                self._check_failed(f"collective #{seq}")
                 staging.wait_inputs()
                 value = run(seq)
                 staging.write_back()
                 future.set_result(value if result is None else result)
             except BaseException as exc:  # the caller's wait() raises it
-                if self.world._failure is None:
-                    # The ranks may now disagree on what ran: no later collective runs in any group of
-                    # this rank, and leaving the job fails the others' collectives naming this rank, as a
-                    # closed connection does gloo's.
-                    self.world._failure = exc
-                    self._leave()
+                self._fail(exc)
                 future.set_exception(exc)
+
+    def _check_failed(self, what: str) -> None:
+        if (failure := self.world._failure) is not None:
+            raise CollectiveError(f"p2plearn: {what} not run: a collective of this rank failed before ({failure}); "
+                                  f"destroy the group and start again") from failure
+
+    def _fail(self, exc: BaseException) -> None:
+        """The first failure of an operation in any group of this rank: the ranks may now disagree on
+        what ran, so no later operation runs in any group of it, and leaving the job fails the others'
+        naming this rank, as a closed connection does gloo's."""
+        if self.world._failure is None:
+            self.world._failure = exc
+            self._leave()
 
     def _leave(self) -> None:
         try:
@@ -195,7 +209,7 @@ class ProcessGroupP2P(dist.ProcessGroup):
         in_flight = any(group._worker.is_alive() for group in groups)
         if in_flight:
             for group in groups:
-                group.channel.close()
+                group.channel.close()  # (point-to-point operations in flight end when its engine closes, below)
             for group in groups:
                 group._worker.join(STOP_S)
         self._close(0.0 if in_flight else ANSWER_LINGER_S)
@@ -213,6 +227,7 @@ class ProcessGroupP2P(dist.ProcessGroup):
             self.runtime.client.wait_alone(linger)
         for group in self._groups():
             group.channel.close()
+            group.p2p_channel.close()
         self.runtime.close(leave=False, linger=0.0)
         if _world is self:
             _world = None
@@ -361,6 +376,53 @@ class ProcessGroupP2P(dist.ProcessGroup):
     def barrier(self, opts: Any = None) -> dist.Work:
         return self._submit(lambda seq: self.collectives.barrier(seq), [], self._staging())
 
+    # -- point to point -------------------------------------------------------------------------
+    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int = 0) -> dist.Work:  # noqa: N803 (c10d's names)
+        tensor, peer = _one(tensors, "send"), self._peer(dstRank, "send")
+        staging = self._staging(tensor)
+        host = _array(staging.read(tensor))
+        return self._point_to_point("send", lambda done: self.point_to_point.send(
+            host, peer, tag, done, staging.wait_inputs), tensors, staging)
+
+    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int = 0) -> dist.Work:  # noqa: N803
+        tensor, peer = _one(tensors, "recv"), self._peer(srcRank, "recv")
+        staging = self._staging(tensor)
+        host = _array(staging.write(tensor))
+        return self._point_to_point("recv", lambda done: self.point_to_point.recv(host, peer, tag, done), tensors,
+                                    staging)
+
+    def _peer(self, rank: int, what: str) -> int:
+        """A point-to-point operation's other rank, checked at the call (as torch's own checks raise)."""
+        if not 0 <= rank < self.size() or rank == self.rank():
+            raise ValueError(f"p2plearn: {what}: rank {rank} is not another rank of this group of {self.size()}")
+        return rank
+
+    def _point_to_point(self, what: str, start: Callable[[Callable[[BaseException | None], None]], None],
+                        result: Any, staging: CollectiveStaging) -> dist.Work:
+        """Start a point-to-point operation (it runs on a thread of its own, not the group's queue:
+        only two ranks call it); its work completes once the outputs are back, or with its error,
+        which fails this rank's groups as a collective's does."""
+        future: torch.futures.Future = torch.futures.Future()
+
+        def finished(error: BaseException | None) -> None:
+            if error is None:
+                try:
+                    staging.write_back()
+                except BaseException as exc:  # noqa: BLE001 - the work's error
+                    error = exc
+            if error is None:
+                future.set_result(result)
+            else:
+                self._fail(error)
+                future.set_exception(error)
+
+        try:
+            self._check_failed(what)
+            start(finished)
+        except BaseException as exc:  # noqa: BLE001 - the work's error, as a queued collective's
+            finished(exc)
+        return _Work(future)
+
     _allgather_base = all_gather_single  # the names older callers use
     _reduce_scatter_base = reduce_scatter_single
     all_to_all_single = alltoall_base  # (torch calls the group's CPU all-to-all by this name)
@@ -422,7 +484,7 @@ def _unsupported(name: str) -> Callable[..., dist.Work]:
 
 
 # what this group does not implement says so by name, instead of c10d's generic error
-for _name in ("send", "recv", "recv_anysource",
+for _name in ("recv_anysource",
               "allreduce_coalesced", "allgather_coalesced", "all_gather_single_coalesced",
               "allgather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced", "reduce_scatter_single_coalesced"):
     setattr(ProcessGroupP2P, _name, _unsupported(_name))
@@ -520,8 +582,8 @@ _world: ProcessGroupP2P | None = None  # this process's world group over p2plear
 
 def create(options: Any, backend_options: Any) -> ProcessGroupP2P:
     """``init_process_group("p2plearn")``'s and ``new_group``'s creator (torch's extended API): the
-    world's joins the job through ``p2plearn.init()``; each group opens this rank's engine of its
-    own and publishes its address in the group's store."""
+    world's joins the job through ``p2plearn.init()``; each group opens this rank's engines of its
+    own and publishes their addresses in the group's store."""
     global _world
     rank, size = options.group_rank, options.group_size
     timeout = options.timeout if options.timeout is not None else timedelta(minutes=30)
@@ -530,31 +592,39 @@ def create(options: Any, backend_options: Any) -> ProcessGroupP2P:
             raise NotImplementedError("p2plearn: a p2plearn subgroup needs the default group to be p2plearn's "
                                       "(init_process_group('p2plearn'))")
         ranks = list(options.global_ranks_in_group)
-        largest = _largest_message(_world.runtime)
-        channel = _channel(_world.runtime, rank, size)
-        try:
-            engines = _engines(_store(options.store), rank, size, channel.address)
-            links = Links(_world.links.uplink[ranks], _world.links.downlink[ranks])
-            return ProcessGroupP2P(_world.runtime, channel, engines, links, timeout, largest, 2 * largest,
-                                   world=_world, ranks=ranks)
-        except BaseException:
-            channel.close()
-            raise
+        links = Links(_world.links.uplink[ranks], _world.links.downlink[ranks])
+        return _group(_world.runtime, rank, size, _store(options.store), links, timeout, ranks)
     env = dict(os.environ)
     if detect_rank(env)[:2] != (rank, size):  # given to init_process_group rather than by a launcher
         env.update(RANK=str(rank), WORLD_SIZE=str(size))
     runtime = init(environ=env, timeout=min(timeout.total_seconds(), 300.0))
     try:
-        largest = _largest_message(runtime)
-        channel = _channel(runtime, runtime.rank, size)
-        runtime.register(channel.address)
         store = _store(options.store)
-        engines = _engines(store, runtime.rank, size, channel.address)
-        _world = ProcessGroupP2P(runtime, channel, engines, _links(store, runtime, size), timeout, largest,
-                                 2 * largest)
+        _world = _group(runtime, rank, size, store, _links(store, runtime, size), timeout)
         return _world
     except BaseException:
         runtime.close(leave=False)
+        raise
+
+
+def _group(runtime: Runtime, rank: int, size: int, store: Any, links: Links, timeout: timedelta,
+           ranks: list[int] | None = None) -> ProcessGroupP2P:
+    """A group's engines (one for collectives, one for point-to-point operations), their addresses
+    exchanged with the other ranks' through the group's store; the world's (``ranks`` None) is
+    registered with the job."""
+    largest = _largest_message(runtime)
+    channel = _channel(runtime, rank, size)
+    p2p_channel = _channel(runtime, rank, size)
+    try:
+        if ranks is None:
+            runtime.register(channel.address)
+        engines = _addresses(store, "engine", rank, size, channel.address)
+        p2p_engines = _addresses(store, "p2p", rank, size, p2p_channel.address)
+        return ProcessGroupP2P(runtime, channel, engines, p2p_channel, p2p_engines, links, timeout, largest,
+                               2 * largest, world=_world if ranks is not None else None, ranks=ranks)
+    except BaseException:
+        channel.close()
+        p2p_channel.close()
         raise
 
 
@@ -582,12 +652,12 @@ def _store(store: Any) -> Any:
     return dist.PrefixStore(f"p2plearn/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
 
 
-def _engines(store: Any, rank: int, size: int, address: tuple[str, int]) -> dict[int, tuple[str, int]]:
-    """Every rank's engine address, through torch's store (each get waits until that rank set it)."""
-    store.set(f"engine/{rank}", f"{address[0]}:{address[1]}")
+def _addresses(store: Any, name: str, rank: int, size: int, address: tuple[str, int]) -> dict[int, tuple[str, int]]:
+    """Every rank's engine address of one kind, through torch's store (each get waits until that rank set it)."""
+    store.set(f"{name}/{rank}", f"{address[0]}:{address[1]}")
     engines = {}
     for r in range(size):
-        host, port = store.get(f"engine/{r}").decode().rsplit(":", 1)
+        host, port = store.get(f"{name}/{r}").decode().rsplit(":", 1)
         engines[r] = (host, int(port))
     return engines
 

@@ -169,10 +169,60 @@ def collectives(rank: int, n: int, gloo: dist.ProcessGroup) -> dict:
     work.wait()
     out["async_future"] = equal(work.get_future().wait()[0], torch.full((8,), float(n)))
     try:
-        dist.send(on(torch.zeros(n)), dst=(rank + 1) % n)
+        dist.recv(on(torch.zeros(n)))  # from any rank
         out["unsupported"] = "no error"
     except NotImplementedError as exc:
         out["unsupported"] = str(exc)
+    return out
+
+
+def point_to_point(rank: int, n: int, gloo: dist.ProcessGroup) -> dict:
+    """Sends and receives over p2plearn against gloo's (3 ranks): a ring of isend/irecv and of
+    batch_isend_irecv, several messages of one tag in order, two tags received in the other order,
+    a receive posted long before its send and a send long before its receive, an int64 tensor."""
+    out = {}
+    right, left = (rank + 1) % n, (rank - 1) % n
+    mine = torch.arange(6, dtype=torch.float32) + 10 * rank
+    results = []
+    for group, device in ((None, DEVICE), (gloo, "cpu")):
+        got = torch.zeros(6, device=device)
+        works = [dist.isend(mine.to(device), right, group=group), dist.irecv(got, left, group=group)]
+        for w in works:
+            w.wait()
+        results.append(got)
+    out["ring"] = equal(results[0], results[1]) and equal(results[1], torch.arange(6.0) + 10 * left)
+    got = on(torch.zeros(6))
+    for w in dist.batch_isend_irecv([dist.P2POp(dist.isend, on(mine), right), dist.P2POp(dist.irecv, got, left)]):
+        w.wait()
+    out["batch_isend_irecv"] = equal(got, torch.arange(6.0) + 10 * left)
+    if rank == 0:
+        works = [dist.isend(on(torch.full((4,), float(i))), 1, tag=7) for i in range(3)]
+        works += [dist.isend(on(torch.full((2,), 100.0)), 1, tag=1), dist.isend(on(torch.full((2,), 200.0)), 1, tag=2)]
+        for w in works:
+            w.wait()
+    elif rank == 1:
+        got = [on(torch.zeros(4)) for _ in range(3)]
+        for g in got:
+            dist.recv(g, 0, tag=7)
+        out["in_order"] = all(equal(g, torch.full((4,), float(i))) for i, g in enumerate(got))
+        second, first = on(torch.zeros(2)), on(torch.zeros(2))
+        dist.recv(second, 0, tag=2)  # sent last, received first
+        dist.recv(first, 0, tag=1)
+        out["tags"] = equal(second, torch.full((2,), 200.0)) and equal(first, torch.full((2,), 100.0))
+    if rank == 2:  # a receive posted 1 s before its send, then a send 1 s before its receive
+        early = on(torch.zeros(3, dtype=torch.int64))
+        work = dist.irecv(early, 0)
+        work.wait()
+        time.sleep(1.0)
+        dist.send(on(torch.arange(3) * 7), 0)
+        out["receive_first"] = equal(early, torch.arange(3) * 5)
+    elif rank == 0:
+        time.sleep(1.0)
+        dist.send(on(torch.arange(3) * 5), 2)
+        late = on(torch.zeros(3, dtype=torch.int64))
+        dist.recv(late, 2)
+        out["send_first"] = equal(late, torch.arange(3) * 7)
+    dist.barrier()
     return out
 
 
@@ -196,6 +246,14 @@ def subgroups(rank: int, n: int) -> dict:
     dist.broadcast(mine, src=src, group=ours)
     dist.broadcast(ref, src=src, group=theirs)
     out["pair_broadcast"] = equal(mine, ref)
+    partner = rank ^ 1  # global ranks, as torch takes them
+    got = on(torch.zeros(5))
+    for w in (dist.isend(on(x[:5]), partner, group=ours), dist.irecv(got, partner, group=ours)):
+        w.wait()
+    ref = torch.zeros(5)
+    for w in (dist.isend(x[:5], partner, group=theirs), dist.irecv(ref, partner, group=theirs)):
+        w.wait()
+    out["pair_send_recv"] = equal(got, ref)
     triple = (dist.new_group([1, 2, 3]), dist.new_group([1, 2, 3], backend="gloo"))  # overlaps both pairs
     if rank > 0:
         got, ref = [on(torch.zeros(4)) for _ in range(3)], [torch.zeros(4) for _ in range(3)]
@@ -376,6 +434,20 @@ def dead_rank_subgroup(rank: int) -> dict:
             "world_after": failure(lambda: dist.all_reduce(torch.ones(10)))}
 
 
+def dead_rank_p2p(rank: int, gloo: dist.ProcessGroup) -> dict:
+    """Ranks 0 and 1 exchange 3 messages each way over both backends; rank 1 is killed; rank 0's
+    next receive from it, over gloo and over p2plearn."""
+    for group in (gloo, None):
+        for _ in range(3):
+            got = torch.zeros(100)
+            for w in (dist.isend(torch.ones(100), 1 - rank, group=group), dist.irecv(got, 1 - rank, group=group)):
+                w.wait()
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {"gloo": failure(lambda: dist.recv(torch.zeros(100), 1, group=gloo)),
+            "p2plearn": failure(lambda: dist.recv(torch.zeros(100), 1))}
+
+
 def dead_rank_ddp(rank: int, gloo: dist.ProcessGroup) -> dict:
     """DDP over gloo, over p2plearn, and over p2plearn with the loss-tolerant hook; rank 1 is killed
     after 3 steps of each; rank 0's next backward in each (gloo's raises a RuntimeError)."""
@@ -470,6 +542,8 @@ def main() -> None:
         out.update(collectives(rank, n, gloo))
     elif scenario in ("ddp", "ddp_hook", "ddp_hadamard"):
         out.update(ddp(rank, n, gloo, hook=scenario != "ddp", hadamard=scenario == "ddp_hadamard"))
+    elif scenario == "point_to_point":
+        out.update(point_to_point(rank, n, gloo))
     elif scenario == "subgroups":
         out.update(subgroups(rank, n))
     elif scenario == "fsdp":
@@ -484,6 +558,8 @@ def main() -> None:
         out.update(dead_rank(rank, gloo))
     elif scenario == "dead_rank_subgroup":
         out.update(dead_rank_subgroup(rank))
+    elif scenario == "dead_rank_p2p":
+        out.update(dead_rank_p2p(rank, gloo))
     elif scenario == "dead_rank_ddp":
         out.update(dead_rank_ddp(rank, gloo))
     elif scenario == "forged":

@@ -23,7 +23,7 @@ def test_collectives_match_gloo(tmp_path, env):
     for rank, result in enumerate(run_job(tmp_path, "collectives", world_size=3, env=env)):
         assert result.pop("backend") == "p2plearn"
         unsupported = result.pop("unsupported")
-        assert unsupported == "the p2plearn backend does not implement send", unsupported
+        assert unsupported == "the p2plearn backend does not implement recv_anysource", unsupported
         assert all(result.values()), (rank, result)
 
 
@@ -38,10 +38,19 @@ def test_ddp_trains_as_over_gloo(tmp_path, scenario, env):
 
 
 @pytest.mark.parametrize("env", DEVICES)
+def test_point_to_point_as_over_gloo(tmp_path, env):
+    expected = [{"ring", "batch_isend_irecv", "send_first"}, {"ring", "batch_isend_irecv", "in_order", "tags"},
+                {"ring", "batch_isend_irecv", "receive_first"}]
+    for rank, result in enumerate(run_job(tmp_path, "point_to_point", world_size=3, env=env)):
+        assert result.pop("backend") == "p2plearn"
+        assert set(result) == expected[rank] and all(result.values()), (rank, result)
+
+
+@pytest.mark.parametrize("env", DEVICES)
 def test_subgroups_compute_as_over_gloo(tmp_path, env):
     for rank, result in enumerate(run_job(tmp_path, "subgroups", world_size=4, env=env)):
         assert result.pop("backend") == "p2plearn"
-        assert all(result.values()) and len(result) == 10 + (rank > 0), (rank, result)
+        assert all(result.values()) and len(result) == 11 + (rank > 0), (rank, result)
 
 
 def test_fsdp_trains_as_over_gloo(tmp_path):
@@ -96,6 +105,10 @@ def survivor_of_a_killed_rank(tmp_path, scenario: str, raised: str) -> dict:
 
 def test_a_dead_rank_fails_the_survivors_collectives_as_over_gloo(tmp_path):
     survivor_of_a_killed_rank(tmp_path, "dead_rank", "DistBackendError")
+
+
+def test_a_dead_rank_fails_a_receive_from_it_as_over_gloo(tmp_path):
+    survivor_of_a_killed_rank(tmp_path, "dead_rank_p2p", "DistBackendError")
 
 
 def test_a_dead_rank_fails_a_subgroups_collectives_as_over_gloo(tmp_path):

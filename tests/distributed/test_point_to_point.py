@@ -1,0 +1,125 @@
+"""Point-to-point operations that match, fail loudly and cannot be flooded: two ranks'
+PointToPoint over their own engines, in one process, and a third engine that sends in rank 1's
+name (a key holder's forgery)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from p2plearn.distributed import pointtopoint
+from p2plearn.distributed.pointtopoint import DATA, MAX_READY, READY, PointToPoint
+from p2plearn.distributed.sender import CollectiveError, CollectiveTimeout, Links, Sender
+from p2plearn.transport import Channel
+
+
+class Done:
+    """A ``finished`` callback: ``wait()`` gives the operation's error (None: it completed)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.error: BaseException | None = None
+
+    def __call__(self, error: BaseException | None) -> None:
+        self.error = error
+        self._event.set()
+
+    def wait(self, timeout: float = 20.0) -> BaseException | None:
+        assert self._event.wait(timeout), "the operation did not end"
+        return self.error
+
+
+@pytest.fixture
+def pair():
+    """Two ranks' PointToPoint (timeout 4 s), a forger's channel sending as rank 1, and the
+    membership's departures (rank -> why) the ranks read."""
+    channels = [Channel(sender_id=r) for r in range(2)]
+    forger = Channel(sender_id=1)
+    departed: dict[int, str] = {}
+    try:
+        engines = {r: ch.address for r, ch in enumerate(channels)}
+        links = Links([1.25e8] * 2, [1.25e8] * 2)
+        ranks = [PointToPoint(Sender(ch, r, 2, engines, links, 4.0, departed, 1 << 20), timeout=4.0)
+                 for r, ch in enumerate(channels)]
+        yield ranks, forger, departed
+    finally:
+        for ch in (*channels, forger):
+            ch.close()
+
+
+def header(kind: int, tag: int, n: int) -> np.ndarray:
+    return np.array([kind, tag, n], dtype=np.int64)
+
+
+def test_messages_match_by_tag_and_in_order_within_one(pair):
+    (a, b), _, _ = pair
+    sends = [Done() for _ in range(4)]
+    for i, tag in enumerate([5, 5, 9, 5]):
+        a.send(np.full(3, float(i), np.float32), 1, tag, sends[i])
+    got = {i: np.zeros(3, np.float32) for i in range(4)}
+    receives = [Done() for _ in range(4)]
+    b.recv(got[2], 0, 9, receives[2])  # the other tag first
+    for i in (0, 1, 3):
+        b.recv(got[i], 0, 5, receives[i])
+    assert [d.wait() for d in sends + receives] == [None] * 8
+    assert [got[i][0] for i in range(4)] == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_a_send_waits_for_its_receive_and_fails_at_the_timeout_without_one(pair):
+    (a, b), _, _ = pair
+    done = Done()
+    t0 = time.monotonic()
+    a.send(np.ones(3, np.float32), 1, 0, done)
+    error = done.wait()
+    assert isinstance(error, CollectiveTimeout) and "its receive was not posted" in str(error), error
+    assert 3.5 < time.monotonic() - t0 < 10
+
+
+def test_a_departed_peer_fails_a_waiting_receive_at_once(pair):
+    (a, _), _, departed = pair
+    done = Done()
+    a.recv(np.zeros(3, np.float32), 1, 0, done)
+    time.sleep(0.3)
+    departed[1] = "was declared dead by the job"
+    t0 = time.monotonic()
+    error = done.wait()
+    assert isinstance(error, CollectiveError) and "rank 1 was declared dead" in str(error), error
+    assert time.monotonic() - t0 < 1.0
+
+
+def test_a_message_of_other_shapes_fails_the_receive(pair, monkeypatch):
+    monkeypatch.setattr(pointtopoint, "MISMATCH_S", 0.5)
+    (a, b), _, _ = pair
+    sent, received = Done(), Done()
+    a.send(np.ones(8, np.float32), 1, 0, sent)
+    b.recv(np.zeros(3, np.float32), 0, 0, received)
+    error = received.wait()
+    assert isinstance(error, CollectiveError) and "shapes float32[8]" in str(error), error
+    assert b.refused["shapes or dtypes of another receive"] == 1
+
+
+def test_forgeries_are_refused_counted_and_bounded(pair):
+    (a, b), forger, _ = pair
+    victim = a.sender.channel.address
+    junk = np.full(4, 1e30, np.float32)
+    forger.send(0, [header(DATA, 0, 0), junk], [victim]).wait(5)  # nobody asked for it
+    forger.send(1, [np.zeros(2, np.float32)], [victim]).wait(5)  # no header
+    for i in range(MAX_READY + 10):  # promises of receives that rank 1 never posted: bounded
+        forger.send(2 + i, [header(READY, 3, i)], [victim])
+    deadline = time.monotonic() + 10
+    while sum(a.refused.values()) < 12 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert a.refused == {"a message no receive asked for": 1, "not a point-to-point message": 1,
+                         f"more than {MAX_READY} receives ahead": 10}, a.refused
+    # a forged message of the right shapes for a posted receive is taken (poisoning, as for
+    # collectives); one of other shapes is refused and the real one taken after it
+    got, received, sent = np.zeros(4, np.float32), Done(), Done()
+    a.recv(got, 1, 0, received)
+    time.sleep(0.3)
+    forger.send(10_000, [header(DATA, 0, 0), np.zeros(9, np.float32)], [victim]).wait(5)
+    b.send(np.arange(4, dtype=np.float32), 0, 0, sent)
+    assert received.wait() is None and sent.wait() is None
+    np.testing.assert_array_equal(got, np.arange(4))
+    assert a.refused["shapes or dtypes of another receive"] == 1
