@@ -17,11 +17,11 @@ DDP comm hook (`p2plearn.ddp.loss_tolerant_hook`) does so for gradient buckets.
 Supported: allreduce and reduce (SUM, AVG, PRODUCT, MIN, MAX; BAND, BOR, BXOR on integers),
 broadcast, allgather (and into one tensor), gather, scatter, reduce_scatter (and from one tensor),
 alltoall (and of one tensor), barrier; the object collectives and torch.distributed.checkpoint are
-built on these. Point to point: send and recv from a given rank (`PointToPoint`, over a second
-engine of the group's). Subgroups (``new_group``, ``new_subgroups``, a DeviceMesh's) each run over
-engines of their own, in the world group's job. Other ops raise NotImplementedError naming the op.
-Tensors may live on any device: a CUDA tensor's collective runs on a pinned host copy, as gloo's
-does (`CollectiveStaging`).
+built on these, and the coalesced variants on them. Point to point: send and recv from a given rank
+(`PointToPoint`, over a second engine of the group's). Subgroups (``new_group``, ``new_subgroups``,
+a DeviceMesh's) each run over engines of their own, in the world group's job. Other ops raise
+NotImplementedError naming the op. Tensors may live on any device: a CUDA tensor's collective runs
+on a pinned host copy, as gloo's does (`CollectiveStaging`).
 """
 from __future__ import annotations
 
@@ -391,6 +391,10 @@ class ProcessGroupP2P(dist.ProcessGroup):
         return self._point_to_point("recv", lambda done: self.point_to_point.recv(host, peer, tag, done), tensors,
                                     staging)
 
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> dist.Work:
+        """Not implemented: says so by name, instead of c10d's generic error."""
+        raise NotImplementedError("the p2plearn backend does not implement recv_anysource")
+
     def _peer(self, rank: int, what: str) -> int:
         """A point-to-point operation's other rank, checked at the call (as torch's own checks raise)."""
         if not 0 <= rank < self.size() or rank == self.rank():
@@ -423,9 +427,29 @@ class ProcessGroupP2P(dist.ProcessGroup):
             finished(exc)
         return _Work(future)
 
+    # -- coalesced: each tensor's collective queued in turn, one work for them all --------------
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        return _all_of([self.allreduce([t], opts) for t in tensors], tensors)
+
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
+                            opts: Any = None) -> dist.Work:
+        return _all_of([self.allgather([o], [i], opts) for o, i in zip(output_lists, inputs, strict=True)],
+                       output_lists)
+
+    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> dist.Work:
+        return _all_of([self.all_gather_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)], outputs)
+
+    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts: Any = None) -> dist.Work:
+        return _all_of([self.reduce_scatter_single(o, i, opts) for o, i in zip(outputs, inputs, strict=True)],
+                       outputs)
+
     _allgather_base = all_gather_single  # the names older callers use
     _reduce_scatter_base = reduce_scatter_single
     all_to_all_single = alltoall_base  # (torch calls the group's CPU all-to-all by this name)
+    all_gather_single_coalesced = allgather_into_tensor_coalesced  # (and these, functional collectives')
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
 
 class _Work(dist.Work):
@@ -477,17 +501,13 @@ class _Work(dist.Work):
         return None
 
 
-def _unsupported(name: str) -> Callable[..., dist.Work]:
-    def unsupported(self: ProcessGroupP2P, *args: Any, **kwargs: Any) -> dist.Work:
-        raise NotImplementedError(f"the p2plearn backend does not implement {name}")
-    return unsupported
-
-
-# what this group does not implement says so by name, instead of c10d's generic error
-for _name in ("recv_anysource",
-              "allreduce_coalesced", "allgather_coalesced", "all_gather_single_coalesced",
-              "allgather_into_tensor_coalesced", "reduce_scatter_tensor_coalesced", "reduce_scatter_single_coalesced"):
-    setattr(ProcessGroupP2P, _name, _unsupported(_name))
+def _all_of(works: list[_Work], result: Any) -> _Work:
+    """One work for several queued ones: done when all are, with ``result``, or the first one's error."""
+    def outcome(done: torch.futures.Future) -> Any:
+        for future in done.value():
+            future.value()  # raises a failed collective's error
+        return result
+    return _Work(torch.futures.collect_all([w._future for w in works]).then(outcome))
 
 
 def _op(op: Any, name: str, tensor: torch.Tensor) -> str:

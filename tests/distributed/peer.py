@@ -149,6 +149,28 @@ def collectives(rank: int, n: int, gloo: dist.ProcessGroup) -> dict:
         out["bad_splits_refused"] = False
     except (ValueError, RuntimeError) as exc:
         out["bad_splits_refused"] = "split" in str(exc)
+    tensors = [torch.randn(7, generator=g), torch.randn(3, generator=g)]
+    ours, refs = [on(t) for t in tensors], [t.clone() for t in tensors]
+    for group, outputs in ((None, ours), (gloo, refs)):  # what FSDP and DTensor batch
+        with dist._coalescing_manager(group, async_ops=True) as batch:
+            for t in outputs:
+                dist.all_reduce(t, group=group)
+        batch.wait()
+    out["all_reduce_coalesced"] = all(same(a, b) for a, b in zip(ours, refs))
+    ours, refs = [on(torch.zeros(2 * n)), on(torch.zeros(3 * n))], [torch.zeros(2 * n), torch.zeros(3 * n)]
+    for group, outputs, device in ((None, ours, DEVICE), (gloo, refs, "cpu")):
+        with dist._coalescing_manager(group, async_ops=True) as batch:
+            for o, t in zip(outputs, tensors):
+                dist.all_gather_into_tensor(o, t[:o.numel() // n].to(device), group=group)
+        batch.wait()
+    out["all_gather_into_tensor_coalesced"] = all(equal(a, b) for a, b in zip(ours, refs))
+    ours, refs = [on(torch.zeros(2)), on(torch.zeros(1))], [torch.zeros(2), torch.zeros(1)]
+    for group, outputs, device in ((None, ours, DEVICE), (gloo, refs, "cpu")):
+        with dist._coalescing_manager(group, async_ops=True) as batch:
+            for o, t in zip(outputs, tensors):
+                dist.reduce_scatter_tensor(o, t[:o.numel() * n].to(device), group=group)
+        batch.wait()
+    out["reduce_scatter_tensor_coalesced"] = all(same(a, b) for a, b in zip(ours, refs))
     gathered = [on(torch.zeros(5)) for _ in range(n)] if rank == 0 else None
     dist.gather(on(mine), gathered, dst=0)
     everyone = [torch.zeros(5) for _ in range(n)]
@@ -350,6 +372,25 @@ def fsdp(rank: int, gloo: dist.ProcessGroup) -> dict:
     return {"trained_equal": all(same(a, b) for a, b in zip(*full))}
 
 
+def fsdp2(rank: int, gloo: dist.ProcessGroup) -> dict:
+    """fully_shard (FSDP2) over p2plearn and over gloo (CPU meshes), from the same start: the same
+    full parameters after training."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    full = []
+    for group in (dist.group.WORLD, gloo):
+        mesh = DeviceMesh.from_group(group, "cpu")
+        sharded = model(seed=0)
+        for layer in sharded:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(sharded, mesh=mesh)
+        train(sharded, rank, steps=4, optimizer=torch.optim.SGD(sharded.parameters(), lr=0.05))
+        full.append([p.full_tensor().detach().clone() for p in sharded.parameters()])
+    return {"trained_equal": all(same(a, b) for a, b in zip(*full))}
+
+
 def post_local_sgd(rank: int, n: int, gloo: dist.ProcessGroup) -> dict:
     """PostLocalSGDOptimizer (a PeriodicModelAverager every 2 steps after 2 warm-up steps), local
     models without DDP, over p2plearn and over gloo: the same parameters."""
@@ -548,6 +589,8 @@ def main() -> None:
         out.update(subgroups(rank, n))
     elif scenario == "fsdp":
         out.update(fsdp(rank, gloo))
+    elif scenario == "fsdp2":
+        out.update(fsdp2(rank, gloo))
     elif scenario == "post_local_sgd":
         out.update(post_local_sgd(rank, n, gloo))
     elif scenario == "mismatch":

@@ -60,6 +60,11 @@ def test_fsdp_trains_as_over_gloo(tmp_path):
         assert result["trained_equal"], (rank, result)
 
 
+def test_fully_shard_trains_as_over_gloo(tmp_path):
+    for rank, result in enumerate(run_job(tmp_path, "fsdp2", world_size=2)):
+        assert result["trained_equal"], (rank, result)
+
+
 def test_post_local_sgd_matches_gloo(tmp_path):
     for rank, result in enumerate(run_job(tmp_path, "post_local_sgd", world_size=2)):
         assert result["equal_to_gloo"], (rank, result)
