@@ -248,6 +248,38 @@ def point_to_point(rank: int, n: int, gloo: dist.ProcessGroup) -> dict:
     return out
 
 
+def pipeline(rank: int, gloo: dist.ProcessGroup) -> dict:
+    """A two-stage pipeline (torch.distributed.pipelining, GPipe over 4 micro-batches: its
+    activations and gradients go by batch_isend_irecv) over p2plearn and over gloo, from the same
+    start: the same losses, and the same parameters after 4 steps."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    out = {}
+    for name, group in (("p2plearn", None), ("gloo", gloo)):
+        layers = list(model(seed=0))
+        stage_module = torch.nn.Sequential(*(layers[:3] if rank == 0 else layers[3:]))
+        stage = PipelineStage(stage_module, rank, 2, torch.device("cpu"), group=group)
+        schedule = ScheduleGPipe(stage, n_microbatches=4, loss_fn=torch.nn.functional.cross_entropy)
+        opt = torch.optim.SGD(stage_module.parameters(), lr=0.05)
+        g = torch.Generator().manual_seed(100)
+        losses = []
+        for _ in range(4):
+            x, y = torch.randn(16, 20, generator=g), torch.randint(0, 4, (16,), generator=g)
+            opt.zero_grad()
+            if rank == 0:
+                schedule.step(x)
+            else:
+                step_losses = []
+                schedule.step(target=y, losses=step_losses)
+                losses.append(torch.stack(step_losses).mean())
+            opt.step()
+        out[name] = (losses, [p.detach().clone() for p in stage_module.parameters()])
+    ours, theirs = out["p2plearn"], out["gloo"]
+    return {"losses_equal": len(ours[0]) == (4 if rank == 1 else 0) and all(
+                same(a, b) for a, b in zip(ours[0], theirs[0])),
+            "trained_equal": all(same(a, b) for a, b in zip(ours[1], theirs[1]))}
+
+
 def subgroups(rank: int, n: int) -> dict:
     """Subgroups over p2plearn against the same subgroups over gloo (4 ranks): pairs, an
     overlapping triple, new_subgroups, DDP replicas in pairs, a 2-d DeviceMesh; a subgroup
@@ -585,6 +617,8 @@ def main() -> None:
         out.update(ddp(rank, n, gloo, hook=scenario != "ddp", hadamard=scenario == "ddp_hadamard"))
     elif scenario == "point_to_point":
         out.update(point_to_point(rank, n, gloo))
+    elif scenario == "pipeline":
+        out.update(pipeline(rank, gloo))
     elif scenario == "subgroups":
         out.update(subgroups(rank, n))
     elif scenario == "fsdp":

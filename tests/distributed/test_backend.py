@@ -46,6 +46,11 @@ def test_point_to_point_as_over_gloo(tmp_path, env):
         assert set(result) == expected[rank] and all(result.values()), (rank, result)
 
 
+def test_a_pipeline_trains_as_over_gloo(tmp_path):
+    for rank, result in enumerate(run_job(tmp_path, "pipeline", world_size=2)):
+        assert result["losses_equal"] and result["trained_equal"], (rank, result)
+
+
 @pytest.mark.parametrize("env", DEVICES)
 def test_subgroups_compute_as_over_gloo(tmp_path, env):
     for rank, result in enumerate(run_job(tmp_path, "subgroups", world_size=4, env=env)):
