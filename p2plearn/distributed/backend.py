@@ -46,6 +46,7 @@ from p2plearn.distributed.sender import CollectiveError, CollectiveTimeout, Link
 from p2plearn.distributed.plugin import BACKEND
 from p2plearn.distributed.staging import CollectiveStaging
 from p2plearn.keys import data_key
+from p2plearn.sync.bfloat16 import BF16Array
 from p2plearn.control import ControlError
 from p2plearn.runtime import Runtime, detect_rank, init
 from p2plearn.tolerance import RoundRecord
@@ -250,7 +251,7 @@ class ProcessGroupP2P(dist.ProcessGroup):
         op = _op(opts.reduceOp if opts is not None else dist.ReduceOp.SUM, "allreduce", tensor)
         staging = self._staging(tensor)
         host = staging.update(tensor)
-        return self._submit(lambda seq: _reduced(host, lambda a: self.collectives.allreduce(seq, [a], op)), tensors,
+        return self._submit(lambda seq: _in_place(host, lambda a: self.collectives.allreduce(seq, [a], op)), tensors,
                             staging)
 
     def allreduce_tolerant(self, tensor: torch.Tensor, layers: Sequence[int], bounds: Sequence[float],
@@ -265,7 +266,7 @@ class ProcessGroupP2P(dist.ProcessGroup):
             def reduce(flat: np.ndarray) -> RoundRecord:
                 views = np.split(flat, np.cumsum(layers)[:-1]) if len(layers) > 1 else [flat]
                 return self.collectives.allreduce(seq, views, "avg", bounds, deadline)
-            return _reduced(host, reduce)
+            return _widened(host, reduce)
 
         return self._submit(run, None, staging).get_future()
 
@@ -279,7 +280,7 @@ class ProcessGroupP2P(dist.ProcessGroup):
 
         def run(seq: int) -> None:
             reduced = host if is_root else host.clone()  # (cloned once the staged copy is in)
-            _reduced(reduced, lambda a: self.collectives.allreduce(seq, [a], op, root=root))
+            _in_place(reduced, lambda a: self.collectives.allreduce(seq, [a], op, root=root))
 
         return self._submit(run, tensors, staging)
 
@@ -304,10 +305,11 @@ class ProcessGroupP2P(dist.ProcessGroup):
         return self._submit(run, output_lists, staging)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
+        pieces = _equal_pieces(output, input, self.size(), "all_gather_into_tensor")
         staging = self._staging(output, input)
         source, target = staging.read(input), staging.write(output)
         return self._submit(lambda seq: self.collectives.allgather(
-            seq, _array(source.contiguous()), list(_array(target).reshape(self.size(), -1))), output, staging)
+            seq, _array(source.contiguous()), _pieces(target, pieces)), output, staging)
 
     def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any) -> dist.Work:
         tensor, root = _one(inputs, "gather"), opts.rootRank
@@ -336,15 +338,16 @@ class ProcessGroupP2P(dist.ProcessGroup):
         op = _op(opts.reduceOp, "reduce_scatter", tensor)
         staging = self._staging(tensor, *inputs)
         target, sources = staging.write(tensor), [staging.read(i) for i in inputs]
-        return self._submit(lambda seq: _reduced(target, lambda a: self.collectives.reduce_scatter(
-            seq, [_reducible(i) for i in sources], a, op)), outputs, staging)
+        return self._submit(lambda seq: _in_place(target, lambda a: self.collectives.reduce_scatter(
+            seq, [_array(i.contiguous()) for i in sources], a, op)), outputs, staging)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any) -> dist.Work:
         op = _op(opts.reduceOp, "reduce_scatter_tensor", output)
+        pieces = _equal_pieces(input, output, self.size(), "reduce_scatter_tensor")
         staging = self._staging(output, input)
         target, source = staging.write(output), staging.read(input)
-        return self._submit(lambda seq: _reduced(target, lambda a: self.collectives.reduce_scatter(
-            seq, list(_reducible(source).reshape(self.size(), -1)), a.reshape(-1), op)), output, staging)
+        return self._submit(lambda seq: _in_place(target, lambda a: self.collectives.reduce_scatter(
+            seq, _pieces(source.contiguous(), pieces), a, op)), output, staging)
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
         staging = self._staging(*outputs, *inputs)
@@ -532,12 +535,15 @@ def _array(tensor: torch.Tensor) -> np.ndarray:
     non-resizable for good (FSDP frees a gathered parameter by resizing its storage to 0)."""
     if not tensor.is_contiguous():
         raise ValueError("p2plearn: a collective's tensors must be contiguous, as gloo's")
-    dtype = np.dtype(np.int16) if tensor.dtype == torch.bfloat16 else _numpy_dtype(tensor.dtype)  # bf16: bits
+    bits = tensor.dtype == torch.bfloat16
+    dtype = np.dtype(np.uint16) if bits else _numpy_dtype(tensor.dtype)
     if tensor.numel() == 0:
-        return np.empty(0, dtype)
-    memory = (ctypes.c_char * (tensor.numel() * tensor.element_size())).from_address(tensor.data_ptr())
-    memory.tensor = tensor  # the view keeps the tensor alive, as .numpy()'s does
-    return np.frombuffer(memory, dtype)
+        array = np.empty(0, dtype)
+    else:
+        memory = (ctypes.c_char * (tensor.numel() * tensor.element_size())).from_address(tensor.data_ptr())
+        memory.tensor = tensor  # the view keeps the tensor alive, as .numpy()'s does
+        array = np.frombuffer(memory, dtype)
+    return array.view(BF16Array) if bits else array  # (bfloat16: its bits, which the reductions widen)
 
 
 @functools.cache
@@ -545,15 +551,10 @@ def _numpy_dtype(dtype: torch.dtype) -> np.dtype:
     return torch.empty(0, dtype=dtype).numpy().dtype
 
 
-def _reducible(tensor: torch.Tensor) -> np.ndarray:
-    """A host tensor's elements as a flat array a reduction can add: bfloat16 widened to float32
-    (numpy has no bfloat16; its bits added as integers are not the sums)."""
-    return _array((tensor.float() if tensor.dtype == torch.bfloat16 else tensor).contiguous())
-
-
-def _reduced(tensor: torch.Tensor, run: Callable[[np.ndarray], Any]) -> Any:
-    """``run`` reducing into the tensor's elements, as `_in_place`; a bfloat16 tensor is reduced
-    in float32 and rounded back to the nearest bfloat16 (as torch rounds) once, at the end."""
+def _widened(tensor: torch.Tensor, run: Callable[[np.ndarray], Any]) -> Any:
+    """``run`` reducing into the tensor's elements, as `_in_place`; a bfloat16 tensor as float32,
+    rounded back to the nearest bfloat16 once, at the end (the hook's lossy all-reduce merges,
+    transforms and fills float32)."""
     if tensor.dtype != torch.bfloat16:
         return _in_place(tensor, run)
     wide = tensor.detach().float().contiguous()
@@ -584,6 +585,14 @@ def _split_sizes(tensor: torch.Tensor, split_sizes: list[int], size: int) -> lis
                          f"among {size} ranks")
     per_row = tensor.numel() // max(rows, 1)
     return [n * per_row for n in split_sizes]
+
+
+def _equal_pieces(whole: torch.Tensor, piece: torch.Tensor, size: int, name: str) -> list[int]:
+    """The element counts of ``whole`` cut into ``size`` pieces like ``piece``; raised at the call."""
+    if whole.numel() != size * piece.numel():
+        raise ValueError(f"p2plearn: {name}: a tensor of {whole.numel()} elements is not {size} of "
+                         f"{piece.numel()}")
+    return [piece.numel()] * size
 
 
 def _pieces(tensor: torch.Tensor, sizes: list[int]) -> list[np.ndarray]:

@@ -258,7 +258,8 @@ class Collectives:
         layout = self._layouts[sizes]
         slices = layout.slices
         exchange = PartExchange(layers)
-        # floats under SUM or AVG: the mask-aware mean (SUM: times n); anything else exact
+        # floats under SUM or AVG: the mask-aware mean (SUM: times n); anything else exact, bfloat16
+        # bits too (reduced in float32 and rounded once: the mean's rounding, times n, would round twice)
         reduction = "mean" if layers[0].dtype.kind == "f" and op in ("sum", "avg") else op
 
         def piece_bounds(r: int) -> list[float]:
@@ -288,7 +289,7 @@ class Collectives:
         scatter_id, gather_id = seq * PHASES, seq * PHASES + 1
         aggregators = [r for r in self.others if slices[r]]
         scatter = [self.sender.send(scatter_id, exchange.scatter(slices[r]), [r], what, piece_bounds(r), deadline,
-                              layout.scatter_rate[self.rank]) for r in aggregators]
+                                    layout.scatter_rate[self.rank]) for r in aggregators]
         mine = slices[self.rank]
         if mine and self.others and reduction == "mean":  # folded as the parts arrive, while the wait is idle
             part_reduce = exchange.begin(mine, self.others)
@@ -304,8 +305,8 @@ class Collectives:
                 piece *= times
         # 2. gather: this rank's reduced part to every other rank (or the root); theirs into place where it arrived
         receivers = self.others if root is None else [r for r in [root] if r != self.rank]
-        gather = self.sender.send(gather_id, exchange.pieces(mine), receivers, what, piece_bounds(self.rank), deadline,
-                            layout.gather_rate[self.rank]) if mine and receivers else None
+        gather = self.sender.send(gather_id, exchange.pieces(mine), receivers, what, piece_bounds(self.rank),
+                                  deadline, layout.gather_rate[self.rank]) if mine and receivers else None
         stats = self.sender.wait(scatter, deadline, what)  # they read the parts about to be overwritten
         if root is not None and root != self.rank:
             aggregators = []  # this rank gathers nothing

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from p2plearn.sync.bfloat16 import BF16Array, values
+from p2plearn.sync.bfloat16 import BF16Array, bf16_values, store, values
 from p2plearn.sync.compress import Compressor, stored
 from p2plearn.sync.feedback import PartFeedback
 from p2plearn.sync.inbox import UNUSABLE
@@ -258,11 +258,16 @@ def _plain_float32(a: np.ndarray) -> bool:
 
 
 def reduce_exact(out: np.ndarray, ranked: list[np.ndarray], op: str) -> None:
-    """``out`` = op over ``ranked`` (every rank's values, in rank order, so every rank computes the same)."""
+    """``out`` = op over ``ranked`` (every rank's values, in rank order, so every rank computes the
+    same). Into a BF16Array the inputs are bfloat16 bits, reduced in float32 and rounded once."""
+    bits = isinstance(out, BF16Array)
     ufunc = REDUCE[op]
-    result = ranked[0].copy()
+    result = bf16_values(ranked[0]) if bits else ranked[0].copy()  # (a new array either way)
     for v in ranked[1:]:
-        ufunc(result, v, out=result)
+        ufunc(result, bf16_values(v) if bits else v, out=result)
     if op == "avg":
         result = result / len(ranked) if result.dtype.kind == "f" else result // len(ranked)
-    np.copyto(out, result, casting="unsafe")
+    if bits:
+        store(out, result)
+    else:
+        np.copyto(out, result, casting="unsafe")

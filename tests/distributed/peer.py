@@ -66,6 +66,12 @@ def collectives(rank: int, n: int, gloo: dist.ProcessGroup) -> dict:
         dist.all_reduce(ours, op=op)
         ref = wide / n if op == dist.ReduceOp.AVG else wide
         out[f"allreduce_bf16_{name}"] = ours.dtype == torch.bfloat16 and close_bf16(ours, ref)
+    sent = []  # bytes this rank's engine sent for a float32 all-reduce, then a bfloat16 one
+    for dtype in (torch.float32, torch.bfloat16):
+        before = dist.distributed_c10d._get_default_group().stats()["engine"]["bytes_sent"]
+        dist.all_reduce(on(torch.ones(1 << 18, dtype=dtype)))
+        sent.append(dist.distributed_c10d._get_default_group().stats()["engine"]["bytes_sent"] - before)
+    out["allreduce_bf16_wire"] = 0.3 < sent[1] / sent[0] < 0.7  # bfloat16 on the wire: half float32's bytes (widened: 1)
     x = (torch.randn(4 * n, generator=g) * 3).bfloat16()
     wide, ours = torch.zeros(4), on(torch.zeros(4, dtype=torch.bfloat16))
     dist.reduce_scatter_tensor(wide, x.float(), group=gloo)
