@@ -11,27 +11,20 @@ import pytest
 import torch.distributed as dist
 
 from p2plearn.distributed import collectives
-from p2plearn.distributed.collectives import AHEAD, CANDIDATES, PHASES, CollectiveError, Collectives, Links
+from p2plearn.distributed.collectives import AHEAD, CANDIDATES, PHASES, CollectiveError, Collectives
 from p2plearn.transport import Channel
 from p2plearn.transport.delivery import Delivery, Reason
+from tests.distributed.engines import two_ranks
 
 
 @pytest.fixture
 def group():
     """Two ranks' Collectives (timeout 8 s), a forger's channel sending as rank 1, and the
     membership's departures (rank -> why) the group reads."""
-    channels = [Channel(sender_id=r) for r in range(2)]
-    forger = Channel(sender_id=1)
-    departed: dict[int, str] = {}
-    try:
-        engines = {r: ch.address for r, ch in enumerate(channels)}
-        links = Links([1.25e8] * 2, [1.25e8] * 2)
-        ranks = [Collectives(ch, r, 2, engines, links, timeout=8.0, departed=departed, max_message_bytes=1 << 20,
-                             kept_bytes=1 << 20) for r, ch in enumerate(channels)]
-        yield ranks, forger, departed
-    finally:
-        for ch in (*channels, forger):
-            ch.close()
+    with two_ranks(lambda ch, r, engines, links, departed: Collectives(
+            ch, r, 2, engines, links, timeout=8.0, departed=departed, max_message_bytes=1 << 20,
+            kept_bytes=1 << 20)) as made:
+        yield made
 
 
 def both(ranks, run):

@@ -11,8 +11,8 @@ import pytest
 
 from p2plearn.distributed import pointtopoint
 from p2plearn.distributed.pointtopoint import DATA, MAX_READY, READY, PointToPoint
-from p2plearn.distributed.sender import CollectiveError, CollectiveTimeout, Links, Sender
-from p2plearn.transport import Channel
+from p2plearn.distributed.sender import CollectiveError, CollectiveTimeout, Sender
+from tests.distributed.engines import two_ranks
 
 
 class Done:
@@ -33,20 +33,10 @@ class Done:
 
 @pytest.fixture
 def pair():
-    """Two ranks' PointToPoint (timeout 4 s), a forger's channel sending as rank 1, and the
-    membership's departures (rank -> why) the ranks read."""
-    channels = [Channel(sender_id=r) for r in range(2)]
-    forger = Channel(sender_id=1)
-    departed: dict[int, str] = {}
-    try:
-        engines = {r: ch.address for r, ch in enumerate(channels)}
-        links = Links([1.25e8] * 2, [1.25e8] * 2)
-        ranks = [PointToPoint(Sender(ch, r, 2, engines, links, 4.0, departed, 1 << 20), timeout=4.0)
-                 for r, ch in enumerate(channels)]
-        yield ranks, forger, departed
-    finally:
-        for ch in (*channels, forger):
-            ch.close()
+    """Two ranks' PointToPoint (timeout 4 s), a forger sending as rank 1, the departures."""
+    with two_ranks(lambda ch, r, engines, links, departed: PointToPoint(
+            Sender(ch, r, 2, engines, links, 4.0, departed, 1 << 20), timeout=4.0)) as made:
+        yield made
 
 
 def header(kind: int, tag: int, n: int) -> np.ndarray:
