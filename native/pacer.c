@@ -25,9 +25,10 @@ void pacer_pay(struct pacer *p, double bytes) {
     if (p->rate > 0) p->tokens -= bytes;
 }
 
-uint64_t pacer_wait(const struct pacer *p, double dgram) {
+uint64_t pacer_wait(const struct pacer *p, double dgram, double left) {
     if (p->rate <= 0) return 0;
     double need = burst_of(p->rate, dgram) / 2;
+    if (left < need) need = left; /* the pass's tail: the tokens it needs, not half a bucket more */
     if (p->tokens >= need) return 0;
     return (uint64_t)((need - p->tokens) / p->rate * 1e9) + 1000;
 }

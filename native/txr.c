@@ -341,9 +341,13 @@ uint64_t txr_next_wake(p2p_engine *eng, struct p2p_send *s, struct txr *r, uint6
         uint64_t t = (r->state == S_SEND ? r->timer.last_ack_ns : r->timer.probe_ns) + r->timer.rto_ns;
         if (t < wake) wake = t;
     } else {
-        /* Wake once half a bucket is there: one batch per wake-up, not one datagram. */
+        /* Wake once half a bucket is there: one batch per wake-up, not one datagram; or once the
+         * pass's tail is (at most the next datagram and full ones after it). */
         double dgram = (double)(WIRE_HDR + s->chunk + WIRE_OVERHEAD);
-        uint64_t w = pacer_wait(&r->pace, dgram), u = pacer_wait(&eng->uplink, dgram);
+        uint32_t k = r->pass.list ? r->pass.list[r->pass.pos] : r->pass.pos;
+        double left = (double)(WIRE_HDR + chunk_len(s, k) + WIRE_OVERHEAD)
+                      + (double)(r->pass.len - r->pass.pos - 1) * dgram;
+        uint64_t w = pacer_wait(&r->pace, dgram, left), u = pacer_wait(&eng->uplink, dgram, left);
         uint64_t t = now + (w > u ? w : u);
         if (t < wake) wake = t;
     }
