@@ -45,7 +45,8 @@ class PointToPoint:
         self.sender = sender
         self.timeout = timeout
         self.refused: Counter[str] = Counter()
-        self._changed = threading.Condition()  # guards what follows; notified on every arrival
+        self._lock = threading.Lock()  # guards what follows
+        self._waiting: dict[tuple[int, int, int, int], threading.Event] = {}  # (kind, peer, tag, n) -> its waiter's
         self._sends: Counter[tuple[int, int]] = Counter()  # (receiver, tag) -> sends called
         self._receives: Counter[tuple[int, int]] = Counter()  # (sender, tag) -> receives called
         self._ready: set[tuple[int, int, int]] = set()  # (receiver, tag, n) promised by READY, not yet sent
@@ -62,14 +63,14 @@ class PointToPoint:
              inputs_ready: Callable[[], None] = lambda: None) -> None:
         """Send ``array`` to rank ``to`` once it posted the matching receive (and ``inputs_ready()``
         returned: a staged copy is in); ``finished`` hears when the receiver has it all (or the error)."""
-        with self._changed:
+        with self._lock:
             n, self._sends[to, tag] = self._sends[to, tag], self._sends[to, tag] + 1
         self._start(finished, self._send, array, to, tag, n, inputs_ready)
 
     def recv(self, array: np.ndarray, source: int, tag: int, finished: Finished) -> None:
         """Receive rank ``source``'s next message with ``tag`` into ``array``; ``finished`` hears
         when it is there (or the error)."""
-        with self._changed:
+        with self._lock:
             n, self._receives[source, tag] = self._receives[source, tag], self._receives[source, tag] + 1
             self._posted[source, tag, n] = array
         self._start(finished, self._recv, array, source, tag, n)
@@ -88,9 +89,9 @@ class PointToPoint:
         what = f"send #{n} to rank {to} (tag {tag})"
         message = [_header(DATA, tag, n), array]
         self.sender.check_size(message, what)
-        self._wait(lambda: (to, tag, n) in self._ready, to, what, "its receive was not posted")
+        self._wait((READY, to, tag, n), lambda: (to, tag, n) in self._ready, to, what, "its receive was not posted")
         inputs_ready()
-        with self._changed:
+        with self._lock:
             self._ready.discard((to, tag, n))
             self._promised[to] -= 1
         self.sender.wait([self.sender.send(self._next_id(to), message, [to], what)], None, what)
@@ -105,36 +106,45 @@ class PointToPoint:
                 if ready.done():
                     self.sender.wait([ready], None, what)  # raises if the sender stopped acknowledging
 
-            self._wait(lambda: (source, tag, n) in self._arrived, source, what, "no message came",
-                       mismatch=(source, tag, n), check=check_ready)
+            self._wait((DATA, source, tag, n), lambda: (source, tag, n) in self._arrived, source, what,
+                       "no message came", mismatch=(source, tag, n), check=check_ready)
         finally:
-            with self._changed:
+            with self._lock:
                 self._posted.pop((source, tag, n), None)
                 self._arrived.discard((source, tag, n))
                 self._mismatched.pop((source, tag, n), None)
 
-    def _wait(self, done: Callable[[], bool], peer: int, what: str, missing: str,
+    def _wait(self, key: tuple[int, int, int, int], done: Callable[[], bool], peer: int, what: str, missing: str,
               mismatch: tuple[int, int, int] | None = None, check: Callable[[], None] = lambda: None) -> None:
-        """Until ``done()`` (read under the lock), or raise: the peer or this rank departed, a
-        message of other shapes was refused MISMATCH_S ago, ``check()`` raised, or the group's
-        timeout passed."""
+        """Until ``done()`` (read under the lock; the arrival of ``key`` wakes this wait, and only
+        this one), or raise: the peer or this rank departed, a message of other shapes was refused
+        MISMATCH_S ago, ``check()`` raised, or the group's timeout passed."""
         end = time.monotonic() + self.timeout
-        with self._changed:
-            while not done():
+        arrived = threading.Event()
+        with self._lock:
+            self._waiting[key] = arrived
+        try:
+            while True:
+                with self._lock:
+                    if done():
+                        return
+                    refused = self._mismatched.get(mismatch) if mismatch is not None else None
                 check_departed(what, [self.sender.rank, peer], self.sender.departed)
                 check()
                 now = time.monotonic()
-                refused = self._mismatched.get(mismatch) if mismatch is not None else None
                 if refused is not None and now >= refused[0] + MISMATCH_S:
                     raise CollectiveError(f"p2plearn: {what}: rank {peer}'s message has shapes {refused[1]}, not this "
                                           f"receive's: do both ranks pass tensors of the same shape and dtype?")
                 if now >= end:
                     raise CollectiveTimeout(f"p2plearn: {what}: {missing} in {self.timeout:.0f} s")
-                self._changed.wait(min(end - now, POLL_S))
+                arrived.wait(min(end - now, POLL_S))
+        finally:
+            with self._lock:
+                self._waiting.pop(key, None)
 
     def _next_id(self, to: int) -> int:
         """A new message id towards ``to`` (an engine refuses an id it delivered from this sender lately)."""
-        with self._changed:
+        with self._lock:
             msg_id, self._ids[to] = self._ids[to], (self._ids[to] + 1) % PROBE_MSG_IDS[0]
         return msg_id
 
@@ -147,11 +157,10 @@ class PointToPoint:
             except TransportError:
                 return  # closed
             if d is not None:
-                with self._changed:
+                with self._lock:
                     why = self._file(d)
                     if why is not None:
                         self.refused[why] += 1
-                    self._changed.notify_all()
 
     def _file(self, d: Delivery) -> str | None:
         """Take a READY or an asked-for DATA message; why it is refused otherwise."""
@@ -173,6 +182,7 @@ class PointToPoint:
                 return f"more than {MAX_READY} receives ahead"
             self._ready.add(key)
             self._promised[d.sender] += 1
+            self._wake((READY, *key))
             return None
         array = self._posted.get(key)
         if array is None or key in self._arrived:
@@ -183,7 +193,12 @@ class PointToPoint:
             return "shapes or dtypes of another receive"
         np.copyto(array, d.arrays[1])
         self._arrived.add(key)
+        self._wake((DATA, *key))
         return None
+
+    def _wake(self, key: tuple[int, int, int, int]) -> None:
+        if (waiter := self._waiting.get(key)) is not None:
+            waiter.set()
 
 
 def _header(kind: int, tag: int, n: int) -> np.ndarray:
