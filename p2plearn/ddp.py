@@ -46,7 +46,8 @@ class LossTolerantState:
         model: the module DDP wraps; its parameters' order gives each layer's depth (input side
             first) for the layerwise policy. Without it, a bucket's order is used.
         hadamard: the randomized Hadamard transform per bucket (see the module's docstring).
-        process_group: a ProcessGroupP2P; None = the default group.
+        process_group: a ProcessGroupP2P; None = the default group. Give DDP's own when it runs
+            on a subgroup (``DDP(..., process_group=g)``): the hook cannot see it.
         seed: mixed into the Hadamard signs (the same on every rank).
     """
 

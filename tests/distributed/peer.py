@@ -336,6 +336,11 @@ def subgroups(rank: int, n: int) -> dict:
     train(replica, rank)
     train(reference, rank)
     out["pair_ddp"] = all(same(a, b) for a, b in zip(replica.parameters(), reference.parameters()))
+    hooked = DDP(model(seed=rank).to(DEVICE), process_group=ours)  # the hook, exact, on the pair's group
+    hooked.register_comm_hook(p2plearn.ddp.LossTolerantState("fixed", process_group=ours),
+                              p2plearn.ddp.loss_tolerant_hook)
+    train(hooked, rank)
+    out["pair_ddp_hook"] = all(same(a, b) for a, b in zip(hooked.parameters(), reference.parameters()))
     other = DDP(model(seed=rank ^ 2), process_group=theirs)  # the other pair's replica differs from ours
     train(other, rank ^ 2)
     out["replicas_differ"] = not all(same(a, b) for a, b in zip(reference.parameters(), other.parameters()))

@@ -55,7 +55,7 @@ def test_a_pipeline_trains_as_over_gloo(tmp_path):
 def test_subgroups_compute_as_over_gloo(tmp_path, env):
     for rank, result in enumerate(run_job(tmp_path, "subgroups", world_size=4, env=env)):
         assert result.pop("backend") == "p2plearn"
-        assert all(result.values()) and len(result) == 11 + (rank > 0), (rank, result)
+        assert all(result.values()) and len(result) == 12 + (rank > 0), (rank, result)
 
 
 def test_fsdp_trains_as_over_gloo(tmp_path):
