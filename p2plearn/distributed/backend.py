@@ -62,8 +62,9 @@ BITWISE = ("band", "bor", "bxor")
 
 
 class ProcessGroupP2P(dist.ProcessGroup):
-    """A process group over one engine of its own (see the module's docstring): the world's, or a
-    subgroup's (``new_group``), which shares the world's membership and failure.
+    """A process group over engines of its own, one for collectives and one for point-to-point
+    operations (see the module's docstring): the world's, or a subgroup's (``new_group``), which
+    shares the world's membership and failure.
 
     Built by ``init_process_group("p2plearn")`` and ``new_group``; use it through
     torch.distributed. Tuning: the group's ``timeout`` (``init_process_group(timeout=...)``,
@@ -124,7 +125,8 @@ class ProcessGroupP2P(dist.ProcessGroup):
     def stats(self) -> dict[str, Any]:
         """What the group refused and dropped: messages refused by reason (a member's forgery or a
         rank's bug: other shapes, outside the window of collectives ahead, over its quotas),
-        messages of collectives already over, and the engine's counters."""
+        messages of collectives already over, and the engine's counters; the same of its
+        point-to-point operations (messages no receive asked for, ...)."""
         return {"refused": dict(self.collectives.mailbox.refused), "late": self.collectives.mailbox.late,
                 "engine": self.channel.stats(),
                 "point_to_point": {"refused": dict(self.point_to_point.refused), "engine": self.p2p_channel.stats()}}
