@@ -64,19 +64,17 @@ def test_a_send_waits_for_its_receive_and_fails_at_the_timeout_without_one(pair)
     a.send(np.ones(3, np.float32), 1, 0, done)
     error = done.wait()
     assert isinstance(error, CollectiveTimeout) and "its receive was not posted" in str(error), error
-    assert 3.5 < time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 > 3.5  # it waited for the group's timeout (4 s)
 
 
 def test_a_departed_peer_fails_a_waiting_receive_at_once(pair):
     (a, _), _, departed = pair
     done = Done()
     a.recv(np.zeros(3, np.float32), 1, 0, done)
-    time.sleep(0.3)
     departed[1] = "was declared dead by the job"
-    t0 = time.monotonic()
     error = done.wait()
-    assert isinstance(error, CollectiveError) and "rank 1 was declared dead" in str(error), error
-    assert time.monotonic() - t0 < 1.0
+    # named by the membership, not the group's timeout (CollectiveTimeout, "no message came")
+    assert type(error) is CollectiveError and "rank 1 was declared dead" in str(error), error
 
 
 def test_a_message_of_other_shapes_fails_the_receive(pair, monkeypatch):
@@ -106,8 +104,7 @@ def test_forgeries_are_refused_counted_and_bounded(pair):
     # a forged message of the right shapes for a posted receive is taken (poisoning, as for
     # collectives); one of other shapes is refused and the real one taken after it
     got, received, sent = np.zeros(4, np.float32), Done(), Done()
-    a.recv(got, 1, 0, received)
-    time.sleep(0.3)
+    a.recv(got, 1, 0, received)  # (posted once recv returns)
     forger.send(10_000, [header(DATA, 0, 0), np.zeros(9, np.float32)], [victim]).wait(5)
     b.send(np.arange(4, dtype=np.float32), 0, 0, sent)
     assert received.wait() is None and sent.wait() is None
