@@ -48,6 +48,8 @@ from p2plearn.distributed.staging import CollectiveStaging
 from p2plearn.keys import data_key
 from p2plearn.sync.bfloat16 import BF16Array
 from p2plearn.control import ControlError
+from p2plearn.rendezvous.ranks import detect_job_id
+from p2plearn.rendezvous.variables import JOB_ID_VAR
 from p2plearn.runtime import Runtime, detect_rank, init
 from p2plearn.tolerance import RoundRecord
 from p2plearn.transport import ANSWER_LINGER_S, CHUNK_CLAIM, Channel
@@ -85,6 +87,7 @@ class ProcessGroupP2P(dist.ProcessGroup):
         self.subgroups: list[ProcessGroupP2P] = []  # (the world's) their channels close with its own
         self.links = links
         self._group_name = ""  # torch's name for it, set once made
+        self.incarnation = 0  # (the world's) which world of this process it is: its subgroups' store prefix
         self.departed: dict[int, str] = {}  # group rank -> why it is no longer in the job (the membership's events)
         runtime.client.on_event(self._on_event)
         self.collectives = Collectives(channel, self.rank(), self.size(), engines, links, timeout.total_seconds(),
@@ -609,13 +612,14 @@ def _copy_back(outputs: list[torch.Tensor], flat: list[torch.Tensor]) -> None:
 
 
 _world: ProcessGroupP2P | None = None  # this process's world group over p2plearn, while it is open
+_worlds_made = 0  # world groups this process made: each after the first is a job of its own
 
 
 def create(options: Any, backend_options: Any) -> ProcessGroupP2P:
     """``init_process_group("p2plearn")``'s and ``new_group``'s creator (torch's extended API): the
     world's joins the job through ``p2plearn.init()``; each group opens this rank's engines of its
     own and publishes their addresses in the group's store."""
-    global _world
+    global _world, _worlds_made
     rank, size = options.group_rank, options.group_size
     timeout = options.timeout if options.timeout is not None else timedelta(minutes=30)
     if dist.is_initialized():  # a subgroup (torch calls this on its members only)
@@ -624,14 +628,21 @@ def create(options: Any, backend_options: Any) -> ProcessGroupP2P:
                                       "(init_process_group('p2plearn'))")
         ranks = list(options.global_ranks_in_group)
         links = Links(_world.links.uplink[ranks], _world.links.downlink[ranks])
-        return _group(_world.runtime, rank, size, _store(options.store), links, timeout, ranks)
+        return _group(_world.runtime, rank, size, _store(options.store, _world.incarnation), links, timeout, ranks)
     env = dict(os.environ)
     if detect_rank(env)[:2] != (rank, size):  # given to init_process_group rather than by a launcher
         env.update(RANK=str(rank), WORLD_SIZE=str(size))
+    incarnation, _worlds_made = _worlds_made, _worlds_made + 1
+    if incarnation:
+        # init_process_group again in this process (the ranks restart in step, as torchft's and test
+        # suites' do): a job of its own, or the last one's published coordinator, engines and key
+        # (a launcher's store and the job's files outlive it) would be taken for this one's
+        env[JOB_ID_VAR] = f"{detect_job_id(env)}.{incarnation}"
     runtime = init(environ=env, timeout=min(timeout.total_seconds(), 300.0))
     try:
-        store = _store(options.store)
+        store = _store(options.store, incarnation)
         _world = _group(runtime, rank, size, store, _links(store, runtime, size), timeout)
+        _world.incarnation = incarnation
         return _world
     except BaseException:
         runtime.close(leave=False)
@@ -676,11 +687,13 @@ def _channel(runtime: Runtime, rank: int, size: int) -> Channel:
                    max_partial_bytes=arriving, max_queued_bytes=arriving)
 
 
-def _store(store: Any) -> Any:
-    """The group's store under this attempt's prefix: torchrun's restarts (--max-restarts) hand
-    every attempt the same store, the last attempt's keys still in it; each attempt needs its own,
-    or a rank would send to a dead rank's engine."""
-    return dist.PrefixStore(f"p2plearn/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/", store)
+def _store(store: Any, incarnation: int) -> Any:
+    """The group's store under this attempt's and world's prefix: torchrun's restarts
+    (--max-restarts) hand every attempt the same store, the last attempt's keys still in it, and so
+    does a launcher's store to a world made again in the same process; each needs its own, or a rank
+    would send to a closed engine."""
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"p2plearn/attempt_{restart}/world_{incarnation}/", store)
 
 
 def _addresses(store: Any, name: str, rank: int, size: int, address: tuple[str, int]) -> dict[int, tuple[str, int]]:

@@ -94,3 +94,37 @@ def test_torchrun_restarts_a_ddp_job_whose_rank_failed(tmp_path):
     assert returncode == 0, out[-4000:]
     for rank in (0, 1):
         assert f"rank {rank} attempt 1 done" in out, out[-4000:]
+
+
+MADE_AGAIN = """
+import torch
+import torch.distributed as dist
+
+import p2plearn  # noqa: F401
+
+for world in range(3):
+    dist.init_process_group("p2plearn")
+    pair = dist.new_group([0, 1])
+    x = torch.ones(4) * (dist.get_rank() + 1)
+    dist.all_reduce(x)
+    dist.all_reduce(x, group=pair)
+    print(f"rank {dist.get_rank()} world {world} sum {x[0].item():g}", flush=True)  # one write: the shared pipe
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_world_made_again_in_the_same_processes_is_a_job_of_its_own(tmp_path):
+    """init_process_group, destroy_process_group, three times in the same two ranks under torchrun
+    (as gloo does): each world is a job of its own. Before, the second found the first's coordinator
+    address in the job's files (a rank still held them) and waited on it for good."""
+    script = tmp_path / "made_again.py"
+    script.write_text(MADE_AGAIN)
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
+    returncode, out = run_job_command([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                                       str(script)], {**env, "OMP_NUM_THREADS": "1"}, timeout=240, cwd=tmp_path)
+    assert returncode == 0, out[-4000:]
+    for rank in (0, 1):
+        for world in range(3):
+            assert f"rank {rank} world {world} sum 6" in out, out[-4000:]
