@@ -156,6 +156,9 @@ class Runtime:
         self.close(leave=exc[0] is None)
 
 
+_jobs_started = 0  # init() calls of this process whose ranks found each other themselves
+
+
 def init(engine_address: tuple[str, int] | None = None, *, join: bool = False, timeout: float = 60.0,
          environ: Mapping[str, str] | None = None, **overrides: Any) -> Runtime:
     """Connect this peer to its job and return the Runtime.
@@ -170,6 +173,11 @@ def init(engine_address: tuple[str, int] | None = None, *, join: bool = False, t
     The coordinator's port: one the OS chooses when every rank is on this host, else
     ``MASTER_PORT + 1`` when ``MASTER_PORT`` is set, else one derived from the job id (see
     ``p2plearn.rendezvous.coordinator``). Raises ``PortInUse`` (one line, at once) when something else holds that port.
+
+    Called again in the same processes (every rank, after closing the last Runtime), where the ranks
+    find each other themselves (no launcher's coordinator), it starts a job of its own: the job id
+    gets the call's number (``.1``, ``.2``, ...), so the last job's published coordinator, files and
+    key are not taken for this one's.
     """
     env = os.environ if environ is None else environ
     rank, world_size, local_rank, local_world_size = detect_rank(env)
@@ -180,6 +188,11 @@ def init(engine_address: tuple[str, int] | None = None, *, join: bool = False, t
     if rank == 0:
         _notices(env)
     job_id = detect_job_id(env)
+    if not join and not env.get(COORDINATOR_VAR):  # (a launcher's coordinator serves one job: rejoin it)
+        global _jobs_started
+        if _jobs_started:
+            job_id = f"{job_id}.{_jobs_started}"
+        _jobs_started += 1
     threads = fit_threads(env, local_world_size)
     if threads and local_rank == 0:
         _say_once(threads)

@@ -48,8 +48,6 @@ from p2plearn.distributed.staging import CollectiveStaging
 from p2plearn.keys import data_key
 from p2plearn.sync.bfloat16 import BF16Array
 from p2plearn.control import ControlError
-from p2plearn.rendezvous.ranks import detect_job_id
-from p2plearn.rendezvous.variables import JOB_ID_VAR
 from p2plearn.runtime import Runtime, detect_rank, init
 from p2plearn.tolerance import RoundRecord
 from p2plearn.transport import ANSWER_LINGER_S, CHUNK_CLAIM, Channel
@@ -632,12 +630,9 @@ def create(options: Any, backend_options: Any) -> ProcessGroupP2P:
     env = dict(os.environ)
     if detect_rank(env)[:2] != (rank, size):  # given to init_process_group rather than by a launcher
         env.update(RANK=str(rank), WORLD_SIZE=str(size))
+    # init_process_group again in this process (the ranks restart in step): init() makes it a job
+    # of its own; its store keys need a prefix of their own too (a launcher's store outlives a world)
     incarnation, _worlds_made = _worlds_made, _worlds_made + 1
-    if incarnation:
-        # init_process_group again in this process (the ranks restart in step, as torchft's and test
-        # suites' do): a job of its own, or the last one's published coordinator, engines and key
-        # (a launcher's store and the job's files outlive it) would be taken for this one's
-        env[JOB_ID_VAR] = f"{detect_job_id(env)}.{incarnation}"
     runtime = init(environ=env, timeout=min(timeout.total_seconds(), 300.0))
     try:
         store = _store(options.store, incarnation)

@@ -110,6 +110,10 @@ for world in range(3):
     dist.all_reduce(x, group=pair)
     print(f"rank {dist.get_rank()} world {world} sum {x[0].item():g}", flush=True)  # one write: the shared pipe
     dist.destroy_process_group()
+for job in range(2):  # the training API's rendezvous, again and again
+    rt = p2plearn.init(timeout=60)
+    print(f"rank {rt.rank} job {job} of {rt.world_size}", flush=True)
+    rt.close()
 """
 
 
@@ -117,8 +121,9 @@ for world in range(3):
 @pytest.mark.timeout(300)
 def test_a_world_made_again_in_the_same_processes_is_a_job_of_its_own(tmp_path):
     """init_process_group, destroy_process_group, three times in the same two ranks under torchrun
-    (as gloo does): each world is a job of its own. Before, the second found the first's coordinator
-    address in the job's files (a rank still held them) and waited on it for good."""
+    (as gloo does), then p2plearn.init() and close twice: each is a job of its own. Before, the
+    second found the first's coordinator address in the job's files (a rank still held them) and
+    waited on it (the backend: for good; init(): 60 s, then raised)."""
     script = tmp_path / "made_again.py"
     script.write_text(MADE_AGAIN)
     env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT")}
@@ -128,3 +133,5 @@ def test_a_world_made_again_in_the_same_processes_is_a_job_of_its_own(tmp_path):
     for rank in (0, 1):
         for world in range(3):
             assert f"rank {rank} world {world} sum 6" in out, out[-4000:]
+        for job in range(2):
+            assert f"rank {rank} job {job} of 2" in out, out[-4000:]
