@@ -315,7 +315,7 @@ def test_a_small_paced_message_does_not_wait_for_half_a_bucket(channels):
         (st,) = h.wait(10)
         assert st.result == "exact"
         took.append(st.elapsed_s)
-    assert sorted(took)[4] < 0.01, took
+    assert sorted(took)[4] < 0.015, took  # (the sweep is 20 ms: room on both sides for a busy host)
 
 
 def test_close_with_sends_in_flight(channels):
