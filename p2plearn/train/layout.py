@@ -83,6 +83,7 @@ class ModelLayout:
         exchanged = exchanged_tensors(model, buffers)
         self.buckets = Buckets(exchanged, bucket_bytes)
         self.tensors = {name: t.data for name, t in exchanged.items()}  # views of the buckets now
+        self._model = model  # the caller's; read by `moved` only
         self.params = list(self.tensors.values())
         # With fragments, the buckets cut where each F-th of the model's bytes ends: equal fragments
         flats = self.buckets.flats
@@ -90,6 +91,19 @@ class ModelLayout:
         Fragments([(hi - lo) * flats[b].element_size() for b, lo, hi in self.pieces], fragments)
         self.layers, self.layer_ranges = layers_on_pieces(describe_layers(model, buffers), self.buckets.ranges(),
                                                           self.pieces)
+
+    def moved(self) -> str | None:
+        """The name of the first exchanged tensor that the model no longer holds in its bucket, or
+        None. Moving the model after it was packed (``model.to(...)``, ``.double()``), assigning
+        ``parameter.data`` or ``load_state_dict(..., assign=True)`` gives it tensors of its own: the
+        rounds would go on averaging the buckets while it trains on tensors no peer sees."""
+        held = dict(self._model.named_parameters())
+        held.update(self._model.named_buffers())
+        for name, view in self.tensors.items():
+            tensor = held.get(name)
+            if tensor is None or tensor.data_ptr() != view.data_ptr():
+                return name
+        return None
 
     def unpack(self, flats: list[torch.Tensor]) -> dict[str, torch.Tensor]:
         """Per-bucket tensors as the model's tensors, by state-dict name, in each tensor's dtype and shape."""

@@ -176,6 +176,36 @@ def test_a_final_model_that_does_not_fit_is_left_out_of_the_average(job):
     assert all(torch.equal(averaged[name], p) for name, p in model(0).state_dict().items())
 
 
+MOVES = {"model.double()": lambda m: m.double(),
+         "parameter.data = ...": lambda m: setattr(m[2].weight, "data", m[2].weight.data.clone()),
+         "load_state_dict(assign=True)": lambda m: m.load_state_dict({k: v.clone() for k, v in m.state_dict().items()},
+                                                                    assign=True)}
+
+
+@pytest.mark.parametrize("move", MOVES)
+def test_a_model_moved_after_the_optimizer_was_made_is_refused_at_the_next_step(job, move):
+    """Its tensors are no longer the buckets' views: rounds would average the buckets while it trained
+    on tensors no peer sees (model.double() after wrapping: two peers' weights drifted apart with
+    every round reporting success). Loading values in place (load_state_dict) is not a move."""
+    from tests.train.conftest import on_peers
+
+    models = [model(0) for _ in range(2)]
+
+    def body(rank, opt):
+        m = models[rank]
+        x = torch.randn(8, 20, generator=torch.Generator().manual_seed(rank))
+        m(x).pow(2).mean().backward()
+        opt.step()
+        m.load_state_dict({k: v.clone() for k, v in m.state_dict().items()})
+        opt.step()
+        MOVES[move](m)
+        with pytest.raises(RuntimeError, match="no longer the tensor this optimizer exchanges"):
+            opt.step()
+        return opt.stats().rounds
+
+    assert on_peers(job, models, body, compress="none") == [2, 2]
+
+
 def test_frozen_parameters_are_not_exchanged_and_unfreezing_one_later_is_refused(job):
     """A frozen layer (a pretrained backbone, say) is left out of the rounds, as DDP leaves it out of
     its buckets: exchanged, int4 rounds blurred it a little each round with nothing to pull it back
