@@ -96,6 +96,8 @@ class VirtualPartitioned:
             c = self._arrived(k, j, 2 * rnd + 1, averaged[k], parts[k], gather_format, d)
             if c is not None:
                 exchanges[j].place(parts[k], c, gather_format, resync)
+        for exchange in exchanges:
+            exchange.settle()
         flows = {"src": np.concatenate([f1["src"], f2["src"]]), "dst": np.concatenate([f1["dst"], f2["dst"]]),
                  "start_s": np.concatenate([t1 + f1["start_s"], t2 + f2["start_s"]]),
                  "end_s": np.concatenate([t1 + f1["end_s"], t2 + f2["end_s"]]),

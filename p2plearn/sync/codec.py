@@ -135,6 +135,7 @@ class MessageCodec:
         model = self.arrays if model is None else model
         if self.compressor is not None:
             encoded = self.compressor.encode([model[t] for t in carried], [(t, 0, model[t].size) for t in carried])
+            self.compressor.settle()  # a message a round
             return Message(encoded, carried, model)
         if self.filter is None:
             return Message([model[t] for t in carried], carried, model)

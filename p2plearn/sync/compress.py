@@ -104,7 +104,8 @@ class Compressor:
         Each piece is encoded in one pass in C (`native/quantize.c`: its residual added and
         updated there, no temporary its size). The arrays returned are this compressor's own,
         written again by a later `encode` once no one holds them (see `ReusedArrays`): keep them
-        referenced while they are read (a channel does until its send is done)."""
+        referenced while they are read (a channel does until its send is done). Its owner calls
+        `settle` once a round."""
         sent, scales = [], []
         for i, (piece, (t, a, b)) in enumerate(zip(pieces, at)):
             if residuals is not None:
@@ -116,8 +117,14 @@ class Compressor:
                 decoded.append(read)
             sent.append(wire[0])
             scales.extend(wire[1:])
-        self._reused.settle()
         return sent + scales
+
+    def settle(self) -> None:
+        """The end of a round: the encoded arrays that no `encode` since the last call handed out,
+        and that no one holds, go. Once a round, not once an `encode`: a partitioned scatter encodes
+        once per aggregator, and settling after each let the round's other arrays go, to be
+        allocated (and their pages zeroed) anew the next round."""
+        self._reused.settle()
 
     def forget(self, at: list[Piece]) -> None:
         """Drop the error feedback of the pieces `at` (what they held was sent some other way)."""

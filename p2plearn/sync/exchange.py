@@ -11,6 +11,8 @@ this class computes and its driver orders around its transport:
     4. `contributions(d, theirs)` + `place(theirs, ...)`: another aggregator's result put in place
        where it arrived (a lost piece keeps this peer's value).
 
+and `settle()` ends the round (what its arrays kept across rounds did not use goes).
+
 Training's `Partitioned` drives it over the engine and the inbox, the DDP backend's
 `Collectives.allreduce` over the engine and its mailbox, and the simulator's `VirtualPartitioned`
 over virtual deliveries on its flow-level network: one arithmetic, one codec, one merge for all three.
@@ -170,6 +172,14 @@ class PartExchange:
                     got = np.add(anchor, got, out=got) if _plain_float32(anchor) else values(anchor) + got
                 np.copyto(own, got if _plain_float32(own) else stored(got, own), where=usable)
 
+    def settle(self) -> None:
+        """The end of a round (its driver calls it once a round): the kept arrays (scratch, the formats'
+        encoded arrays) that the round did not use and no one holds go."""
+        self._scratch.settle()
+        for fmt in (self.compressor, self.gather_format, self.resync_format):
+            if fmt is not None:
+                fmt.settle()
+
     # -- compressed rounds --------------------------------------------------------------------
     def _plain_change(self, t: int) -> bool:
         """Whether the change of array t is float32 minus float32 (the encoder subtracts such an
@@ -248,7 +258,6 @@ class PartReduce:
         exchange = self._exchange
         if exchange.compressor is not None:  # this peer's part becomes what every receiver reads of it
             averaged = exchange._encode_gather(averaged, self._slices, self._resync)
-        exchange._scratch.settle()  # once a round: what the round did not use goes
         return averaged, fractions
 
 

@@ -156,6 +156,7 @@ class Partitioned(Synchronizer):
             self._count_nonfinite(d.sender, nonfinite(arrived))
             merged_from.add(d.sender)
         gathered = gather.wait() if gather is not None else []
+        exchange.settle()
         comm_s = time.monotonic() - t0
         self._outer_step(carried)
         self.clock = rnd + 1

@@ -41,6 +41,7 @@ class ReusedArrays:
     def __init__(self) -> None:
         self._kept: dict[str, list[np.ndarray]] = {}  # per dtype, least recently handed out first
         self._handed: set[int] = set()  # id() of the kept arrays handed out since `settle`
+        self.allocated = 0  # arrays allocated so far: none in a round that reused every one
 
     def take(self, size: int, dtype: Any) -> np.ndarray:
         """An array of `size` elements of `dtype` that no one else holds (contents undefined)."""
@@ -50,6 +51,7 @@ class ReusedArrays:
             kept.append(kept.pop(min(fits, key=lambda i: kept[i].size)))
         else:
             kept.append(np.empty(size + int(size * self.HEADROOM), dtype))
+            self.allocated += 1
         self._handed.add(id(kept[-1]))
         return kept[-1][:size]
 

@@ -70,22 +70,32 @@ def test_the_compressed_message_is_smaller():
 
 
 @pytest.mark.parametrize("mode", ["fp16", "int4"])
-def test_parts_whose_sizes_move_between_rounds_reuse_the_same_arrays(mode):
+@pytest.mark.parametrize("receivers", [1, 3])
+def test_parts_whose_sizes_move_between_rounds_reuse_the_same_arrays(mode, receivers):
     """Partitioned rounds cut their parts anew with each view of the links (a few percent either
-    way): the encoder writes into the arrays of earlier rounds (two sets, one still behind the
-    channel) instead of allocating a model's worth of fresh pages every round and keeping them all."""
+    way), and a scatter encodes one part per aggregator: the encoder writes into the arrays of
+    earlier rounds (two sets, one still behind the channel) instead of allocating fresh pages every
+    round. Settled after each encode, a round's later parts let go of the earlier rounds' arrays:
+    with 3 receivers, 4 of every 6 arrays were allocated anew each round."""
     rng = np.random.default_rng(5)
     n = 100_000
-    compressor = Compressor(mode, [2 * n])
-    memory, in_flight = set(), None  # where the arrays handed out lie
+    compressor = Compressor(mode, [receivers * 2 * n])
+    memory, in_flight = set(), []  # where the arrays handed out lie
     for rnd in range(40):
-        size = int(n * (1 + 0.06 * rng.random()))
-        sent = compressor.encode([rng.standard_normal(size).astype(np.float32)], [(0, 0, size)], decoded=[])
-        assert sent[0].size == (-(-size // 2) if mode == "int4" else size)
+        if rnd == 2:
+            allocated = compressor._reused.allocated
+        sent = []
+        for k in range(receivers):
+            size = int(n * (1 + 0.06 * rng.random()))
+            sent.append(compressor.encode([rng.standard_normal(size).astype(np.float32)],
+                                          [(0, 2 * k * n, 2 * k * n + size)], decoded=[]))
+            assert sent[-1][0].size == (-(-size // 2) if mode == "int4" else size)
+        compressor.settle()  # the round's end
         if rnd >= 2:
-            memory |= {a.__array_interface__["data"][0] for a in sent}
-        in_flight = sent  # what the channel holds until the next send
-    assert len(memory) == 2 * len(in_flight)  # two alternating sets
+            memory |= {a.__array_interface__["data"][0] for arrays in sent for a in arrays}
+        in_flight = sent[-1]  # what the channel holds until the next send
+    assert compressor._reused.allocated == allocated, "a round allocated arrays anew"
+    assert len(memory) <= receivers * len(in_flight) + len(in_flight)  # one set a round, one more behind the channel
 
 
 def test_int4_packs_two_codes_per_byte_low_nibble_first():

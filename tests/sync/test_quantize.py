@@ -243,10 +243,16 @@ def test_the_pool_lets_go_of_what_a_round_did_not_need():
     the pool holds one set, the one it handed out."""
     c = Compressor("int4", [3000])
     x = np.ones(3000, np.float32)
-    held = [c.encode([x], [(0, 0, x.size)], []) for _ in range(5)]  # five sets, none reusable meanwhile
+
+    def round_of_one_message(decoded: list[np.ndarray] | None) -> list[np.ndarray]:
+        arrays = c.encode([x], [(0, 0, x.size)], decoded)
+        c.settle()
+        return arrays
+
+    held = [round_of_one_message([]) for _ in range(5)]  # five sets, none reusable meanwhile
     refs = [weakref.ref(a.base) for arrays in held for a in arrays]
     del held
-    last = c.encode([x], [(0, 0, x.size)])
+    last = round_of_one_message(None)
     assert sum(r() is not None for r in refs) == len(last) == 2  # the codes and scales reused; the rest freed
 
 
