@@ -636,7 +636,7 @@ def create(options: Any, backend_options: Any) -> ProcessGroupP2P:
     runtime = init(environ=env, timeout=min(timeout.total_seconds(), 300.0))
     try:
         store = _store(options.store, incarnation)
-        _world = _group(runtime, rank, size, store, _links(store, runtime, size), timeout)
+        _world = _group(runtime, rank, size, store, None, timeout)
         _world.incarnation = incarnation
         return _world
     except BaseException:
@@ -644,11 +644,12 @@ def create(options: Any, backend_options: Any) -> ProcessGroupP2P:
         raise
 
 
-def _group(runtime: Runtime, rank: int, size: int, store: Any, links: Links, timeout: timedelta,
+def _group(runtime: Runtime, rank: int, size: int, store: Any, links: Links | None, timeout: timedelta,
            ranks: list[int] | None = None) -> ProcessGroupP2P:
     """A group's engines (one for collectives, one for point-to-point operations), their addresses
     exchanged with the other ranks' through the group's store; the world's (``ranks`` None) is
-    registered with the job."""
+    registered with the job, and its ``links`` (None) read from rank 0's view once every rank has
+    registered."""
     largest = _largest_message(runtime)
     channel = _channel(runtime, rank, size)
     p2p_channel = _channel(runtime, rank, size)
@@ -657,6 +658,8 @@ def _group(runtime: Runtime, rank: int, size: int, store: Any, links: Links, tim
             runtime.register(channel.address)
         engines = _addresses(store, "engine", rank, size, channel.address)
         p2p_engines = _addresses(store, "p2p", rank, size, p2p_channel.address)
+        if links is None:
+            links = _links(store, runtime, size, timeout.total_seconds())
         return ProcessGroupP2P(runtime, channel, engines, p2p_channel, p2p_engines, links, timeout, largest,
                                2 * largest, world=_world if ranks is not None else None, ranks=ranks)
     except BaseException:
@@ -701,11 +704,13 @@ def _addresses(store: Any, name: str, rank: int, size: int, address: tuple[str, 
     return engines
 
 
-def _links(store: Any, runtime: Runtime, size: int) -> Links:
-    """Every rank's uplink and downlink as rank 0's view says when the group starts (the
-    topology's rates when the job has one, ``P2PLEARN_TOPOLOGY``; else the estimator's default,
-    1 Gbit/s), published in torch's store so that every rank cuts all-reduce parts alike."""
+def _links(store: Any, runtime: Runtime, size: int, timeout: float) -> Links:
+    """Every rank's uplink and downlink as rank 0's view says once it holds every rank (the
+    topology's rates when the job has one, ``P2PLEARN_TOPOLOGY``; else the estimator's default for
+    the hosts), published in torch's store so that every rank cuts all-reduce parts alike. A view
+    read before then held no rates: every link paced at DEFAULT_RATE (1 Gbit/s), whatever it was."""
     if runtime.rank == 0:
+        runtime.client.wait_members(size, timeout, receiving=True)
         view = runtime.client.view
         links = np.full((2, size), DEFAULT_RATE)
         if view is not None and view.size == size:

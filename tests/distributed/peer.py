@@ -654,6 +654,9 @@ def main() -> None:
         out.update(forged(rank, n, gloo))
     elif scenario == "checkpoint":
         out.update(checkpoint(rank, str(Path(result).parent / "checkpoint")))
+    elif scenario == "links":  # what paces the world's collectives
+        world = dist.distributed_c10d._get_default_group()
+        out.update(uplink=world.links.uplink.tolist(), downlink=world.links.downlink.tolist())
     elif scenario == "linger":
         out.update(linger(rank))  # (it destroys the group itself)
         _write(result, out)
