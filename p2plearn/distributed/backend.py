@@ -130,7 +130,9 @@ class ProcessGroupP2P(dist.ProcessGroup):
         point-to-point operations (messages no receive asked for, ...)."""
         return {"refused": dict(self.collectives.mailbox.refused), "late": self.collectives.mailbox.late,
                 "engine": self.channel.stats(),
-                "point_to_point": {"refused": dict(self.point_to_point.refused), "engine": self.p2p_channel.stats()}}
+                "point_to_point": {"refused": dict(self.point_to_point.refused),
+                                   "failed_after_end": self.point_to_point.failed_after_end,
+                                   "engine": self.p2p_channel.stats()}}
 
     # -- the queue -----------------------------------------------------------------------------
     def _staging(self, *tensors: torch.Tensor) -> CollectiveStaging:

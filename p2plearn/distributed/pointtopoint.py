@@ -13,6 +13,16 @@ payload. A DATA message whose payload has other shapes or dtypes than the receiv
 refused; the receive fails after MISMATCH_S without one that fits (the sender's tensor differs, as
 gloo's size check fails it). Each operation runs on a thread of its own, so a send waiting for its
 receive never holds up another operation or the group's collectives.
+
+A send of at most EAGER_BYTES ends once it is handed to the engine, as gloo's ends once its bytes
+are in the socket: its payload is copied first (the engine resends from the copy until the
+receiver acknowledges it), so the sender's next operation, typically the receive of the answer,
+starts without waiting a one-way trip for the acknowledgement. On a link of one-way latency L a
+ping-pong's half then takes about L, not 3L (DATA, its acknowledgement, then the next READY). A
+larger send ends at its acknowledgement, as its transfer outlasts that trip anyway. A send that
+fails after it ended (its receiver died before acknowledging) is counted (``failed_after_end`` in
+the group's stats); the receiver's side raises, and membership fails this rank's next operation
+with that rank.
 """
 from __future__ import annotations
 
@@ -30,6 +40,7 @@ from p2plearn.transport.channel import PROBE_MSG_IDS
 READY, DATA = 0, 1           # a header's kinds
 MAX_READY = 1024             # READY promises kept per sender (a member's flood of them is refused beyond)
 MISMATCH_S = 10.0            # how long a receive still waits for a fitting message after refusing one
+EAGER_BYTES = 1 << 20        # a send this small is copied and ends once handed to the engine (see the docstring)
 
 Finished = Callable[[BaseException | None], None]  # told once an operation ends: None, or its error
 
@@ -45,6 +56,7 @@ class PointToPoint:
         self.sender = sender
         self.timeout = timeout
         self.refused: Counter[str] = Counter()
+        self.failed_after_end = 0  # eager sends whose acknowledgement never came (their work had ended)
         self._lock = threading.Lock()  # guards what follows
         self._waiting: dict[tuple[int, int, int, int], threading.Event] = {}  # (kind, peer, tag, n) -> its waiter's
         self._sends: Counter[tuple[int, int]] = Counter()  # (receiver, tag) -> sends called
@@ -76,16 +88,31 @@ class PointToPoint:
         self._start(finished, self._recv, array, source, tag, n)
 
     def _start(self, finished: Finished, run: Callable[..., None], *args: object) -> None:
+        """Run an operation on a thread of its own. ``finished`` hears once: when ``run`` returns or
+        raises, or earlier when ``run`` calls the ``ended`` it is given last (an eager send)."""
+        told = False
+
+        def ended(error: BaseException | None = None) -> None:
+            nonlocal told
+            if told:
+                if error is not None:
+                    with self._lock:
+                        self.failed_after_end += 1
+                return
+            told = True
+            finished(error)
+
         def operation() -> None:
             try:
-                run(*args)
+                run(*args, ended)
             except BaseException as exc:  # the work's wait() raises it
-                finished(exc)
+                ended(exc)
             else:
-                finished(None)
+                ended()
         threading.Thread(target=operation, name="p2plearn-p2p-op", daemon=True).start()
 
-    def _send(self, array: np.ndarray, to: int, tag: int, n: int, inputs_ready: Callable[[], None]) -> None:
+    def _send(self, array: np.ndarray, to: int, tag: int, n: int, inputs_ready: Callable[[], None],
+              ended: Finished) -> None:
         what = f"send #{n} to rank {to} (tag {tag})"
         message = [_header(DATA, tag, n), array]
         self.sender.check_size(message, what)
@@ -94,9 +121,15 @@ class PointToPoint:
         with self._lock:
             self._ready.discard((to, tag, n))
             self._promised[to] -= 1
-        self.sender.wait([self.sender.send(self._next_id(to), message, [to], what)], None, what)
+        eager = array.nbytes <= EAGER_BYTES
+        if eager:
+            message[1] = array.copy()  # (what the engine resends from once the work has ended)
+        handle = self.sender.send(self._next_id(to), message, [to], what)
+        if eager:
+            ended()
+        self.sender.wait([handle], None, what)
 
-    def _recv(self, array: np.ndarray, source: int, tag: int, n: int) -> None:
+    def _recv(self, array: np.ndarray, source: int, tag: int, n: int, ended: Finished) -> None:
         what = f"recv #{n} from rank {source} (tag {tag})"
         try:
             self.sender.check_size([_header(DATA, tag, n), array], what)

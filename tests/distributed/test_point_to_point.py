@@ -67,6 +67,47 @@ def test_a_send_waits_for_its_receive_and_fails_at_the_timeout_without_one(pair)
     assert time.monotonic() - t0 > 3.5  # it waited for the group's timeout (4 s)
 
 
+@pytest.mark.parametrize("nbytes", [64, 4096])
+def test_a_small_send_ends_once_handed_to_the_engine_and_a_large_one_at_its_acknowledgement(pair, monkeypatch, nbytes):
+    """Rank 1 posts its receive (a READY, forged here), then its engine stops: the acknowledgement
+    never comes. A send of at most EAGER_BYTES has ended by then, as gloo's ends once its bytes are in
+    the socket (its failure is counted); a larger one fails. Ending a small send at its acknowledgement
+    put a one-way trip between a send and the next operation: on a link of latency L, a ping-pong's
+    half took 3L (DATA, the acknowledgement, the answer's READY), L now."""
+    monkeypatch.setattr(pointtopoint, "EAGER_BYTES", 1000)
+    (a, b), forger, _ = pair
+    forger.send(0, [header(READY, 0, 0)], [a.sender.channel.address]).wait(5)
+    b.sender.channel.close()
+    payload = np.ones(nbytes // 4, np.float32)
+    done = Done()
+    a.send(payload, 1, 0, done)
+    error = done.wait()
+    if nbytes <= 1000:
+        assert error is None
+        deadline = time.monotonic() + 20
+        while a.failed_after_end == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert a.failed_after_end == 1
+    else:
+        assert isinstance(error, CollectiveError) and "send #0 to rank 1" in str(error), error
+        assert a.failed_after_end == 0
+
+
+def test_a_small_send_that_ended_carries_the_values_it_was_given(pair):
+    """Once a send ended its tensor is the caller's again: the engine sends a copy, not what the
+    caller writes next (it may not have sent a datagram yet when the send ends)."""
+    (a, b), _, _ = pair
+    for _ in range(3):
+        got, received = np.zeros(50_000, np.float32), Done()
+        b.recv(got, 0, 0, received)
+        payload, sent = np.ones(50_000, np.float32), Done()
+        a.send(payload, 1, 0, sent)
+        assert sent.wait() is None
+        payload[:] = 7.0
+        assert received.wait() is None
+        np.testing.assert_array_equal(got, 1.0)
+
+
 def test_a_departed_peer_fails_a_waiting_receive_at_once(pair):
     (a, _), _, departed = pair
     done = Done()
